@@ -1,0 +1,25 @@
+"""One error hierarchy for the outbox package; every message says what to do next."""
+
+
+class OutboxError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class PublishError(OutboxError, ValueError):
+    """An event was refused before anything was written; the message says which rule it broke."""
+
+
+class EndpointError(OutboxError, ValueError):
+    """An endpoint definition (URL, patterns, secret) is invalid, or the endpoint does not exist."""
+
+
+class ConfigurationError(OutboxError):
+    """A setting is missing or invalid; raised at start-up, never in the middle of work."""
+
+
+class DatabaseUnavailableError(OutboxError):
+    """The database could not be reached or started."""
+
+
+class SecretKeyError(OutboxError):
+    """Encrypted secrets cannot be read or written with the configured keys."""

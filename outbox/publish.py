@@ -1,0 +1,190 @@
+"""`publish()`: write an event in the caller's own transaction.
+
+Nothing here commits. If the caller rolls back, the event never existed; if it
+commits, the relay will deliver it. Everything that can be wrong with the input is
+checked before the first statement runs, so a refused event leaves the caller's
+transaction untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import Session
+
+from outbox.errors import PublishError
+from outbox.ids import new_message_id
+
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
+EVENTS_CHANNEL = "outbox_events"
+_EVENT_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*$")
+_MAX_EVENT_TYPE = 200
+_MAX_KEY = 255
+_PRIORITY_RANGE = range(-100, 101)
+
+# One round trip in the common case: insert (or find the idempotent twin) and wake
+# the relay. pg_notify is delivered only if the caller's transaction commits.
+_INSERT_EVENT = text(
+    """
+    WITH inserted AS (
+        INSERT INTO outbox_events
+            (message_id, event_type, payload, idempotency_key, ordering_key, priority)
+        VALUES
+            (:message_id, :event_type, CAST(:payload AS jsonb), :idempotency_key,
+             :ordering_key, :priority)
+        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING message_id
+    ), woken AS (
+        SELECT pg_notify('outbox_events', '') FROM inserted
+    )
+    SELECT message_id FROM inserted, woken
+    UNION ALL
+    SELECT message_id FROM outbox_events
+    WHERE idempotency_key = :idempotency_key AND NOT EXISTS (SELECT 1 FROM inserted)
+    """
+)
+
+# When a concurrent transaction inserted the same key after our statement's snapshot,
+# the first query sees neither row; by now that transaction has committed.
+_FIND_BY_IDEMPOTENCY_KEY = text(
+    "SELECT message_id FROM outbox_events WHERE idempotency_key = :idempotency_key"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedEvent:
+    message_id: str
+    event_type: str
+    payload_json: str
+    idempotency_key: str | None
+    ordering_key: str | None
+    priority: int
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "message_id": self.message_id,
+            "event_type": self.event_type,
+            "payload": self.payload_json,
+            "idempotency_key": self.idempotency_key,
+            "ordering_key": self.ordering_key,
+            "priority": self.priority,
+        }
+
+
+def prepare_event(
+    event_type: str,
+    payload: Any,
+    *,
+    idempotency_key: str | None = None,
+    ordering_key: str | None = None,
+    priority: int = 0,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> PreparedEvent:
+    """Validate and serialise an event; raises PublishError and writes nothing."""
+    if not isinstance(event_type, str) or not _EVENT_TYPE.match(event_type):
+        raise PublishError(
+            f"event type {event_type!r} is invalid: use dot-separated words of letters, digits, "
+            "'_' or '-', e.g. 'order.created'"
+        )
+    if len(event_type) > _MAX_EVENT_TYPE:
+        raise PublishError(f"event type is longer than {_MAX_EVENT_TYPE} characters")
+    if not isinstance(payload, dict):
+        raise PublishError(
+            f"payload must be a JSON object (a dict), not {type(payload).__name__}"
+        )
+    try:
+        payload_json = json.dumps(
+            payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")
+        )
+    except (TypeError, ValueError) as exc:
+        raise PublishError(
+            f"payload is not JSON-serialisable ({exc}); convert it to plain dicts, lists, "
+            "strings, numbers, booleans and None first"
+        ) from exc
+    if "\\u0000" in payload_json:
+        raise PublishError("payload contains a NUL character (\\u0000), which PostgreSQL rejects")
+    size = len(payload_json.encode())
+    if size > max_payload_bytes:
+        raise PublishError(
+            f"payload is {size} bytes, over the {max_payload_bytes}-byte limit: send ids and "
+            "let the receiver fetch the rest (or raise OUTBOX_MAX_PAYLOAD_BYTES)"
+        )
+    for name, key in (("idempotency_key", idempotency_key), ("ordering_key", ordering_key)):
+        if key is not None and (not isinstance(key, str) or not key or len(key) > _MAX_KEY):
+            raise PublishError(f"{name} must be a non-empty string of at most {_MAX_KEY} chars")
+    if isinstance(priority, bool) or not isinstance(priority, int) or priority not in _PRIORITY_RANGE:
+        raise PublishError("priority must be an integer from -100 to 100 (higher goes first)")
+    return PreparedEvent(
+        message_id=new_message_id(),
+        event_type=event_type,
+        payload_json=payload_json,
+        idempotency_key=idempotency_key,
+        ordering_key=ordering_key,
+        priority=priority,
+    )
+
+
+def publish(
+    conn: Connection | Session,
+    event_type: str,
+    payload: Any,
+    *,
+    idempotency_key: str | None = None,
+    ordering_key: str | None = None,
+    priority: int = 0,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> str:
+    """Add an event to the outbox inside the caller's transaction; returns its message id.
+
+    Publishing the same idempotency key twice returns the first event's id.
+    """
+    event = prepare_event(
+        event_type,
+        payload,
+        idempotency_key=idempotency_key,
+        ordering_key=ordering_key,
+        priority=priority,
+        max_payload_bytes=max_payload_bytes,
+    )
+    connection = conn.connection() if isinstance(conn, Session) else conn
+    found = connection.execute(_INSERT_EVENT, event.params()).scalar_one_or_none()
+    if found is None:
+        found = connection.execute(
+            _FIND_BY_IDEMPOTENCY_KEY, {"idempotency_key": event.idempotency_key}
+        ).scalar_one()
+    return str(found)
+
+
+async def publish_async(
+    conn: AsyncConnection | AsyncSession,
+    event_type: str,
+    payload: Any,
+    *,
+    idempotency_key: str | None = None,
+    ordering_key: str | None = None,
+    priority: int = 0,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> str:
+    """The asyncio twin of `publish`; same rules, never commits."""
+    event = prepare_event(
+        event_type,
+        payload,
+        idempotency_key=idempotency_key,
+        ordering_key=ordering_key,
+        priority=priority,
+        max_payload_bytes=max_payload_bytes,
+    )
+    connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
+    found = (await connection.execute(_INSERT_EVENT, event.params())).scalar_one_or_none()
+    if found is None:
+        found = (
+            await connection.execute(
+                _FIND_BY_IDEMPOTENCY_KEY, {"idempotency_key": event.idempotency_key}
+            )
+        ).scalar_one()
+    return str(found)

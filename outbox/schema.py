@@ -1,0 +1,199 @@
+"""The tables, declared once with SQLAlchemy Core.
+
+Migrations in migrations/ create exactly this (a test compares them). The state
+machine of a delivery is enforced here as far as a schema can:
+
+    scheduled -> in_flight -> succeeded
+                           -> scheduled   (retryable failure, attempts left)
+                           -> dead        (permanent failure or attempts used up)
+    scheduled | dead -> discarded         (operator, with a reason)
+    dead -> replay inserts a NEW delivery (replay_of = old id); the old row never changes
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    Table,
+    Text,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING)
+
+DELIVERY_STATES = ("scheduled", "in_flight", "succeeded", "dead", "discarded")
+TERMINAL_STATES = ("succeeded", "dead", "discarded")
+ATTEMPT_OUTCOMES = ("succeeded", "retryable", "permanent", "ambiguous")
+
+
+def _now_column(name: str) -> Column[object]:
+    return Column(name, DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+outbox_events = Table(
+    "outbox_events",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("message_id", Text, nullable=False, unique=True),
+    Column("event_type", Text, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("idempotency_key", Text),
+    Column("ordering_key", Text),
+    Column("priority", SmallInteger, nullable=False, server_default=text("0")),
+    _now_column("created_at"),
+    Column("relayed_at", DateTime(timezone=True)),
+    Index(
+        "uq_outbox_events_idempotency_key",
+        "idempotency_key",
+        unique=True,
+        postgresql_where=text("idempotency_key IS NOT NULL"),
+    ),
+    # Keeps "what is left to relay" cheap however large the relayed history grows.
+    Index("ix_outbox_events_unrelayed", "id", postgresql_where=text("relayed_at IS NULL")),
+)
+
+endpoints = Table(
+    "endpoints",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("uid", Text, nullable=False, unique=True),
+    Column("url", Text, nullable=False),
+    Column("description", Text, nullable=False, server_default=text("''")),
+    Column("event_types", ARRAY(Text), nullable=False),
+    Column("enabled", Boolean, nullable=False, server_default=text("true")),
+    Column("disabled_reason", Text),
+    Column("disabled_at", DateTime(timezone=True)),
+    # Encrypted (outbox.crypto); never plaintext.
+    Column("signing_secret", Text, nullable=False),
+    Column("previous_signing_secret", Text),
+    Column("previous_secret_expires_at", DateTime(timezone=True)),
+    Column("timeout_seconds", Float),
+    Column("max_attempts", Integer),
+    Column("retry_schedule", ARRAY(Float)),
+    _now_column("created_at"),
+    _now_column("updated_at"),
+    CheckConstraint("cardinality(event_types) > 0", name="has_event_types"),
+    CheckConstraint("enabled OR disabled_reason IS NOT NULL", name="disabled_has_reason"),
+)
+
+deliveries = Table(
+    "deliveries",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column(
+        "event_id",
+        BigInteger,
+        ForeignKey("outbox_events.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column(
+        "endpoint_id",
+        BigInteger,
+        ForeignKey("endpoints.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("state", Text, nullable=False, server_default=text("'scheduled'")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=False),
+    Column("locked_by", Text),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    Column("last_status_code", Integer),
+    Column("last_error", Text),
+    Column("final_reason", Text),
+    Column("replay_of", BigInteger, ForeignKey("deliveries.id", ondelete="SET NULL")),
+    Column("priority", SmallInteger, nullable=False, server_default=text("0")),
+    Column("ordering_key", Text),
+    _now_column("created_at"),
+    _now_column("updated_at"),
+    Column("completed_at", DateTime(timezone=True)),
+    CheckConstraint(
+        "state IN ('scheduled', 'in_flight', 'succeeded', 'dead', 'discarded')",
+        name="known_state",
+    ),
+    CheckConstraint(
+        "state <> 'in_flight' OR (locked_by IS NOT NULL AND lease_expires_at IS NOT NULL)",
+        name="in_flight_is_leased",
+    ),
+    CheckConstraint("attempts >= 0 AND max_attempts > 0", name="attempt_counts"),
+    # One first delivery per (event, endpoint): a relay can never fan out twice.
+    Index(
+        "uq_deliveries_first_per_endpoint",
+        "event_id",
+        "endpoint_id",
+        unique=True,
+        postgresql_where=text("replay_of IS NULL"),
+    ),
+    # "What is due now", read by every claim: only scheduled rows are indexed.
+    Index(
+        "ix_deliveries_due",
+        text("priority DESC"),
+        "next_attempt_at",
+        postgresql_where=text("state = 'scheduled'"),
+    ),
+    # Leases to rescue when a worker dies.
+    Index("ix_deliveries_leases", "lease_expires_at", postgresql_where=text("state = 'in_flight'")),
+    Index("ix_deliveries_endpoint_state", "endpoint_id", "state"),
+    Index("ix_deliveries_replay_of", "replay_of", postgresql_where=text("replay_of IS NOT NULL")),
+)
+
+delivery_attempts = Table(
+    "delivery_attempts",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column(
+        "delivery_id",
+        BigInteger,
+        ForeignKey("deliveries.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("attempt_number", Integer, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("duration_ms", Integer, nullable=False),
+    Column("status_code", Integer),
+    Column("outcome", Text, nullable=False),
+    Column("error", Text),
+    Column("response_excerpt", Text),
+    Column("request_headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("worker_id", Text, nullable=False),
+    CheckConstraint(
+        "outcome IN ('succeeded', 'retryable', 'permanent', 'ambiguous')", name="known_outcome"
+    ),
+    Index("ix_delivery_attempts_delivery_id", "delivery_id"),
+)
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    _now_column("at"),
+    Column("actor", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("target_type", Text, nullable=False),
+    Column("target_id", Text),
+    Column("reason", Text),
+    Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("request_id", Text),
+    Index("ix_audit_log_at", "at"),
+)
