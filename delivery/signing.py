@@ -9,34 +9,24 @@ while a secret rotates.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
-import os
 
-SECRET_PREFIX = "whsec_"
+from outbox.crypto import (
+    SECRET_PREFIX,
+    InvalidSecretError,
+    generate_secret,
+    secret_key_bytes,
+)
 
-
-class InvalidSecretError(ValueError):
-    """A signing secret is not `whsec_` followed by base64 of 24 to 64 bytes."""
-
-
-def generate_secret() -> str:
-    return SECRET_PREFIX + base64.b64encode(os.urandom(32)).decode()
-
-
-def secret_key_bytes(secret: str) -> bytes:
-    encoded = secret.removeprefix(SECRET_PREFIX)
-    try:
-        key = base64.b64decode(encoded, validate=True)
-    except binascii.Error as exc:
-        raise InvalidSecretError(
-            "a signing secret is 'whsec_' followed by base64, e.g. from `outbox endpoints add`"
-        ) from exc
-    if not 24 <= len(key) <= 64:
-        raise InvalidSecretError(f"a signing secret must decode to 24-64 bytes, got {len(key)}")
-    return key
-
+__all__ = [
+    "SECRET_PREFIX",
+    "InvalidSecretError",
+    "generate_secret",
+    "secret_key_bytes",
+    "sign",
+    "signature_header",
+]
 
 def sign(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
     """One `v1,<base64>` signature over exactly the bytes that are sent."""

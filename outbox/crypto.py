@@ -93,6 +93,32 @@ class SecretBox:
             ) from exc
 
 
+SECRET_PREFIX = "whsec_"
+
+
+class InvalidSecretError(ValueError):
+    """A signing secret is not `whsec_` followed by base64 of 24 to 64 bytes."""
+
+
+def generate_secret() -> str:
+    """A new Standard Webhooks signing secret."""
+    return SECRET_PREFIX + base64.b64encode(os.urandom(32)).decode()
+
+
+def secret_key_bytes(secret: str) -> bytes:
+    """The HMAC key inside a `whsec_` secret, or a clear error."""
+    encoded = secret.removeprefix(SECRET_PREFIX)
+    try:
+        key = base64.b64decode(encoded, validate=True)
+    except binascii.Error as exc:
+        raise InvalidSecretError(
+            "a signing secret is 'whsec_' followed by base64, e.g. from `outbox endpoints add`"
+        ) from exc
+    if not 24 <= len(key) <= 64:
+        raise InvalidSecretError(f"a signing secret must decode to 24-64 bytes, got {len(key)}")
+    return key
+
+
 def key_parts(stored: str) -> tuple[str, str, str]:
     parts = stored.split(":", 2)
     if len(parts) != 3:

@@ -13,48 +13,19 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox.errors import PublishError
 from outbox.ids import new_message_id
+from outbox.queries import FIND_EVENT_BY_IDEMPOTENCY_KEY, INSERT_EVENT
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
-EVENTS_CHANNEL = "outbox_events"
 _EVENT_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*$")
 _MAX_EVENT_TYPE = 200
 _MAX_KEY = 255
 _PRIORITY_RANGE = range(-100, 101)
-
-# One round trip in the common case: insert (or find the idempotent twin) and wake
-# the relay. pg_notify is delivered only if the caller's transaction commits.
-_INSERT_EVENT = text(
-    """
-    WITH inserted AS (
-        INSERT INTO outbox_events
-            (message_id, event_type, payload, idempotency_key, ordering_key, priority)
-        VALUES
-            (:message_id, :event_type, CAST(:payload AS jsonb), :idempotency_key,
-             :ordering_key, :priority)
-        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-        RETURNING message_id
-    ), woken AS (
-        SELECT pg_notify('outbox_events', '') FROM inserted
-    )
-    SELECT message_id FROM inserted, woken
-    UNION ALL
-    SELECT message_id FROM outbox_events
-    WHERE idempotency_key = :idempotency_key AND NOT EXISTS (SELECT 1 FROM inserted)
-    """
-)
-
-# When a concurrent transaction inserted the same key after our statement's snapshot,
-# the first query sees neither row; by now that transaction has committed.
-_FIND_BY_IDEMPOTENCY_KEY = text(
-    "SELECT message_id FROM outbox_events WHERE idempotency_key = :idempotency_key"
-)
-
 
 @dataclass(frozen=True, slots=True)
 class PreparedEvent:
@@ -152,10 +123,10 @@ def publish(
         max_payload_bytes=max_payload_bytes,
     )
     connection = conn.connection() if isinstance(conn, Session) else conn
-    found = connection.execute(_INSERT_EVENT, event.params()).scalar_one_or_none()
+    found = connection.execute(INSERT_EVENT, event.params()).scalar_one_or_none()
     if found is None:
         found = connection.execute(
-            _FIND_BY_IDEMPOTENCY_KEY, {"idempotency_key": event.idempotency_key}
+            FIND_EVENT_BY_IDEMPOTENCY_KEY, {"idempotency_key": event.idempotency_key}
         ).scalar_one()
     return str(found)
 
@@ -180,11 +151,11 @@ async def publish_async(
         max_payload_bytes=max_payload_bytes,
     )
     connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
-    found = (await connection.execute(_INSERT_EVENT, event.params())).scalar_one_or_none()
+    found = (await connection.execute(INSERT_EVENT, event.params())).scalar_one_or_none()
     if found is None:
         found = (
             await connection.execute(
-                _FIND_BY_IDEMPOTENCY_KEY, {"idempotency_key": event.idempotency_key}
+                FIND_EVENT_BY_IDEMPOTENCY_KEY, {"idempotency_key": event.idempotency_key}
             )
         ).scalar_one()
     return str(found)

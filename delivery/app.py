@@ -1,0 +1,145 @@
+"""Wiring: settings in, running services out. Only the CLI (and the demo) call this."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from delivery.http import build_http_client
+from delivery.reaper import Reaper, ReaperConfig
+from delivery.worker import Worker, WorkerConfig
+from outbox import migrate
+from outbox.clock import Clock, SystemClock
+from outbox.crypto import SecretBox, load_or_create_local_key
+from outbox.db import check_reachable, make_async_engine, make_engine
+from outbox.embedded import EmbeddedPostgres
+from outbox.errors import ConfigurationError
+from outbox.notify import Listener
+from outbox.queries import DELIVERIES_CHANNEL, EVENTS_CHANNEL
+from outbox.relay import Relay, RelayConfig
+from outbox.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Database:
+    url: str
+    engine: Engine
+    embedded: bool
+
+
+@contextlib.contextmanager
+def open_database(settings: Settings, *, auto_migrate: bool | None = None) -> Iterator[Database]:
+    """Connect to OUTBOX_DATABASE_URL, or start the embedded server; migrate or check schema.
+
+    The embedded database is private, so it is migrated automatically. A database
+    the user runs is only checked: `outbox migrate` changes it, nothing else does.
+    """
+    with contextlib.ExitStack() as stack:
+        if settings.database_url:
+            url, embedded = settings.database_url, False
+        else:
+            server = stack.enter_context(EmbeddedPostgres(settings.data_dir))
+            url, embedded = server.url(), True
+        engine = make_engine(url)
+        stack.callback(engine.dispose)
+        check_reachable(engine)
+        if auto_migrate if auto_migrate is not None else embedded:
+            migrate.upgrade(engine)
+        else:
+            current, head = migrate.current_revision(engine), migrate.head_revision()
+            if current != head:
+                raise ConfigurationError(
+                    f"the database schema is at {current or 'nothing'}, this version needs "
+                    f"{head}: run `outbox migrate` first"
+                )
+        yield Database(url=url, engine=engine, embedded=embedded)
+
+
+def secret_box(settings: Settings, database: Database) -> SecretBox:
+    """The keys for endpoint secrets; the embedded demo gets a generated local key."""
+    if settings.secret_keys:
+        return SecretBox.from_setting(settings.secret_keys)
+    if database.embedded:
+        return SecretBox.from_setting(load_or_create_local_key(settings.data_dir))
+    raise ConfigurationError(
+        "OUTBOX_SECRET_KEYS is not set: endpoint secrets are encrypted at rest and need a key. "
+        "Generate one with `outbox keys generate` and keep it in your secret store."
+    )
+
+
+def relay_config(settings: Settings) -> RelayConfig:
+    return RelayConfig(
+        batch_size=settings.relay_batch_size,
+        poll_interval=settings.relay_poll_interval,
+        default_max_attempts=settings.max_attempts,
+    )
+
+
+def worker_config(settings: Settings) -> WorkerConfig:
+    return WorkerConfig(
+        batch_size=settings.worker_batch_size,
+        max_in_flight=settings.worker_max_in_flight,
+        poll_interval=settings.worker_poll_interval,
+        lease_seconds=settings.lease_seconds,
+        request_timeout=settings.request_timeout,
+        retry_schedule=tuple(settings.retry_schedule),
+    )
+
+
+class Service:
+    """Relay, worker and reaper in one process, woken by LISTEN/NOTIFY, polling as fallback."""
+
+    def __init__(
+        self,
+        url: str,
+        box: SecretBox,
+        *,
+        relay: RelayConfig,
+        worker: WorkerConfig,
+        reaper: ReaperConfig | None = None,
+        clock: Clock | None = None,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.url = url
+        self._box = box
+        self._relay_config = relay
+        self._worker_config = worker
+        self._reaper_config = reaper or ReaperConfig()
+        self._clock = clock or SystemClock()
+        self._http = http
+        self.engine: AsyncEngine | None = None
+        self.worker: Worker | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        engine = make_async_engine(self.url, pool_size=5, max_overflow=5)
+        self.engine = engine
+        owns_http = self._http is None
+        http = self._http or build_http_client(
+            max_connections=self._worker_config.max_in_flight,
+            timeout=self._worker_config.request_timeout,
+        )
+        listener = Listener(self.url, [EVENTS_CHANNEL, DELIVERIES_CHANNEL])
+        await listener.start()
+        deliveries_due = listener.events[DELIVERIES_CHANNEL]
+        relay = Relay(engine, self._clock, self._relay_config, on_deliveries=deliveries_due.set)
+        self.worker = Worker(engine, http, self._box, self._clock, self._worker_config)
+        reaper = Reaper(engine, self._clock, self._reaper_config)
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(relay.run(stop, listener.events[EVENTS_CHANNEL]))
+                group.create_task(self.worker.run(stop, deliveries_due))
+                group.create_task(reaper.run(stop))
+        finally:
+            await listener.close()
+            if owns_http:
+                await http.aclose()
+            await engine.dispose()

@@ -1,0 +1,55 @@
+"""The reaper: re-schedules deliveries whose worker died while holding the lease.
+
+A rescue does not count as an attempt: the attempt counter only moves when an
+outcome is recorded, and a dead worker recorded nothing. The receiver may still
+have received the request, which is why `webhook-id` stays the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from delivery import queries
+from outbox.clock import Clock
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ReaperConfig:
+    batch_size: int = 500
+    interval: float = 5.0
+
+
+class Reaper:
+    def __init__(self, engine: AsyncEngine, clock: Clock, config: ReaperConfig | None = None):
+        self._engine = engine
+        self._clock = clock
+        self.config = config or ReaperConfig()
+
+    async def run_once(self) -> list[int]:
+        """Rescue one batch of expired leases; returns the rescued delivery ids."""
+        async with self._engine.begin() as conn:
+            rows = await conn.execute(
+                queries.RESCUE_EXPIRED_LEASES,
+                {"now": self._clock.now(), "limit": self.config.batch_size},
+            )
+            rescued = [int(row.id) for row in rows]
+        if rescued:
+            log.warning("rescued %d deliveries whose lease expired", len(rescued))
+        return rescued
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.run_once()
+            except Exception:
+                log.exception("reaper pass failed; trying again next interval")
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.config.interval)
+            except TimeoutError:
+                pass

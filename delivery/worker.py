@@ -1,0 +1,334 @@
+"""Delivery workers: claim due deliveries, POST them outside any transaction, record outcomes.
+
+Flow of one delivery through a worker:
+
+    claim (one statement, commits)  ->  POST (no connection, no lock held)
+        ->  outcome buffered  ->  written with others in one statement
+
+Claims are leased: if this process dies, the reaper re-schedules the delivery
+once the lease expires. Every write back is guarded by the lease, so a rescued
+delivery is never overwritten by a late worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import random
+import socket
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from delivery import queries
+from delivery.http import AttemptResult, OutgoingRequest, send_attempt
+from delivery.policy import Decision, RetryPolicy, decide
+from outbox.clock import Clock
+from outbox.crypto import SecretBox, secret_key_bytes
+from outbox.endpoints import secret_context
+from outbox.notify import wait_for_any
+from outbox.settings import DEFAULT_RETRY_SCHEDULE
+
+log = logging.getLogger(__name__)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    worker_id: str = field(default_factory=default_worker_id)
+    batch_size: int = 100
+    max_in_flight: int = 200
+    poll_interval: float = 1.0
+    lease_seconds: float = 60.0
+    request_timeout: float = 10.0
+    retry_schedule: tuple[float, ...] = DEFAULT_RETRY_SCHEDULE
+    response_body_cap: int = 64 * 1024
+    response_excerpt_bytes: int = 2048
+    shutdown_grace: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedDelivery:
+    id: int
+    attempts: int
+    max_attempts: int
+    endpoint_uid: str
+    policy: RetryPolicy
+    request: OutgoingRequest
+
+
+@dataclass(slots=True)
+class BatchStats:
+    claimed: int = 0
+    succeeded: int = 0
+    scheduled: int = 0
+    dead: int = 0
+    lost_lease: int = 0
+
+    def add(self, decisions: Sequence[Decision], lost: int) -> None:
+        for decision in decisions:
+            if decision.state == "succeeded":
+                self.succeeded += 1
+            elif decision.state == "dead":
+                self.dead += 1
+            else:
+                self.scheduled += 1
+        self.lost_lease += lost
+
+    def merge(self, other: BatchStats) -> None:
+        self.claimed += other.claimed
+        self.succeeded += other.succeeded
+        self.scheduled += other.scheduled
+        self.dead += other.dead
+        self.lost_lease += other.lost_lease
+
+
+def render_body(event_type: str, created_at: dt.datetime, payload_json: str) -> bytes:
+    """The Standard Webhooks envelope; the payload text is embedded as stored, not re-encoded."""
+    timestamp = created_at.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+    return (
+        f'{{"type":{json.dumps(event_type)},"timestamp":"{timestamp}","data":{payload_json}}}'
+    ).encode()
+
+
+class Worker:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        http: httpx.AsyncClient,
+        box: SecretBox,
+        clock: Clock,
+        config: WorkerConfig | None = None,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._engine = engine
+        self._http = http
+        self._box = box
+        self._clock = clock
+        self.config = config or WorkerConfig()
+        self._rng = rng or random.Random()
+        self._keys: dict[str, bytes] = {}
+        self._pending: list[tuple[ClaimedDelivery, AttemptResult]] = []
+        self._results_ready = asyncio.Event()
+        self._slot_free = asyncio.Event()
+        self.stats = BatchStats()
+
+    # -- claiming -------------------------------------------------------------------
+
+    async def claim(self, limit: int) -> list[ClaimedDelivery]:
+        now = self._clock.now()
+        async with self._engine.begin() as conn:
+            rows = (
+                await conn.execute(
+                    queries.CLAIM_DUE_DELIVERIES,
+                    {
+                        "now": now,
+                        "limit": limit,
+                        "worker_id": self.config.worker_id,
+                        "lease_expires_at": now + dt.timedelta(seconds=self.config.lease_seconds),
+                    },
+                )
+            ).all()
+        return [self._prepare(row, now) for row in rows]
+
+    def _key(self, stored: str, endpoint_uid: str) -> bytes:
+        key = self._keys.get(stored)
+        if key is None:
+            plain = self._box.decrypt(stored, context=secret_context(endpoint_uid))
+            key = secret_key_bytes(plain)
+            if len(self._keys) > 10_000:
+                self._keys.clear()
+            self._keys[stored] = key
+        return key
+
+    def _prepare(self, row: Any, now: dt.datetime) -> ClaimedDelivery:
+        keys = [self._key(row.signing_secret, row.endpoint_uid)]
+        if row.previous_signing_secret and (
+            row.previous_secret_expires_at is None or row.previous_secret_expires_at > now
+        ):
+            keys.append(self._key(row.previous_signing_secret, row.endpoint_uid))
+        policy = RetryPolicy(
+            schedule=tuple(row.retry_schedule or self.config.retry_schedule),
+            max_attempts=row.max_attempts,
+        )
+        return ClaimedDelivery(
+            id=row.id,
+            attempts=row.attempts,
+            max_attempts=row.max_attempts,
+            endpoint_uid=row.endpoint_uid,
+            policy=policy,
+            request=OutgoingRequest(
+                delivery_id=row.id,
+                url=row.url,
+                message_id=row.message_id,
+                body=render_body(row.event_type, row.event_created_at, row.payload_json),
+                keys=keys,
+                timeout=row.timeout_seconds or self.config.request_timeout,
+            ),
+        )
+
+    # -- attempting and recording ---------------------------------------------------
+
+    async def attempt(self, claimed: ClaimedDelivery) -> AttemptResult:
+        return await send_attempt(
+            self._http,
+            claimed.request,
+            self._clock,
+            body_cap=self.config.response_body_cap,
+            excerpt_bytes=self.config.response_excerpt_bytes,
+        )
+
+    async def record(self, outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]]) -> BatchStats:
+        """Write a batch of outcomes in one statement; returns what became of them."""
+        stats = BatchStats()
+        if not outcomes:
+            return stats
+        now = self._clock.now()
+        decisions = [
+            decide(
+                result.outcome,
+                attempts_made=claimed.attempts + 1,
+                policy=claimed.policy,
+                now=now,
+                rng=self._rng,
+                last_error=result.error or "",
+                retry_after=result.retry_after,
+            )
+            for claimed, result in outcomes
+        ]
+        params = {
+            "now": now,
+            "worker_id": self.config.worker_id,
+            "ids": [claimed.id for claimed, _ in outcomes],
+            "states": [decision.state for decision in decisions],
+            "attempts": [claimed.attempts + 1 for claimed, _ in outcomes],
+            "next_attempt_at": [decision.next_attempt_at for decision in decisions],
+            "status_codes": [result.status_code for _, result in outcomes],
+            "errors": [result.error for _, result in outcomes],
+            "final_reasons": [decision.final_reason for decision in decisions],
+            "started_at": [result.started_at for _, result in outcomes],
+            "durations": [result.duration_ms for _, result in outcomes],
+            "outcomes": [str(result.outcome) for _, result in outcomes],
+            "excerpts": [result.response_excerpt for _, result in outcomes],
+            "request_headers": [
+                json.dumps(_headers_for_record(result.request_headers)) for _, result in outcomes
+            ],
+        }
+        async with self._engine.begin() as conn:
+            kept = set((await conn.execute(queries.RECORD_OUTCOMES, params)).scalars())
+        lost = len(outcomes) - len(kept)
+        if lost:
+            log.warning("%d outcomes arrived after their lease was rescued; kept as history", lost)
+        stats.claimed = len(outcomes)
+        stats.add(
+            [d for d, (claimed, _) in zip(decisions, outcomes, strict=True) if claimed.id in kept],
+            lost,
+        )
+        return stats
+
+    async def release(self, ids: Sequence[int]) -> int:
+        """Hand claims back without spending an attempt (used at shutdown)."""
+        if not ids:
+            return 0
+        async with self._engine.begin() as conn:
+            released = (
+                await conn.execute(
+                    queries.RELEASE_CLAIMS,
+                    {"ids": list(ids), "worker_id": self.config.worker_id, "now": self._clock.now()},
+                )
+            ).all()
+        return len(released)
+
+    async def run_once(self) -> BatchStats:
+        """Claim one batch, attempt every delivery in it concurrently, record the outcomes."""
+        claimed = await self.claim(min(self.config.batch_size, self.config.max_in_flight))
+        results = await asyncio.gather(*(self.attempt(item) for item in claimed))
+        return await self.record(list(zip(claimed, results, strict=True)))
+
+    # -- the long-running loop ------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None) -> None:
+        """Keep up to max_in_flight attempts running until `stop`; then drain and exit."""
+        wake = wakeup or asyncio.Event()
+        in_flight: dict[asyncio.Task[None], ClaimedDelivery] = {}
+        writer = asyncio.create_task(self._write_outcomes_forever(), name="outcome-writer")
+        try:
+            while not stop.is_set():
+                free = self.config.max_in_flight - len(in_flight)
+                if free <= 0:
+                    self._slot_free.clear()
+                    await wait_for_any(stop, self._slot_free, timeout=self.config.poll_interval)
+                    continue
+                wake.clear()
+                want = min(self.config.batch_size, free)
+                try:
+                    claimed = await self.claim(want)
+                except Exception:
+                    log.exception("claiming failed; retrying after the poll interval")
+                    claimed = []
+                for item in claimed:
+                    task = asyncio.create_task(self._attempt_and_buffer(item))
+                    in_flight[task] = item
+                    task.add_done_callback(lambda done: self._finished(in_flight, done))
+                if len(claimed) < want:
+                    await wait_for_any(stop, wake, timeout=self.config.poll_interval)
+        finally:
+            await self._drain(in_flight)
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+            await self._flush_all()
+
+    def _finished(self, in_flight: dict[asyncio.Task[None], ClaimedDelivery], task: asyncio.Task[None]) -> None:
+        in_flight.pop(task, None)
+        self._slot_free.set()
+
+    async def _attempt_and_buffer(self, claimed: ClaimedDelivery) -> None:
+        result = await self.attempt(claimed)
+        self._pending.append((claimed, result))
+        self._results_ready.set()
+
+    async def _write_outcomes_forever(self) -> None:
+        while True:
+            await self._results_ready.wait()
+            self._results_ready.clear()
+            await self._flush_all()
+
+    async def _flush_all(self) -> None:
+        """Write every buffered outcome; on a database error keep them and try again."""
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                self.stats.merge(await self.record(batch))
+            except Exception:
+                log.exception("recording %d outcomes failed; retrying", len(batch))
+                self._pending[:0] = batch
+                await asyncio.sleep(self.config.poll_interval)
+
+    async def _drain(self, in_flight: dict[asyncio.Task[None], ClaimedDelivery]) -> None:
+        """Let running attempts finish (each is bounded by its deadline), then release the rest."""
+        if not in_flight:
+            return
+        _, unfinished = await asyncio.wait(list(in_flight), timeout=self.config.shutdown_grace)
+        leftovers = [in_flight[task] for task in unfinished]
+        for task in unfinished:
+            task.cancel()
+        if leftovers:
+            released = await self.release([item.id for item in leftovers])
+            log.info("shutdown: released %d unfinished deliveries", released)
+
+
+def _headers_for_record(headers: dict[str, str]) -> dict[str, str]:
+    """Request headers as stored in attempt rows: signatures are not secrets, but keep it lean."""
+    return {name: value for name, value in headers.items() if name != "authorization"}

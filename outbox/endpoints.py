@@ -1,0 +1,133 @@
+"""Endpoints: where events go, which events they want, and the secret that signs them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection
+
+from outbox import queries
+from outbox.audit import record_audit
+from outbox.crypto import InvalidSecretError, SecretBox, generate_secret, secret_key_bytes
+from outbox.errors import EndpointError
+from outbox.ids import new_endpoint_id
+
+_PATTERN = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*(\.\*)?)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    id: int
+    uid: str
+    url: str
+    description: str
+    event_types: list[str]
+    enabled: bool
+    disabled_reason: str | None
+    disabled_at: dt.datetime | None
+    created_at: dt.datetime
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.uid,
+            "url": self.url,
+            "description": self.description,
+            "event_types": self.event_types,
+            "enabled": self.enabled,
+            "disabled_reason": self.disabled_reason,
+            "disabled_at": self.disabled_at.isoformat() if self.disabled_at else None,
+            "created_at": self.created_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedEndpoint:
+    endpoint: Endpoint
+    secret: str  # shown once, at creation; stored only encrypted
+
+
+def parse_event_patterns(value: str | Iterable[str]) -> list[str]:
+    """'order.*, invoice.paid' -> ['order.*', 'invoice.paid'], with a clear error for junk."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    patterns = [item.strip() for item in items if item.strip()]
+    if not patterns:
+        raise EndpointError("give at least one event type pattern, e.g. --events 'order.*'")
+    for pattern in patterns:
+        if not _PATTERN.match(pattern):
+            raise EndpointError(
+                f"event pattern {pattern!r} is invalid: use '*', an exact type like "
+                "'invoice.paid', or a prefix like 'order.*'"
+            )
+    return list(dict.fromkeys(patterns))
+
+
+def secret_context(uid: str) -> str:
+    """Associated data that ties an encrypted secret to its endpoint row."""
+    return f"endpoint:{uid}"
+
+
+def create_endpoint(
+    conn: Connection,
+    box: SecretBox,
+    *,
+    url: str,
+    event_types: str | Iterable[str],
+    secret: str | None = None,
+    description: str = "",
+) -> CreatedEndpoint:
+    """Insert an endpoint in the caller's transaction. `url` must already be validated."""
+    patterns = parse_event_patterns(event_types)
+    plain_secret = secret or generate_secret()
+    try:
+        secret_key_bytes(plain_secret)
+    except InvalidSecretError as exc:
+        raise EndpointError(str(exc)) from exc
+    uid = new_endpoint_id()
+    conn.execute(
+        queries.INSERT_ENDPOINT,
+        {
+            "uid": uid,
+            "url": url,
+            "description": description,
+            "event_types": patterns,
+            "signing_secret": box.encrypt(plain_secret, context=secret_context(uid)),
+        },
+    )
+    return CreatedEndpoint(endpoint=get_endpoint(conn, uid), secret=plain_secret)
+
+
+def get_endpoint(conn: Connection, uid: str) -> Endpoint:
+    row = conn.execute(queries.SELECT_ENDPOINT_BY_UID, {"uid": uid}).mappings().first()
+    if row is None:
+        raise EndpointError(f"no endpoint {uid!r}; `outbox endpoints list` shows the ids")
+    return Endpoint(**row)
+
+
+def list_endpoints(conn: Connection) -> list[Endpoint]:
+    return [Endpoint(**row) for row in conn.execute(queries.SELECT_ENDPOINTS).mappings()]
+
+
+def set_enabled(
+    conn: Connection, uid: str, *, enabled: bool, reason: str | None = None, actor: str
+) -> Endpoint:
+    """Enable or disable an endpoint; disabling keeps its pending deliveries waiting."""
+    if not enabled and not (reason and reason.strip()):
+        raise EndpointError("disabling an endpoint needs a reason (--reason)")
+    updated = conn.execute(
+        queries.SET_ENDPOINT_ENABLED, {"uid": uid, "enabled": enabled, "reason": reason}
+    ).first()
+    if updated is None:
+        raise EndpointError(f"no endpoint {uid!r}; `outbox endpoints list` shows the ids")
+    record_audit(
+        conn,
+        actor=actor,
+        action="endpoint.enable" if enabled else "endpoint.disable",
+        target_type="endpoint",
+        target_id=uid,
+        reason=reason,
+    )
+    return get_endpoint(conn, uid)

@@ -1,0 +1,88 @@
+"""The relay: turns committed events into one delivery per subscribed, enabled endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from outbox import queries
+from outbox.clock import Clock
+from outbox.notify import wait_for_any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RelayConfig:
+    batch_size: int = 500
+    poll_interval: float = 1.0
+    default_max_attempts: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class RelayResult:
+    events: int
+    deliveries: int
+
+
+class Relay:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        clock: Clock,
+        config: RelayConfig | None = None,
+        *,
+        on_deliveries: Callable[[], None] | None = None,
+    ) -> None:
+        self._engine = engine
+        self._clock = clock
+        self.config = config or RelayConfig()
+        self._on_deliveries = on_deliveries
+
+    async def run_once(self) -> RelayResult:
+        """Relay one batch in one transaction; returns how much it did."""
+        async with self._engine.begin() as conn:
+            row = (
+                await conn.execute(
+                    queries.RELAY_BATCH,
+                    {
+                        "limit": self.config.batch_size,
+                        "now": self._clock.now(),
+                        "max_attempts": self.config.default_max_attempts,
+                    },
+                )
+            ).one()
+            result = RelayResult(events=int(row.events), deliveries=int(row.deliveries))
+            if result.deliveries:
+                await conn.execute(queries.NOTIFY_DELIVERIES_DUE)
+        if result.deliveries and self._on_deliveries is not None:
+            self._on_deliveries()
+        return result
+
+    async def run_until_idle(self) -> RelayResult:
+        """Relay every batch there is now (tests and the demo use this)."""
+        events = deliveries = 0
+        while True:
+            result = await self.run_once()
+            events += result.events
+            deliveries += result.deliveries
+            if result.events < self.config.batch_size:
+                return RelayResult(events, deliveries)
+
+    async def run(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None) -> None:
+        """Relay until `stop` is set; a wake-up (NOTIFY) cuts the poll wait short."""
+        wake = wakeup or asyncio.Event()
+        while not stop.is_set():
+            wake.clear()
+            try:
+                result = await self.run_once()
+            except Exception:
+                log.exception("relay batch failed; retrying after the poll interval")
+                result = RelayResult(0, 0)
+            if result.events >= self.config.batch_size:
+                continue
+            await wait_for_any(stop, wake, timeout=self.config.poll_interval)
