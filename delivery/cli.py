@@ -86,7 +86,9 @@ def main() -> None:
     With OUTBOX_DATABASE_URL unset, commands use an embedded PostgreSQL kept in
     OUTBOX_DATA_DIR (default ~/.local/share/webhook-outbox).
     """
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
 
 @main.command()
@@ -105,7 +107,10 @@ def migrate() -> None:
 @json_option
 @friendly_errors
 def publish(
-    event_type: str, payload: str, idempotency_key: str | None, ordering_key: str | None,
+    event_type: str,
+    payload: str,
+    idempotency_key: str | None,
+    ordering_key: str | None,
     as_json: bool,
 ) -> None:
     """Publish an event: outbox publish order.created '{"id": 42}'."""
@@ -244,7 +249,7 @@ async def _run_until_signalled(service: app.Service) -> None:
 @main.command()
 @friendly_errors
 def demo() -> None:
-    """A 30-second tour: embedded PostgreSQL, a local receiver, one healthy and one failing endpoint."""
+    """A 30-second tour: embedded PostgreSQL, a local receiver, a healthy and a failing partner."""
     from delivery.demo import run_demo
 
     sys.exit(asyncio.run(run_demo(settings())))

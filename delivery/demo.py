@@ -9,15 +9,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import tempfile
-import time
 from pathlib import Path
 
 import click
 from sqlalchemy import text
 
 from delivery import app
-from delivery.receiver import Receiver
 from delivery.reaper import ReaperConfig
+from delivery.receiver import Receiver
 from delivery.signing import sign
 from outbox.crypto import SecretBox, generate_key, secret_key_bytes
 from outbox.db import make_engine
@@ -85,9 +84,7 @@ async def _tour(settings: Settings, url: str) -> int:
         )
         stop = asyncio.Event()
         runner = asyncio.create_task(service.run(stop))
-        started = time.monotonic()
-        while time.monotonic() - started < DEMO_SECONDS and not runner.done():
-            await asyncio.sleep(0.2)
+        await asyncio.wait([runner], timeout=DEMO_SECONDS)
         stop.set()
         await runner
 

@@ -93,8 +93,6 @@ def decide(
     if outcome is Outcome.PERMANENT:
         return Decision("dead", None, f"permanent failure: {last_error}")
     if attempts_made >= policy.max_attempts:
-        return Decision(
-            "dead", None, f"{attempts_made} attempts used up, last: {last_error}"
-        )
+        return Decision("dead", None, f"{attempts_made} attempts used up, last: {last_error}")
     delay = retry_after if retry_after is not None else policy.delay_after(attempts_made, rng)
     return Decision("scheduled", now + dt.timedelta(seconds=delay), None)

@@ -8,6 +8,7 @@ have received the request, which is why `webhook-id` stays the same.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -49,7 +50,5 @@ class Reaper:
                 await self.run_once()
             except Exception:
                 log.exception("reaper pass failed; trying again next interval")
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.config.interval)
-            except TimeoutError:
-                pass

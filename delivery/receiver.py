@@ -35,10 +35,20 @@ class Behaviour:
 Handler = Callable[[ReceivedRequest], Awaitable[Behaviour] | Behaviour]
 
 _REASONS = {
-    200: "OK", 201: "Created", 204: "No Content", 301: "Moved Permanently", 302: "Found",
-    400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 410: "Gone",
-    425: "Too Early", 429: "Too Many Requests", 500: "Internal Server Error",
-    502: "Bad Gateway", 503: "Service Unavailable",
+    200: "OK",
+    201: "Created",
+    204: "No Content",
+    301: "Moved Permanently",
+    302: "Found",
+    400: "Bad Request",
+    404: "Not Found",
+    408: "Request Timeout",
+    410: "Gone",
+    425: "Too Early",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
 }
 
 
@@ -58,7 +68,9 @@ class Receiver:
     def url(self, path: str) -> str:
         return self.base_url + path
 
-    def route(self, path: str, behaviour: Behaviour | Handler | None = None, **kwargs: object) -> str:
+    def route(
+        self, path: str, behaviour: Behaviour | Handler | None = None, **kwargs: object
+    ) -> str:
         """Set how `path` answers; returns its full URL."""
         self.routes[path] = behaviour if behaviour is not None else Behaviour(**kwargs)  # type: ignore[arg-type]
         return self.url(path)

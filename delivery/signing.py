@@ -28,6 +28,7 @@ __all__ = [
     "signature_header",
 ]
 
+
 def sign(key: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
     """One `v1,<base64>` signature over exactly the bytes that are sent."""
     mac = hmac.new(key, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256)

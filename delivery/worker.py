@@ -245,7 +245,11 @@ class Worker:
             released = (
                 await conn.execute(
                     queries.RELEASE_CLAIMS,
-                    {"ids": list(ids), "worker_id": self.config.worker_id, "now": self._clock.now()},
+                    {
+                        "ids": list(ids),
+                        "worker_id": self.config.worker_id,
+                        "now": self._clock.now(),
+                    },
                 )
             ).all()
         return len(released)
@@ -290,7 +294,9 @@ class Worker:
                 await writer
             await self._flush_all()
 
-    def _finished(self, in_flight: dict[asyncio.Task[None], ClaimedDelivery], task: asyncio.Task[None]) -> None:
+    def _finished(
+        self, in_flight: dict[asyncio.Task[None], ClaimedDelivery], task: asyncio.Task[None]
+    ) -> None:
         in_flight.pop(task, None)
         self._slot_free.set()
 

@@ -93,7 +93,7 @@ class SecretBox:
             ) from exc
 
 
-SECRET_PREFIX = "whsec_"
+SECRET_PREFIX = "whsec_"  # noqa: S105 - a format prefix, not a secret
 
 
 class InvalidSecretError(ValueError):

@@ -35,8 +35,10 @@ def sqlalchemy_url(url: str) -> str:
 
 def libpq_url(url: str) -> str:
     """The same URL without the SQLAlchemy driver part, for psycopg and psql."""
-    return make_url(sqlalchemy_url(url)).set(drivername="postgresql").render_as_string(
-        hide_password=False
+    return (
+        make_url(sqlalchemy_url(url))
+        .set(drivername="postgresql")
+        .render_as_string(hide_password=False)
     )
 
 
@@ -74,6 +76,4 @@ def translate_operational_errors(url: str) -> Iterator[None]:
         yield
     except OperationalError as exc:
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise DatabaseUnavailableError(
-            f"lost PostgreSQL at {redacted(url)}: {reason}"
-        ) from exc
+        raise DatabaseUnavailableError(f"lost PostgreSQL at {redacted(url)}: {reason}") from exc

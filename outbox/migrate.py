@@ -41,9 +41,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 def current_revision(engine: Engine) -> str | None:
     with engine.connect() as connection:
-        context = MigrationContext.configure(
-            connection, opts={"version_table": VERSION_TABLE}
-        )
+        context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
         return context.get_current_revision()
 
 

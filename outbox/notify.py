@@ -52,7 +52,7 @@ class Listener:
                 await asyncio.sleep(1.0)
 
 
-async def wait_for_any(*events: asyncio.Event, timeout: float) -> None:
+async def wait_for_any(*events: asyncio.Event, timeout: float) -> None:  # noqa: ASYNC109
     """Return when any event is set or the timeout passes, whichever comes first."""
     waiters = [asyncio.create_task(event.wait()) for event in events]
     try:

@@ -27,6 +27,7 @@ _MAX_EVENT_TYPE = 200
 _MAX_KEY = 255
 _PRIORITY_RANGE = range(-100, 101)
 
+
 @dataclass(frozen=True, slots=True)
 class PreparedEvent:
     message_id: str
@@ -65,9 +66,7 @@ def prepare_event(
     if len(event_type) > _MAX_EVENT_TYPE:
         raise PublishError(f"event type is longer than {_MAX_EVENT_TYPE} characters")
     if not isinstance(payload, dict):
-        raise PublishError(
-            f"payload must be a JSON object (a dict), not {type(payload).__name__}"
-        )
+        raise PublishError(f"payload must be a JSON object (a dict), not {type(payload).__name__}")
     try:
         payload_json = json.dumps(
             payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")
@@ -88,7 +87,11 @@ def prepare_event(
     for name, key in (("idempotency_key", idempotency_key), ("ordering_key", ordering_key)):
         if key is not None and (not isinstance(key, str) or not key or len(key) > _MAX_KEY):
             raise PublishError(f"{name} must be a non-empty string of at most {_MAX_KEY} chars")
-    if isinstance(priority, bool) or not isinstance(priority, int) or priority not in _PRIORITY_RANGE:
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or priority not in _PRIORITY_RANGE
+    ):
         raise PublishError("priority must be an integer from -100 to 100 (higher goes first)")
     return PreparedEvent(
         message_id=new_message_id(),

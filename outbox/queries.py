@@ -55,6 +55,7 @@ _PATTERN_MATCHES = """
 # (not an id watermark) means an event whose transaction commits after a later id
 # was relayed is still picked up. The unique index on (event_id, endpoint_id) makes
 # a second fan-out impossible even if two relays raced.
+# The f-string inserts a constant fragment, never input.
 RELAY_BATCH = text(
     f"""
     WITH batch AS (

@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=default_data_dir)
     secret_keys: str | None = Field(
         default=None,
-        description="Keys that encrypt endpoint secrets: 'kid:base64-32-bytes,...'; first encrypts.",
+        description="Keys for endpoint secrets: 'kid:base64-32-bytes,...'; the first encrypts.",
     )
     max_payload_bytes: int = Field(default=64 * 1024, gt=0)
     relay_batch_size: int = Field(default=500, gt=0, le=10_000)
@@ -88,7 +88,7 @@ def load_settings(**overrides: Any) -> Settings:
     if env_file and not Path(env_file).is_file():
         raise ConfigurationError(f"OUTBOX_ENV_FILE={env_file!r} does not exist; fix or unset it")
     try:
-        return Settings(_env_file=env_file, **overrides)  # type: ignore[call-arg]
+        return Settings(_env_file=env_file, **overrides)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():

@@ -1,0 +1,32 @@
+"""Small helpers the integration tests share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+from outbox.crypto import SecretBox
+from outbox.endpoints import CreatedEndpoint, create_endpoint, set_enabled
+
+
+def add_endpoint(
+    engine: Engine, box: SecretBox, url: str, events: str = "*", **kwargs: Any
+) -> CreatedEndpoint:
+    with engine.begin() as conn:
+        return create_endpoint(conn, box, url=url, event_types=events, **kwargs)
+
+
+def disable(engine: Engine, uid: str) -> None:
+    with engine.begin() as conn:
+        set_enabled(conn, uid, enabled=False, reason="test", actor="test")
+
+
+def rows(engine: Engine, sql: str, **params: Any) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(text(sql), params).mappings())
+
+
+def scalar(engine: Engine, sql: str, **params: Any) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(text(sql), params).scalar()

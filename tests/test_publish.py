@@ -1,0 +1,124 @@
+"""publish() writes in the caller's transaction, deduplicates by key and refuses bad input."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
+
+from outbox import PublishError, publish, publish_async
+
+
+def _event_count(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM outbox_events")).scalar_one())
+
+
+def test_rolled_back_transaction_leaves_no_event(engine: Engine) -> None:
+    with engine.connect() as conn:
+        transaction = conn.begin()
+        message_id = publish(conn, "order.created", {"id": 1})
+        assert message_id.startswith("msg_")
+        transaction.rollback()
+    assert _event_count(engine) == 0
+
+
+def test_publish_never_commits_on_its_own(engine: Engine) -> None:
+    with engine.connect() as conn:
+        publish(conn, "order.created", {"id": 1})
+        # Closing without commit discards the event: publish did not commit for us.
+    assert _event_count(engine) == 0
+
+
+def test_committed_event_is_stored_as_given(engine: Engine) -> None:
+    with engine.begin() as conn:
+        message_id = publish(
+            conn, "order.created", {"id": 7, "name": "ünïcode"}, ordering_key="cust-1"
+        )
+    with engine.connect() as conn:
+        row = conn.execute(text("SELECT * FROM outbox_events")).mappings().one()
+    assert row["message_id"] == message_id
+    assert row["event_type"] == "order.created"
+    assert row["payload"] == {"id": 7, "name": "ünïcode"}
+    assert row["ordering_key"] == "cust-1"
+    assert row["relayed_at"] is None
+
+
+def test_session_is_accepted(engine: Engine) -> None:
+    with Session(engine) as session, session.begin():
+        publish(session, "invoice.paid", {"invoice": "inv_1"})
+    assert _event_count(engine) == 1
+
+
+def test_same_idempotency_key_gives_one_event(engine: Engine) -> None:
+    with engine.begin() as conn:
+        first = publish(conn, "invoice.paid", {"n": 1}, idempotency_key="inv-1")
+        again = publish(conn, "invoice.paid", {"n": 2}, idempotency_key="inv-1")
+    with engine.begin() as conn:
+        later = publish(conn, "invoice.paid", {"n": 3}, idempotency_key="inv-1")
+        other = publish(conn, "invoice.paid", {"n": 4}, idempotency_key="inv-2")
+    assert first == again == later
+    assert other != first
+    assert _event_count(engine) == 2
+
+
+async def test_async_connection_and_session(async_engine: AsyncEngine, engine: Engine) -> None:
+    async with async_engine.begin() as conn:
+        first = await publish_async(conn, "order.created", {"id": 1}, idempotency_key="k")
+        again = await publish_async(conn, "order.created", {"id": 1}, idempotency_key="k")
+    async with AsyncSession(async_engine) as session, session.begin():
+        await publish_async(session, "order.updated", {"id": 1})
+    async with async_engine.connect() as conn:
+        await publish_async(conn, "order.deleted", {"id": 1})
+        await conn.rollback()
+    assert first == again
+    assert _event_count(engine) == 2
+
+
+@pytest.mark.parametrize(
+    ("event_type", "payload", "message"),
+    [
+        ("", {}, "event type"),
+        ("order created", {}, "event type"),
+        ("order..created", {}, "event type"),
+        (".order", {}, "event type"),
+        ("order.created", ["not", "an", "object"], "JSON object"),
+        ("order.created", {"when": dt.datetime(2024, 1, 1)}, "not JSON-serialisable"),
+        ("order.created", {"price": decimal.Decimal("1.5")}, "not JSON-serialisable"),
+        ("order.created", {"x": float("nan")}, "not JSON-serialisable"),
+        ("order.created", {"x": "nul\x00byte"}, "NUL"),
+        ("order.created", {"blob": "x" * (64 * 1024)}, "over the 65536-byte limit"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_is_written(
+    engine: Engine, event_type: str, payload: object, message: str
+) -> None:
+    with engine.connect() as conn, conn.begin():
+        with pytest.raises(PublishError, match=message):
+            publish(conn, event_type, payload)
+        # The caller's transaction is still usable: nothing failed inside the database.
+        publish(conn, "order.created", {"ok": True})
+    assert _event_count(engine) == 1
+
+
+def test_payload_limit_is_configurable(engine: Engine) -> None:
+    with engine.begin() as conn:
+        with pytest.raises(PublishError, match="over the 10-byte limit"):
+            publish(conn, "a.b", {"long": "enough"}, max_payload_bytes=10)
+        publish(conn, "a.b", {"blob": "x" * 70_000}, max_payload_bytes=100_000)
+    assert _event_count(engine) == 1
+
+
+def test_bad_keys_and_priority_are_refused(engine: Engine) -> None:
+    with engine.begin() as conn:
+        with pytest.raises(PublishError, match="idempotency_key"):
+            publish(conn, "a.b", {}, idempotency_key="")
+        with pytest.raises(PublishError, match="ordering_key"):
+            publish(conn, "a.b", {}, ordering_key="k" * 300)
+        with pytest.raises(PublishError, match="priority"):
+            publish(conn, "a.b", {}, priority=1000)
+    assert _event_count(engine) == 0
