@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from delivery import queries
+from delivery import health, queries
 from delivery.http import AttemptResult, OutgoingRequest, send_attempt
 from delivery.policy import Decision, RetryPolicy, decide
 from outbox.clock import Clock
@@ -55,6 +55,7 @@ class WorkerConfig:
     response_body_cap: int = 64 * 1024
     response_excerpt_bytes: int = 2048
     shutdown_grace: float = 30.0
+    health: health.HealthConfig = field(default_factory=health.HealthConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,7 @@ class ClaimedDelivery:
     endpoint_uid: str
     policy: RetryPolicy
     request: OutgoingRequest
+    endpoint_id: int = 0
 
 
 @dataclass(slots=True)
@@ -127,8 +129,10 @@ class Worker:
     # -- claiming -------------------------------------------------------------------
 
     async def claim(self, limit: int) -> list[ClaimedDelivery]:
+        """Claim up to `limit` due deliveries, within each endpoint's breaker and limits."""
         now = self._clock.now()
         async with self._engine.begin() as conn:
+            gates = await health.open_gates(conn, now=now, config=self.config.health)
             rows = (
                 await conn.execute(
                     queries.CLAIM_DUE_DELIVERIES,
@@ -137,9 +141,17 @@ class Worker:
                         "limit": limit,
                         "worker_id": self.config.worker_id,
                         "lease_expires_at": now + dt.timedelta(seconds=self.config.lease_seconds),
+                        **gates.params(),
                     },
                 )
             ).all()
+            await health.close_gates(
+                conn,
+                gates,
+                health.claimed_per_endpoint(row.endpoint_id for row in rows),
+                now=now,
+                config=self.config.health,
+            )
         return [self._prepare(row, now) for row in rows]
 
     def _key(self, stored: str, endpoint_uid: str) -> bytes:
@@ -167,6 +179,7 @@ class Worker:
             attempts=row.attempts,
             max_attempts=row.max_attempts,
             endpoint_uid=row.endpoint_uid,
+            endpoint_id=row.endpoint_id,
             policy=policy,
             request=OutgoingRequest(
                 delivery_id=row.id,
@@ -227,6 +240,22 @@ class Worker:
         }
         async with self._engine.begin() as conn:
             kept = set((await conn.execute(queries.RECORD_OUTCOMES, params)).scalars())
+            # Every attempt that happened informs its endpoint's breaker, kept or not.
+            await health.record_observations(
+                conn,
+                [
+                    health.Observation(
+                        claimed.endpoint_id,
+                        result.outcome,
+                        result.status_code,
+                        result.retry_after,
+                        result.error,
+                    )
+                    for claimed, result in outcomes
+                ],
+                now=now,
+                config=self.config.health,
+            )
         lost = len(outcomes) - len(kept)
         if lost:
             log.warning("%d outcomes arrived after their lease was rescued; kept as history", lost)
