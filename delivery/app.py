@@ -12,6 +12,7 @@ import httpx
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from delivery.health import HealthConfig
 from delivery.http import build_http_client
 from delivery.reaper import Reaper, ReaperConfig
 from delivery.worker import Worker, WorkerConfig
@@ -92,6 +93,25 @@ def worker_config(settings: Settings) -> WorkerConfig:
         lease_seconds=settings.lease_seconds,
         request_timeout=settings.request_timeout,
         retry_schedule=tuple(settings.retry_schedule),
+        health=health_config(settings),
+    )
+
+
+def health_config(settings: Settings) -> HealthConfig:
+    return HealthConfig(
+        failure_threshold=settings.breaker_failure_threshold,
+        failure_ratio=settings.breaker_failure_ratio,
+        ratio_window_seconds=settings.breaker_window_seconds,
+        ratio_min_attempts=settings.breaker_min_attempts,
+        cooldown_seconds=settings.breaker_cooldown_seconds,
+        cooldown_max_seconds=settings.breaker_cooldown_max_seconds,
+        ramp_seconds=settings.ramp_seconds,
+        ramp_start_per_second=settings.ramp_start_per_second,
+        ramp_step_per_second=settings.ramp_step_per_second,
+        throttle_seconds=settings.throttle_seconds,
+        auto_disable_after_seconds=settings.auto_disable_after_days * 86400.0,
+        # A probe whose worker died may be retried once its lease could have expired.
+        probe_lease_seconds=settings.lease_seconds,
     )
 
 

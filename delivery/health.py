@@ -493,6 +493,13 @@ class EndpointLimits:
         return dataclasses.asdict(self)
 
 
+def get_endpoint_limits(conn: Connection, uid: str) -> EndpointLimits:
+    row = conn.execute(queries.SELECT_ENDPOINT_LIMITS, {"uid": uid}).first()
+    if row is None:
+        raise EndpointError(f"no endpoint {uid!r}; `outbox endpoints list` shows the ids")
+    return EndpointLimits(row.max_in_flight, row.max_per_second, row.ordered, row.dead_head)
+
+
 def set_endpoint_limits(
     conn: Connection, uid: str, limits: EndpointLimits, *, actor: str
 ) -> EndpointLimits:

@@ -294,3 +294,12 @@ SELECT_ENDPOINT_HEALTH = text(
     ORDER BY e.id
     """
 )
+
+SELECT_ENDPOINT_LIMITS = text(
+    """
+    SELECT e.id, h.max_in_flight, h.max_per_second, COALESCE(h.ordered, false) AS ordered,
+           COALESCE(h.dead_head, 'block') AS dead_head
+    FROM endpoints e LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
+    WHERE e.uid = :uid
+    """
+)

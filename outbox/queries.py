@@ -13,6 +13,7 @@ DELIVERIES_CHANNEL = "outbox_deliveries"
 
 # One round trip in the common case: insert (or find the idempotent twin) and wake
 # the relay. pg_notify is delivered only if the caller's transaction commits.
+# Without an explicit priority the event type's default applies (event_type_priorities).
 INSERT_EVENT = text(
     """
     WITH inserted AS (
@@ -20,7 +21,11 @@ INSERT_EVENT = text(
             (message_id, event_type, payload, idempotency_key, ordering_key, priority)
         VALUES
             (:message_id, :event_type, CAST(:payload AS jsonb), :idempotency_key,
-             :ordering_key, :priority)
+             :ordering_key,
+             COALESCE(CAST(:priority AS smallint),
+                      (SELECT p.priority FROM event_type_priorities p
+                       WHERE p.event_type = :event_type),
+                      0))
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING message_id
     ), woken AS (
@@ -133,4 +138,21 @@ INSERT_AUDIT = text(
     VALUES (:actor, :action, :target_type, :target_id, :reason, CAST(:details AS jsonb),
             :request_id)
     """
+)
+
+# Default priorities per event type (`outbox priorities`).
+SET_EVENT_TYPE_PRIORITY = text(
+    """
+    INSERT INTO event_type_priorities (event_type, priority, updated_at)
+    VALUES (:event_type, :priority, now())
+    ON CONFLICT (event_type) DO UPDATE SET priority = EXCLUDED.priority, updated_at = now()
+    """
+)
+
+DELETE_EVENT_TYPE_PRIORITY = text(
+    "DELETE FROM event_type_priorities WHERE event_type = :event_type RETURNING event_type"
+)
+
+SELECT_EVENT_TYPE_PRIORITIES = text(
+    "SELECT event_type, priority FROM event_type_priorities ORDER BY priority DESC, event_type"
 )
