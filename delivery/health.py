@@ -377,14 +377,21 @@ async def open_gates(conn: AsyncConnection, *, now: dt.datetime, config: HealthC
     budgets: dict[int, int] = {}
     locked: dict[int, Health] = {}
     for row in await conn.execute(queries.LOCK_GATED_ENDPOINTS, {"now": now}):
-        if not row.locked:
+        if row.locked:
+            locked[row.endpoint_id] = Health.from_row(row)
+        else:
             budgets[row.endpoint_id] = 0
-            continue
-        health = Health.from_row(row)
-        locked[health.endpoint_id] = health
-        budget = claim_budget(health, in_flight=row.in_flight, now=now, config=config)
+    in_flight: dict[int, int] = {}
+    counted = [h.endpoint_id for h in locked.values() if h.max_in_flight is not None]
+    if counted:
+        result = await conn.execute(queries.COUNT_IN_FLIGHT, {"ids": counted})
+        in_flight = {row.endpoint_id: int(row.in_flight) for row in result}
+    for endpoint_id, health in locked.items():
+        budget = claim_budget(
+            health, in_flight=in_flight.get(endpoint_id, 0), now=now, config=config
+        )
         if budget is not None:
-            budgets[health.endpoint_id] = budget
+            budgets[endpoint_id] = budget
     return Gates(budgets=budgets, locked=locked)
 
 

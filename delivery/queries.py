@@ -165,8 +165,7 @@ _HEALTH_COLUMNS = """
 """
 
 # The health rows a claim must respect, locked with SKIP LOCKED. `locked` is false for
-# rows another worker holds (that endpoint is skipped by this claim); `in_flight` counts
-# the endpoint's leased deliveries across all processes.
+# rows another worker holds: that endpoint is skipped by this claim.
 LOCK_GATED_ENDPOINTS = text(
     f"""
     WITH needed AS (
@@ -183,12 +182,20 @@ LOCK_GATED_ENDPOINTS = text(
         ORDER BY h.endpoint_id
         FOR UPDATE SKIP LOCKED
     )
-    SELECT n.endpoint_id, h.endpoint_id IS NOT NULL AS locked, {_HEALTH_COLUMNS},
-           CASE WHEN h.endpoint_id IS NOT NULL THEN (
-               SELECT count(*) FROM deliveries d
-               WHERE d.endpoint_id = n.endpoint_id AND d.state = 'in_flight'
-           ) END AS in_flight
+    SELECT n.endpoint_id, h.endpoint_id IS NOT NULL AS locked, {_HEALTH_COLUMNS}
     FROM needed n LEFT JOIN locked h ON h.endpoint_id = n.endpoint_id
+    """
+)
+
+# Leased deliveries per endpoint, across all processes. A separate statement on purpose:
+# it runs after the health rows are locked, so its snapshot includes every claim that
+# committed before we got the lock (a subquery in the locking statement would not).
+COUNT_IN_FLIGHT = text(
+    """
+    SELECT endpoint_id, count(*) AS in_flight
+    FROM deliveries
+    WHERE endpoint_id = ANY(CAST(:ids AS bigint[])) AND state = 'in_flight'
+    GROUP BY endpoint_id
     """
 )
 
