@@ -364,8 +364,12 @@ class Gates:
     budgets: dict[int, int]
     locked: dict[int, Health]
 
-    def params(self) -> dict[str, list[int]]:
-        return {"gate_ids": list(self.budgets), "gate_budgets": list(self.budgets.values())}
+    def params(self, local_caps: Mapping[int, int] | None = None) -> dict[str, list[int]]:
+        """Claim parameters; `local_caps` lowers budgets further (this worker's slot share)."""
+        budgets = dict(self.budgets)
+        for endpoint_id, cap in (local_caps or {}).items():
+            budgets[endpoint_id] = min(budgets.get(endpoint_id, cap), cap)
+        return {"gate_ids": list(budgets), "gate_budgets": list(budgets.values())}
 
 
 async def open_gates(conn: AsyncConnection, *, now: dt.datetime, config: HealthConfig) -> Gates:

@@ -13,6 +13,7 @@ delivery is never overwritten by a late worker.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime as dt
 import json
@@ -56,6 +57,13 @@ class WorkerConfig:
     response_excerpt_bytes: int = 2048
     shutdown_grace: float = 30.0
     health: health.HealthConfig = field(default_factory=health.HealthConfig)
+    # No endpoint may hold more than this share of this worker's slots, so a partner
+    # that hangs until the deadline cannot take every slot before its breaker opens.
+    endpoint_share: float = 0.5
+
+    @property
+    def endpoint_slots(self) -> int:
+        return max(1, int(self.max_in_flight * self.endpoint_share))
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +133,7 @@ class Worker:
         self._results_ready = asyncio.Event()
         self._slot_free = asyncio.Event()
         self.stats = BatchStats()
+        self._slots_held: collections.Counter[int] = collections.Counter()
 
     # -- claiming -------------------------------------------------------------------
 
@@ -141,7 +150,7 @@ class Worker:
                         "limit": limit,
                         "worker_id": self.config.worker_id,
                         "lease_expires_at": now + dt.timedelta(seconds=self.config.lease_seconds),
-                        **gates.params(),
+                        **gates.params(self._slots_left()),
                     },
                 )
             ).all()
@@ -153,6 +162,11 @@ class Worker:
                 config=self.config.health,
             )
         return [self._prepare(row, now) for row in rows]
+
+    def _slots_left(self) -> dict[int, int]:
+        """Per endpoint with attempts running here: how many more slots it may take."""
+        cap = self.config.endpoint_slots
+        return {endpoint_id: max(0, cap - held) for endpoint_id, held in self._slots_held.items()}
 
     def _key(self, stored: str, endpoint_uid: str) -> bytes:
         key = self._keys.get(stored)
@@ -313,6 +327,7 @@ class Worker:
                 for item in claimed:
                     task = asyncio.create_task(self._attempt_and_buffer(item))
                     in_flight[task] = item
+                    self._slots_held[item.endpoint_id] += 1
                     task.add_done_callback(lambda done: self._finished(in_flight, done))
                 if len(claimed) < want:
                     await wait_for_any(stop, wake, timeout=self.config.poll_interval)
@@ -326,7 +341,11 @@ class Worker:
     def _finished(
         self, in_flight: dict[asyncio.Task[None], ClaimedDelivery], task: asyncio.Task[None]
     ) -> None:
-        in_flight.pop(task, None)
+        item = in_flight.pop(task, None)
+        if item is not None:
+            self._slots_held[item.endpoint_id] -= 1
+            if self._slots_held[item.endpoint_id] <= 0:
+                del self._slots_held[item.endpoint_id]
         self._slot_free.set()
 
     async def _attempt_and_buffer(self, claimed: ClaimedDelivery) -> None:

@@ -487,3 +487,26 @@ async def test_an_endpoint_failing_for_five_days_is_disabled_with_a_reason(
     assert scalar(engine, "SELECT count(*) FROM deliveries WHERE state = 'scheduled'") == 3
     audit = rows(engine, "SELECT * FROM audit_log WHERE action = 'endpoint.auto_disable'")
     assert [(a["actor"], a["target_id"]) for a in audit] == [("system:breaker", down.uid)]
+
+
+async def test_a_hanging_endpoint_cannot_take_every_worker_slot(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+) -> None:
+    add_endpoint(engine, box, receiver.route("/hang", delay=2.0))
+    add_endpoint(engine, box, receiver.route("/healthy"))
+    with engine.begin() as conn:
+        for i in range(10):
+            publish(conn, "order.created", {"i": i})
+    await relay_all(async_engine, clock)
+    async with build_http_client(max_connections=20, timeout=5) as http:
+        # 4 slots, at most half for one endpoint: the hanging one holds 2, never all 4.
+        w = worker(
+            async_engine, http, box, clock, max_in_flight=4, poll_interval=0.01, request_timeout=1.5
+        )
+        assert w.config.endpoint_slots == 2
+        await run_until([w], lambda: len(receiver.received("/healthy")) == 10, seconds=10)
+        assert len(receiver.received("/hang")) == 2
