@@ -94,6 +94,7 @@ def worker_config(settings: Settings) -> WorkerConfig:
         request_timeout=settings.request_timeout,
         retry_schedule=tuple(settings.retry_schedule),
         health=health_config(settings),
+        endpoint_share=settings.worker_endpoint_share,
     )
 
 

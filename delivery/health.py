@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from delivery import queries
 from delivery.policy import Outcome
@@ -433,17 +433,15 @@ async def record_observations(
 ) -> list[int]:
     """Update breakers from a batch of outcomes, in the outcomes' transaction.
 
-    Returns the ids of endpoints disabled because they failed for too long.
+    Returns the ids of endpoints disabled because they failed for too long. Call
+    `ensure_health_rows` first (outside this transaction) so every row exists: the
+    rows are then locked in id order, which keeps concurrent writers deadlock-free.
     """
     summaries = summarize(observations, config)
     if not summaries:
         return []
     ids = sorted(summaries)
     current = await _lock_for_update(conn, ids)
-    missing = [endpoint_id for endpoint_id in ids if endpoint_id not in current]
-    if missing:
-        await conn.execute(queries.INSERT_MISSING_ENDPOINT_HEALTH, {"ids": missing})
-        current.update(await _lock_for_update(conn, missing))
     updated: list[Health] = []
     disabled: list[int] = []
     for endpoint_id in ids:
@@ -468,6 +466,22 @@ async def record_observations(
             updated.append(after)
     await save(conn, updated, now=now)
     return disabled
+
+
+async def ensure_health_rows(
+    engine: AsyncEngine, endpoint_ids: Iterable[int], known: set[int]
+) -> None:
+    """Create missing endpoint_health rows in a transaction of their own.
+
+    `known` caches the ids this process has already seen, so this is a no-op on the hot
+    path. Inserting in id order in one short statement cannot deadlock with anyone.
+    """
+    missing = sorted(set(endpoint_ids) - known)
+    if not missing:
+        return
+    async with engine.begin() as conn:
+        await conn.execute(queries.INSERT_MISSING_ENDPOINT_HEALTH, {"ids": missing})
+    known.update(missing)
 
 
 def _audit_disable(conn: Connection, uid: str, reason: str) -> None:

@@ -18,7 +18,8 @@ from sqlalchemy import text
 #     high-priority work by at most the batch already claimed;
 #   ordering (endpoints with `ordered`): only the head of each ordering key is offered:
 #     nothing of that key in flight, nothing earlier scheduled, and in 'block' mode no
-#     earlier dead delivery that was neither replayed nor discarded.
+#     earlier dead delivery that was neither replayed nor discarded; and no earlier
+#     event of the key still waiting for the relay.
 # Candidates are over-picked (2 * limit) and locked with SKIP LOCKED, so two workers
 # claiming at once both get a full batch.
 CLAIM_DUE_DELIVERIES = text(
@@ -48,6 +49,11 @@ CLAIM_DUE_DELIVERIES = text(
                              AND h.dead_head = 'block'
                              AND NOT EXISTS (
                                  SELECT 1 FROM deliveries r WHERE r.replay_of = p.id)))
+              ) AND NOT EXISTS (
+                  -- an earlier event of the key not fanned out yet (several relays)
+                  SELECT 1 FROM outbox_events o
+                  WHERE o.ordering_key = d.ordering_key AND o.relayed_at IS NULL
+                    AND o.id < d.event_id
               ))
             ORDER BY d.priority DESC, d.next_attempt_at, d.id
             LIMIT LEAST(COALESCE(g.budget, :limit), :limit)
@@ -213,7 +219,7 @@ LOCK_ENDPOINT_HEALTH = text(
 INSERT_MISSING_ENDPOINT_HEALTH = text(
     """
     INSERT INTO endpoint_health (endpoint_id)
-    SELECT id FROM endpoints WHERE id = ANY(CAST(:ids AS bigint[]))
+    SELECT id FROM endpoints WHERE id = ANY(CAST(:ids AS bigint[])) ORDER BY id
     ON CONFLICT (endpoint_id) DO NOTHING
     """
 )

@@ -134,6 +134,7 @@ class Worker:
         self._slot_free = asyncio.Event()
         self.stats = BatchStats()
         self._slots_held: collections.Counter[int] = collections.Counter()
+        self._health_rows: set[int] = set()
 
     # -- claiming -------------------------------------------------------------------
 
@@ -252,6 +253,9 @@ class Worker:
                 json.dumps(_headers_for_record(result.request_headers)) for _, result in outcomes
             ],
         }
+        await health.ensure_health_rows(
+            self._engine, (claimed.endpoint_id for claimed, _ in outcomes), self._health_rows
+        )
         async with self._engine.begin() as conn:
             kept = set((await conn.execute(queries.RECORD_OUTCOMES, params)).scalars())
             # Every attempt that happened informs its endpoint's breaker, kept or not.

@@ -71,6 +71,13 @@ outbox_events = Table(
     ),
     # Keeps "what is left to relay" cheap however large the relayed history grows.
     Index("ix_outbox_events_unrelayed", "id", postgresql_where=text("relayed_at IS NULL")),
+    # Per-key ordering: "is an earlier event of this key still waiting for the relay?"
+    Index(
+        "ix_outbox_events_unrelayed_keys",
+        "ordering_key",
+        "id",
+        postgresql_where=text("relayed_at IS NULL AND ordering_key IS NOT NULL"),
+    ),
 )
 
 endpoints = Table(

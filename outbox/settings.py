@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     relay_poll_interval: float = Field(default=1.0, gt=0)
     worker_batch_size: int = Field(default=100, gt=0, le=10_000)
     worker_max_in_flight: int = Field(default=200, gt=0)
+    worker_endpoint_share: float = Field(
+        default=0.5, gt=0, le=1, description="Most of a worker's slots one endpoint may hold."
+    )
     worker_poll_interval: float = Field(default=1.0, gt=0)
     request_timeout: float = Field(default=10.0, gt=0, description="Deadline of one attempt, s.")
     lease_seconds: float = Field(default=60.0, gt=0)

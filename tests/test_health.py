@@ -510,3 +510,29 @@ async def test_a_hanging_endpoint_cannot_take_every_worker_slot(
         assert w.config.endpoint_slots == 2
         await run_until([w], lambda: len(receiver.received("/healthy")) == 10, seconds=10)
         assert len(receiver.received("/hang")) == 2
+
+
+async def test_ordering_waits_for_an_earlier_event_the_relay_has_not_fanned_out(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+) -> None:
+    ordered = add_endpoint(engine, box, receiver.route("/ordered")).endpoint
+    limit(engine, ordered.uid, ordered=True)
+    with engine.begin() as conn:
+        for i in range(2):
+            publish(conn, "order.updated", {"i": i}, ordering_key="order-1")
+    async with build_http_client(max_connections=10, timeout=5) as http:
+        w = worker(async_engine, http, box, clock)
+        # Another relay holds the first event (SKIP LOCKED): only the second is fanned out.
+        with engine.connect() as holder, holder.begin():
+            holder.exec_driver_sql("SELECT id FROM outbox_events ORDER BY id LIMIT 1 FOR UPDATE")
+            await relay_all(async_engine, clock)
+            assert scalar(engine, "SELECT count(*) FROM deliveries") == 1
+            assert (await w.run_once()).claimed == 0
+        await relay_all(async_engine, clock)
+        await w.run_once()
+        await w.run_once()
+    assert [payload_index(r) for r in receiver.requests] == [0, 1]

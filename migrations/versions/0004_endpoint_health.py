@@ -91,6 +91,13 @@ def upgrade() -> None:
         postgresql_where=sa.text("state = 'scheduled'"),
     )
     op.create_index(
+        "ix_outbox_events_unrelayed_keys",
+        "outbox_events",
+        ["ordering_key", "id"],
+        unique=False,
+        postgresql_where=sa.text("relayed_at IS NULL AND ordering_key IS NOT NULL"),
+    )
+    op.create_index(
         "ix_deliveries_ordering",
         "deliveries",
         ["endpoint_id", "ordering_key", "event_id"],
@@ -101,6 +108,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_index("ix_deliveries_ordering", table_name="deliveries")
+    op.drop_index("ix_outbox_events_unrelayed_keys", table_name="outbox_events")
     op.drop_index("ix_deliveries_due_per_endpoint", table_name="deliveries")
     op.drop_table("event_type_priorities")
     op.drop_table("endpoint_health")
