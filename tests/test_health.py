@@ -12,6 +12,7 @@ import asyncio
 import collections
 import datetime as dt
 import json
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -85,6 +86,13 @@ def attempts_spent(engine: Engine, uid: str) -> int:
     )
 
 
+def refused_port() -> int:
+    """A loopback port nobody listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def payload_index(request: ReceivedRequest) -> int:
     return int(json.loads(request.body)["data"]["i"])
 
@@ -126,6 +134,8 @@ async def test_breakers_open_at_threshold_and_down_endpoints_get_only_probes(
 ) -> None:
     healthy = add_endpoint(engine, box, receiver.route("/healthy"), "order.*").endpoint.uid
     down = add_endpoint(engine, box, receiver.route("/down", status=503), "order.*").endpoint.uid
+    refused_url = f"http://127.0.0.1:{refused_port()}/gone"  # nothing listens: refused
+    refused = add_endpoint(engine, box, refused_url, "order.*").endpoint.uid
     hang_url = receiver.route("/hang", delay=3.0)
     hanging = add_endpoint(engine, box, hang_url, "order.*").endpoint.uid
     throttled_url = receiver.route("/throttled", status=429, headers={"Retry-After": "30"})
@@ -147,9 +157,9 @@ async def test_breakers_open_at_threshold_and_down_endpoints_get_only_probes(
             for i in range(6):
                 publish(conn, "order.created", {"i": i})
         await relay_all(async_engine, clock)
-        # Batches of 3 and round-robin claiming: one delivery per active endpoint per round
+        # Batches of 4 and round-robin claiming: one delivery per active endpoint per round
         # (the throttled endpoint is paused, so it takes no slot).
-        w = worker(async_engine, http, box, clock, batch_size=3, request_timeout=0.3)
+        w = worker(async_engine, http, box, clock, batch_size=4, request_timeout=0.3)
         for _ in range(2):
             await w.run_once()
             clock.advance(1.5)
@@ -159,6 +169,7 @@ async def test_breakers_open_at_threshold_and_down_endpoints_get_only_probes(
         opened_at = clock.now()
         assert (breaker(engine, down), breaker(engine, hanging)) == ("open", "open")
         assert (count("/down"), count("/hang")) == (3, 3)
+        assert (breaker(engine, refused), attempts_spent(engine, refused)) == ("open", 3)
 
         # While open: nothing is claimed, no attempt is spent; the healthy one carries on.
         for _ in range(5):
@@ -166,13 +177,14 @@ async def test_breakers_open_at_threshold_and_down_endpoints_get_only_probes(
             await w.run_once()
         assert (count("/down"), count("/hang")) == (3, 3)
         assert (attempts_spent(engine, down), attempts_spent(engine, hanging)) == (3, 3)
+        assert attempts_spent(engine, refused) == 3
         assert count("/healthy") == 6
         assert scalar(engine, "SELECT count(*) FROM deliveries WHERE state = 'succeeded'") == 6
 
         # Cooldown over: exactly one probe each, although three more are due for each.
         clock.set(opened_at + dt.timedelta(seconds=10))
         await w.run_once()
-        assert (count("/down"), count("/hang")) == (4, 4)
+        assert (count("/down"), count("/hang"), attempts_spent(engine, refused)) == (4, 4, 4)
         assert (breaker(engine, down), breaker(engine, hanging)) == ("open", "open")
         assert count("/throttled") == 1  # still inside its Retry-After pause
         # The probe failed: the cooldown doubles (20 s), then one probe again.
@@ -186,7 +198,7 @@ async def test_breakers_open_at_threshold_and_down_endpoints_get_only_probes(
         clock.advance(1)
         receiver.route("/down", status=200)
         await w.run_once()
-        assert (count("/down"), count("/hang")) == (5, 5)
+        assert (count("/down"), count("/hang"), attempts_spent(engine, refused)) == (5, 5, 5)
         assert (breaker(engine, down), breaker(engine, hanging)) == ("closed", "open")
     assert breaker(engine, healthy) == "closed"
     attempts = rows(
