@@ -19,7 +19,11 @@ class DeliveryConfigurationError(DeliveryError, ConfigurationError):
 
 
 class InvalidEndpointURLError(DeliveryError, EndpointError):
-    """An endpoint URL breaks a rule; checked without DNS when the endpoint is saved."""
+    """An endpoint URL breaks a rule; a PERMANENT failure if it is only found at send time.
+
+    Raised by `validate_endpoint_url` (no DNS) when an endpoint is saved, and by the
+    guarded transport when asked to send to a scheme it does not allow.
+    """
 
 
 class AddressRefusedError(DeliveryError):

@@ -583,7 +583,11 @@ async def test_tls_verifies_and_sends_sni_for_the_hostname_not_the_dialled_ip(
 ) -> None:
     server_ctx, client_ctx = _tls_contexts("hook.test", tmp_path)
     sni: list[str | None] = []
-    server_ctx.sni_callback = lambda _obj, name, _ctx: sni.append(name)  # type: ignore[assignment,func-returns-value]
+
+    def record_sni(_obj: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
+        sni.append(name)
+
+    server_ctx.sni_callback = record_sni
     receiver = await start_receiver("127.0.0.2", tls=server_ctx)
     resolve, _ = answers(["127.0.0.2"])
     http, backend = client(allowed=["127.0.0.2/32"], resolver=resolve, verify=client_ctx)
