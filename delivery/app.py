@@ -108,6 +108,8 @@ class Service:
         reaper: ReaperConfig | None = None,
         clock: Clock | None = None,
         http: httpx.AsyncClient | None = None,
+        allowed_networks: tuple[str, ...] = (),
+        https_only: bool = False,
     ) -> None:
         self.url = url
         self._box = box
@@ -116,6 +118,8 @@ class Service:
         self._reaper_config = reaper or ReaperConfig()
         self._clock = clock or SystemClock()
         self._http = http
+        self._allowed_networks = allowed_networks
+        self._https_only = https_only
         self.engine: AsyncEngine | None = None
         self.worker: Worker | None = None
 
@@ -126,6 +130,8 @@ class Service:
         http = self._http or build_http_client(
             max_connections=self._worker_config.max_in_flight,
             timeout=self._worker_config.request_timeout,
+            allowed_networks=self._allowed_networks,
+            https_only=self._https_only,
         )
         listener = Listener(self.url, [EVENTS_CHANNEL, DELIVERIES_CHANNEL])
         await listener.start()

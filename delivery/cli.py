@@ -11,7 +11,6 @@ import contextlib
 import functools
 import getpass
 import json
-import logging
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +23,7 @@ from outbox import migrate as migrations
 from outbox.crypto import generate_key
 from outbox.endpoints import Endpoint, create_endpoint, list_endpoints, set_enabled
 from outbox.errors import OutboxError
+from outbox.logging_setup import configure_logging
 from outbox.publish import publish as publish_event
 from outbox.settings import Settings, load_settings
 
@@ -86,9 +86,7 @@ def main() -> None:
     With OUTBOX_DATABASE_URL unset, commands use an embedded PostgreSQL kept in
     OUTBOX_DATA_DIR (default ~/.local/share/webhook-outbox).
     """
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging("WARNING")
 
 
 @main.command()
@@ -165,7 +163,13 @@ def endpoints_add(
         box = app.secret_box(current, db)
         with db.engine.begin() as conn:
             created = create_endpoint(
-                conn, box, url=url, event_types=events, secret=secret, description=description
+                conn,
+                box,
+                url=url,
+                event_types=events,
+                secret=secret,
+                description=description,
+                https_only=current.https_only,
             )
     if as_json:
         echo_json({**created.endpoint.as_json(), "secret": created.secret})
@@ -225,9 +229,15 @@ def endpoints_disable(endpoint_id: str, reason: str, actor: str | None, as_json:
 def run() -> None:
     """Run the relay, the delivery workers and the reaper until SIGINT or SIGTERM."""
     with database() as (current, db):
+        configure_logging(current.log_level)
         box = app.secret_box(current, db)
         service = app.Service(
-            db.url, box, relay=app.relay_config(current), worker=app.worker_config(current)
+            db.url,
+            box,
+            relay=app.relay_config(current),
+            worker=app.worker_config(current),
+            allowed_networks=tuple(current.allowed_networks),
+            https_only=current.https_only,
         )
         click.echo("outbox running; Ctrl-C (SIGINT) or SIGTERM stops it cleanly", err=True)
         asyncio.run(_run_until_signalled(service))

@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import httpx
 
+from delivery.errors import AddressRefusedError, InvalidEndpointURLError
 from delivery.policy import RETRY_AFTER_STATUSES, Outcome, classify_status, parse_retry_after
 from delivery.signing import signature_header
+from delivery.ssrf import AddressPolicy, build_guarded_transport
 from outbox.clock import Clock
 
 USER_AGENT = "webhook-outbox/0.1"
@@ -43,15 +46,29 @@ class AttemptResult:
     retry_after: float | None = None
 
 
-def build_http_client(*, max_connections: int, timeout: float) -> httpx.AsyncClient:
-    """The client every attempt goes through: no redirects, no proxies from the environment."""
+def build_http_client(
+    *,
+    max_connections: int,
+    timeout: float,
+    allowed_networks: Sequence[str] = (),
+    https_only: bool = False,
+) -> httpx.AsyncClient:
+    """The client every attempt goes through.
+
+    Every connection passes the SSRF guard (private, loopback and other special
+    ranges refused unless listed in `allowed_networks`), redirects are never
+    followed and proxies from the environment are ignored.
+    """
+    limits = httpx.Limits(
+        max_connections=max_connections, max_keepalive_connections=max_connections
+    )
     return httpx.AsyncClient(
+        transport=build_guarded_transport(
+            AddressPolicy(allowed_networks), https_only=https_only, limits=limits
+        ),
         follow_redirects=False,
         trust_env=False,
         timeout=httpx.Timeout(timeout),
-        limits=httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
-        ),
         headers={"user-agent": USER_AGENT},
     )
 
@@ -116,6 +133,10 @@ async def send_attempt(
                 result.error += f"; redirect to {_one_line(location or '?', 300)} not followed"
         if response.status_code in RETRY_AFTER_STATUSES:
             result.retry_after = parse_retry_after(response.headers.get("retry-after"), started_at)
+    except (AddressRefusedError, InvalidEndpointURLError) as exc:
+        # The SSRF guard or the scheme rule: retrying cannot help until the URL changes.
+        result.outcome = Outcome.PERMANENT
+        result.error = _one_line(str(exc))
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         # Nothing reached the receiver: safe to retry.
         result.outcome = Outcome.RETRYABLE

@@ -15,6 +15,7 @@ from outbox.audit import record_audit
 from outbox.crypto import InvalidSecretError, SecretBox, generate_secret, secret_key_bytes
 from outbox.errors import EndpointError
 from outbox.ids import new_endpoint_id
+from outbox.urls import validate_endpoint_url
 
 _PATTERN = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*(\.\*)?)$")
 
@@ -78,8 +79,10 @@ def create_endpoint(
     event_types: str | Iterable[str],
     secret: str | None = None,
     description: str = "",
+    https_only: bool = False,
 ) -> CreatedEndpoint:
-    """Insert an endpoint in the caller's transaction. `url` must already be validated."""
+    """Insert an endpoint in the caller's transaction; the secret is stored encrypted."""
+    url = validate_endpoint_url(url, https_only=https_only)
     patterns = parse_event_patterns(event_types)
     plain_secret = secret or generate_secret()
     try:

@@ -23,3 +23,7 @@ class DatabaseUnavailableError(OutboxError):
 
 class SecretKeyError(OutboxError):
     """Encrypted secrets cannot be read or written with the configured keys."""
+
+
+class InvalidEndpointURLError(EndpointError):
+    """An endpoint URL breaks a rule (scheme, host, credentials, length); says which and how."""

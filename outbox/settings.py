@@ -55,7 +55,11 @@ class Settings(BaseSettings):
         default_factory=lambda: list(DEFAULT_RETRY_SCHEDULE)
     )
     max_attempts: int = Field(default=8, gt=0, le=100)
-    allowed_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    allowed_networks: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="CIDRs the SSRF guard lets deliveries reach, e.g. '127.0.0.0/8'.",
+    )
+    https_only: bool = Field(default=False, description="Refuse http:// endpoints.")
     log_level: str = "INFO"
 
     @field_validator("retry_schedule", "allowed_networks", mode="before")
