@@ -13,7 +13,6 @@ delivery is never overwritten by a late worker.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import logging
@@ -266,7 +265,8 @@ class Worker:
         """Keep up to max_in_flight attempts running until `stop`; then drain and exit."""
         wake = wakeup or asyncio.Event()
         in_flight: dict[asyncio.Task[None], ClaimedDelivery] = {}
-        writer = asyncio.create_task(self._write_outcomes_forever(), name="outcome-writer")
+        closing = asyncio.Event()
+        writer = asyncio.create_task(self._write_outcomes(closing), name="outcome-writer")
         try:
             while not stop.is_set():
                 free = self.config.max_in_flight - len(in_flight)
@@ -289,10 +289,10 @@ class Worker:
                     await wait_for_any(stop, wake, timeout=self.config.poll_interval)
         finally:
             await self._drain(in_flight)
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await writer
-            await self._flush_all()
+            # Never cancel the writer mid-write: tell it to finish what is buffered.
+            closing.set()
+            self._results_ready.set()
+            await writer
 
     def _finished(
         self, in_flight: dict[asyncio.Task[None], ClaimedDelivery], task: asyncio.Task[None]
@@ -305,11 +305,14 @@ class Worker:
         self._pending.append((claimed, result))
         self._results_ready.set()
 
-    async def _write_outcomes_forever(self) -> None:
+    async def _write_outcomes(self, closing: asyncio.Event) -> None:
+        """Write outcomes as they arrive (batching whatever piled up meanwhile) until closing."""
         while True:
             await self._results_ready.wait()
             self._results_ready.clear()
             await self._flush_all()
+            if closing.is_set() and not self._pending:
+                return
 
     async def _flush_all(self) -> None:
         """Write every buffered outcome; on a database error keep them and try again."""
@@ -317,6 +320,9 @@ class Worker:
             batch, self._pending = self._pending, []
             try:
                 self.stats.merge(await self.record(batch))
+            except asyncio.CancelledError:
+                self._pending[:0] = batch
+                raise
             except Exception:
                 log.exception("recording %d outcomes failed; retrying", len(batch))
                 self._pending[:0] = batch

@@ -149,3 +149,6 @@ def configure_logging(level: int | str = "INFO", *, stream: TextIO | None = None
         if not any(isinstance(existing, RedactingFilter) for existing in handler.filters):
             handler.addFilter(RedactingFilter())
     root.setLevel(number)
+    # One line per request from httpx would drown the service's own messages; the
+    # attempt rows already record every request.
+    logging.getLogger("httpx").setLevel(max(number, logging.WARNING))
