@@ -20,6 +20,7 @@ from outbox.clock import Clock, SystemClock
 from outbox.crypto import SecretBox, load_or_create_local_key
 from outbox.db import check_reachable, make_async_engine, make_engine
 from outbox.embedded import EmbeddedPostgres
+from outbox.endpoints import check_keys_cover_stored_secrets
 from outbox.errors import ConfigurationError
 from outbox.notify import Listener
 from outbox.queries import DELIVERIES_CHANNEL, EVENTS_CHANNEL
@@ -67,13 +68,17 @@ def open_database(settings: Settings, *, auto_migrate: bool | None = None) -> It
 def secret_box(settings: Settings, database: Database) -> SecretBox:
     """The keys for endpoint secrets; the embedded demo gets a generated local key."""
     if settings.secret_keys:
-        return SecretBox.from_setting(settings.secret_keys)
-    if database.embedded:
-        return SecretBox.from_setting(load_or_create_local_key(settings.data_dir))
-    raise ConfigurationError(
-        "OUTBOX_SECRET_KEYS is not set: endpoint secrets are encrypted at rest and need a key. "
-        "Generate one with `outbox keys generate` and keep it in your secret store."
-    )
+        box = SecretBox.from_setting(settings.secret_keys)
+    elif database.embedded:
+        box = SecretBox.from_setting(load_or_create_local_key(settings.data_dir))
+    else:
+        raise ConfigurationError(
+            "OUTBOX_SECRET_KEYS is not set: endpoint secrets are encrypted at rest and need a "
+            "key. Generate one with `outbox keys generate` and keep it in your secret store."
+        )
+    with database.engine.connect() as conn:
+        check_keys_cover_stored_secrets(conn, box)
+    return box
 
 
 def relay_config(settings: Settings) -> RelayConfig:

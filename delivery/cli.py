@@ -21,7 +21,14 @@ import click
 from delivery import app
 from outbox import migrate as migrations
 from outbox.crypto import generate_key
-from outbox.endpoints import Endpoint, create_endpoint, list_endpoints, set_enabled
+from outbox.endpoints import (
+    Endpoint,
+    create_endpoint,
+    list_endpoints,
+    reencrypt_secrets,
+    reveal_secret,
+    set_enabled,
+)
 from outbox.errors import OutboxError
 from outbox.logging_setup import configure_logging
 from outbox.publish import publish as publish_event
@@ -274,3 +281,44 @@ def keys() -> None:
 def keys_generate() -> None:
     """Print a new OUTBOX_SECRET_KEYS entry."""
     click.echo(generate_key())
+
+
+@keys.command("rotate")
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@json_option
+@friendly_errors
+def keys_rotate(actor: str | None, as_json: bool) -> None:
+    """Re-encrypt every endpoint secret with the first key of OUTBOX_SECRET_KEYS.
+
+    Put the new key first and keep the old one after it until this has run.
+    """
+    with database() as (current, db):
+        box = app.secret_box(current, db)
+        with db.engine.begin() as conn:
+            changed = reencrypt_secrets(conn, box, actor=actor or default_actor())
+    if as_json:
+        echo_json({"endpoints": changed, "key_id": box.current_key_id})
+    else:
+        click.echo(f"re-encrypted {changed} endpoint secrets with key {box.current_key_id!r}")
+
+
+@endpoints.command("reveal-secret")
+@click.argument("endpoint_id")
+@click.option("--reason", required=True, help="Why the secret is needed, for the audit log.")
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@json_option
+@friendly_errors
+def endpoints_reveal_secret(
+    endpoint_id: str, reason: str, actor: str | None, as_json: bool
+) -> None:
+    """Print an endpoint's signing secret (audited)."""
+    with database() as (current, db):
+        box = app.secret_box(current, db)
+        with db.engine.begin() as conn:
+            secret = reveal_secret(
+                conn, box, endpoint_id, actor=actor or default_actor(), reason=reason
+            )
+    if as_json:
+        echo_json({"id": endpoint_id, "secret": secret})
+    else:
+        click.echo(secret)

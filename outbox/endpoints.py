@@ -12,8 +12,14 @@ from sqlalchemy import Connection
 
 from outbox import queries
 from outbox.audit import record_audit
-from outbox.crypto import InvalidSecretError, SecretBox, generate_secret, secret_key_bytes
-from outbox.errors import EndpointError
+from outbox.crypto import (
+    InvalidSecretError,
+    SecretBox,
+    generate_secret,
+    key_parts,
+    secret_key_bytes,
+)
+from outbox.errors import EndpointError, SecretKeyError
 from outbox.ids import new_endpoint_id
 from outbox.urls import validate_endpoint_url
 
@@ -134,3 +140,65 @@ def set_enabled(
         reason=reason,
     )
     return get_endpoint(conn, uid)
+
+
+def check_keys_cover_stored_secrets(conn: Connection, box: SecretBox) -> None:
+    """Refuse to start when a stored secret was encrypted with a key that is not configured."""
+    missing: dict[str, int] = {}
+    for row in conn.execute(queries.SELECT_STORED_SECRETS):
+        for stored in (row.signing_secret, row.previous_signing_secret):
+            if stored:
+                kid = key_parts(stored)[1]
+                if kid not in box.key_ids:
+                    missing[kid] = missing.get(kid, 0) + 1
+    if missing:
+        listed = ", ".join(f"{kid!r} ({count} secrets)" for kid, count in sorted(missing.items()))
+        raise SecretKeyError(
+            f"endpoint secrets are encrypted with key ids {listed} that OUTBOX_SECRET_KEYS does "
+            "not hold: add those keys back (after the current one), then run `outbox keys rotate`"
+        )
+
+
+def reencrypt_secrets(conn: Connection, box: SecretBox, *, actor: str) -> int:
+    """Re-encrypt every stored secret under the current key (`outbox keys rotate`)."""
+    changed = 0
+    for row in conn.execute(queries.SELECT_STORED_SECRETS).all():
+        context = secret_context(row.uid)
+        current = box.encrypt(box.decrypt(row.signing_secret, context=context), context=context)
+        previous = (
+            box.encrypt(box.decrypt(row.previous_signing_secret, context=context), context=context)
+            if row.previous_signing_secret
+            else None
+        )
+        conn.execute(
+            queries.SET_ENDPOINT_SECRETS,
+            {"id": row.id, "signing_secret": current, "previous_signing_secret": previous},
+        )
+        changed += 1
+    record_audit(
+        conn,
+        actor=actor,
+        action="keys.rotate",
+        target_type="endpoint_secrets",
+        target_id=None,
+        details={"endpoints": changed, "key_id": box.current_key_id},
+    )
+    return changed
+
+
+def reveal_secret(conn: Connection, box: SecretBox, uid: str, *, actor: str, reason: str) -> str:
+    """Decrypt one endpoint's secret for a person; audited in the same transaction."""
+    if not reason.strip():
+        raise EndpointError("revealing a secret needs a reason (--reason)")
+    row = conn.execute(queries.SELECT_ENDPOINT_SECRET, {"uid": uid}).first()
+    if row is None:
+        raise EndpointError(f"no endpoint {uid!r}; `outbox endpoints list` shows the ids")
+    record_audit(
+        conn,
+        actor=actor,
+        action="endpoint.reveal_secret",
+        target_type="endpoint",
+        target_id=uid,
+        reason=reason,
+    )
+    return box.decrypt(row.signing_secret, context=secret_context(uid))

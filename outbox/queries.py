@@ -134,3 +134,18 @@ INSERT_AUDIT = text(
             :request_id)
     """
 )
+
+SELECT_STORED_SECRETS = text(
+    "SELECT id, uid, signing_secret, previous_signing_secret FROM endpoints ORDER BY id"
+)
+
+SELECT_ENDPOINT_SECRET = text("SELECT uid, signing_secret FROM endpoints WHERE uid = :uid")
+
+SET_ENDPOINT_SECRETS = text(
+    """
+    UPDATE endpoints
+    SET signing_secret = :signing_secret, previous_signing_secret = :previous_signing_secret,
+        updated_at = now()
+    WHERE id = :id
+    """
+)
