@@ -73,6 +73,11 @@ def build_http_client(
     )
 
 
+def _storable(raw: bytes) -> str:
+    """Response bytes as text PostgreSQL accepts: invalid UTF-8 and NUL become U+FFFD."""
+    return raw.decode("utf-8", "replace").replace("\x00", "\ufffd")
+
+
 def _one_line(text: str, limit: int = 500) -> str:
     return " ".join(text.split())[:limit]
 
@@ -125,7 +130,7 @@ async def send_attempt(
                         break
         result.status_code = response.status_code
         result.outcome = classify_status(response.status_code)
-        result.response_excerpt = bytes(body[:excerpt_bytes]).decode("utf-8", "replace")
+        result.response_excerpt = _storable(bytes(body[:excerpt_bytes]))
         if result.outcome is not Outcome.SUCCEEDED:
             result.error = f"HTTP {response.status_code} {response.reason_phrase}".strip()
             location = response.headers.get("location")
