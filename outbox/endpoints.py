@@ -145,12 +145,19 @@ def set_enabled(
 def check_keys_cover_stored_secrets(conn: Connection, box: SecretBox) -> None:
     """Refuse to start when a stored secret was encrypted with a key that is not configured."""
     missing: dict[str, int] = {}
+    tried: set[str] = set()
     for row in conn.execute(queries.SELECT_STORED_SECRETS):
         for stored in (row.signing_secret, row.previous_signing_secret):
-            if stored:
-                kid = key_parts(stored)[1]
-                if kid not in box.key_ids:
-                    missing[kid] = missing.get(kid, 0) + 1
+            if not stored:
+                continue
+            kid = key_parts(stored)[1]
+            if kid not in box.key_ids:
+                missing[kid] = missing.get(kid, 0) + 1
+            elif kid not in tried:
+                # One trial decryption per key catches a key with the right id but
+                # the wrong bytes (say, a lost and regenerated local key file).
+                box.decrypt(stored, context=secret_context(row.uid))
+                tried.add(kid)
     if missing:
         listed = ", ".join(f"{kid!r} ({count} secrets)" for kid, count in sorted(missing.items()))
         raise SecretKeyError(

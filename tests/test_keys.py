@@ -80,3 +80,25 @@ def test_rotation_keeps_every_endpoint_signable_and_dump_has_no_plaintext(
         Webhook(secret)  # still a valid Standard Webhooks secret
     actions = [r["action"] for r in rows(engine, "SELECT action FROM audit_log ORDER BY id")]
     assert actions == ["keys.rotate"] + ["endpoint.reveal_secret"] * 3
+
+
+def test_service_refuses_to_start_without_the_right_key(
+    monkeypatch: pytest.MonkeyPatch, database_url: str
+) -> None:
+    right = generate_key("k1")
+    cli = _cli(monkeypatch, database_url, right)
+    assert (
+        cli.invoke(main, ["endpoints", "add", "https://e.example/h", "--events", "*"]).exit_code
+        == 0
+    )
+
+    monkeypatch.delenv("OUTBOX_SECRET_KEYS")
+    result = cli.invoke(main, ["run"])
+    assert result.exit_code == 1
+    assert "OUTBOX_SECRET_KEYS is not set" in result.output
+
+    # Same key id, different key bytes: caught before any delivery is claimed.
+    monkeypatch.setenv("OUTBOX_SECRET_KEYS", generate_key("k1"))
+    result = cli.invoke(main, ["run"])
+    assert result.exit_code == 1
+    assert "did not decrypt with key 'k1'" in result.output
