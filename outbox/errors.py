@@ -23,3 +23,7 @@ class DatabaseUnavailableError(OutboxError):
 
 class SecretKeyError(OutboxError):
     """Encrypted secrets cannot be read or written with the configured keys."""
+
+
+class OperationError(OutboxError, ValueError):
+    """An operator action was refused (unknown row, wrong state, missing reason)."""
