@@ -459,3 +459,117 @@ REVOKE_TOKEN = text(
     RETURNING token_id
     """
 )
+
+
+# --- stats, alerts and metrics (issue 5) ---------------------------------------------
+
+STATS_COUNTS_BY_STATE = text("SELECT state, count(*) AS n FROM deliveries GROUP BY state")
+
+# Due deliveries of enabled endpoints only: a disabled endpoint's backlog waits on
+# purpose and has an alert of its own.
+STATS_OLDEST_DUE = text(
+    """
+    SELECT min(d.next_attempt_at) AS oldest_due, count(*) AS due
+    FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id
+    WHERE d.state = 'scheduled' AND d.next_attempt_at <= :now AND e.enabled
+    """
+)
+
+STATS_RELAY_LAG = text(
+    """
+    SELECT min(created_at) AS oldest_unrelayed, count(*) AS unrelayed
+    FROM outbox_events WHERE relayed_at IS NULL
+    """
+)
+
+STATS_WINDOW_RATES = text(
+    """
+    SELECT
+        (SELECT count(*) FROM delivery_attempts
+         WHERE started_at >= :since AND started_at < :now) AS attempts,
+        (SELECT count(*) FROM delivery_attempts
+         WHERE started_at >= :since AND started_at < :now AND outcome = 'succeeded')
+            AS attempts_succeeded,
+        (SELECT count(*) FROM deliveries
+         WHERE state = 'succeeded' AND completed_at >= :since AND completed_at < :now)
+            AS succeeded,
+        (SELECT count(*) FROM deliveries
+         WHERE state = 'dead' AND completed_at >= :since AND completed_at < :now) AS dead,
+        (SELECT count(*) FROM deliveries
+         WHERE state = 'dead' AND completed_at >= :previous AND completed_at < :since)
+            AS dead_previous_window,
+        (SELECT count(*) FROM outbox_events
+         WHERE created_at >= :since AND created_at < :now) AS published
+    """
+)
+
+# Per endpoint: the window's attempts (success rate, latency percentiles) and the
+# current backlog. An endpoint counts as auto-disabled when no operator's
+# 'endpoint.disable' audit row explains its current disablement.
+STATS_ENDPOINTS = text(
+    """
+    WITH recent AS (
+        SELECT d.endpoint_id, a.outcome, a.duration_ms
+        FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id
+        WHERE a.started_at >= :since AND a.started_at < :now
+    ), per AS (
+        SELECT endpoint_id,
+               count(*) AS attempts,
+               count(*) FILTER (WHERE outcome = 'succeeded') AS succeeded,
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms) AS p50_ms,
+               percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ms) AS p99_ms
+        FROM recent GROUP BY endpoint_id
+    ), backlog AS (
+        SELECT endpoint_id,
+               count(*) FILTER (WHERE state IN ('scheduled', 'in_flight')) AS pending,
+               count(*) FILTER (WHERE state = 'dead') AS dead
+        FROM deliveries WHERE state IN ('scheduled', 'in_flight', 'dead')
+        GROUP BY endpoint_id
+    )
+    SELECT e.uid, e.url, e.enabled, e.disabled_reason, e.disabled_at,
+           COALESCE(per.attempts, 0) AS attempts, COALESCE(per.succeeded, 0) AS succeeded,
+           per.p50_ms, per.p99_ms,
+           COALESCE(backlog.pending, 0) AS pending, COALESCE(backlog.dead, 0) AS dead,
+           (NOT e.enabled AND NOT EXISTS (
+               SELECT 1 FROM audit_log al
+               WHERE al.action = 'endpoint.disable' AND al.target_id = e.uid
+                 AND al.at >= e.disabled_at AND NOT starts_with(al.actor, 'system')
+           )) AS auto_disabled
+    FROM endpoints e
+    LEFT JOIN per ON per.endpoint_id = e.id
+    LEFT JOIN backlog ON backlog.endpoint_id = e.id
+    ORDER BY e.id
+    """
+)
+
+STATS_TOP_ERRORS = text(
+    """
+    SELECT a.error, count(DISTINCT a.delivery_id) AS deliveries, count(*) AS attempts,
+           count(DISTINCT d.endpoint_id) AS endpoints, max(a.started_at) AS last_seen
+    FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id
+    WHERE a.started_at >= :since AND a.started_at < :now
+      AND a.outcome <> 'succeeded' AND a.error IS NOT NULL
+    GROUP BY a.error
+    ORDER BY deliveries DESC, attempts DESC, a.error
+    LIMIT :limit
+    """
+)
+
+# Totals for /metrics, in one scan each. `le` is the smallest histogram bound an
+# attempt fits under (NULL: only +Inf); the caller accumulates the buckets.
+METRICS_EVENTS = text(
+    """
+    SELECT count(*) AS published, count(relayed_at) AS relayed FROM outbox_events
+    """
+)
+
+METRICS_ATTEMPTS = text(
+    """
+    SELECT a.outcome,
+           (SELECT min(b) FROM unnest(CAST(:buckets AS float8[])) AS b
+            WHERE a.duration_ms / 1000.0 <= b) AS le,
+           count(*) AS n, sum(a.duration_ms) / 1000.0 AS seconds
+    FROM delivery_attempts a
+    GROUP BY 1, 2
+    """
+)
