@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.http import build_http_client
 from delivery.reaper import Reaper, ReaperConfig
+from delivery.retention import Retention, RetentionConfig
 from delivery.worker import Worker, WorkerConfig
 from outbox import migrate
 from outbox.clock import Clock, SystemClock
@@ -95,8 +96,20 @@ def worker_config(settings: Settings) -> WorkerConfig:
     )
 
 
+def retention_config(settings: Settings) -> RetentionConfig:
+    return RetentionConfig(
+        retention_days=settings.retention_days,
+        dead_retention_days=settings.dead_retention_days,
+        batch_size=settings.retention_batch_size,
+        interval=settings.retention_interval,
+    )
+
+
 class Service:
-    """Relay, worker and reaper in one process, woken by LISTEN/NOTIFY, polling as fallback."""
+    """Relay, worker and reaper in one process, woken by LISTEN/NOTIFY, polling as fallback.
+
+    Retention runs beside them, pruning old history in small batches.
+    """
 
     def __init__(
         self,
@@ -106,6 +119,7 @@ class Service:
         relay: RelayConfig,
         worker: WorkerConfig,
         reaper: ReaperConfig | None = None,
+        retention: RetentionConfig | None = None,
         clock: Clock | None = None,
         http: httpx.AsyncClient | None = None,
     ) -> None:
@@ -114,6 +128,7 @@ class Service:
         self._relay_config = relay
         self._worker_config = worker
         self._reaper_config = reaper or ReaperConfig()
+        self._retention_config = retention or RetentionConfig()
         self._clock = clock or SystemClock()
         self._http = http
         self.engine: AsyncEngine | None = None
@@ -138,6 +153,7 @@ class Service:
                 group.create_task(relay.run(stop, listener.events[EVENTS_CHANNEL]))
                 group.create_task(self.worker.run(stop, deliveries_due))
                 group.create_task(reaper.run(stop))
+                group.create_task(Retention(engine, self._clock, self._retention_config).run(stop))
         finally:
             await listener.close()
             if owns_http:

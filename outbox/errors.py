@@ -27,3 +27,7 @@ class SecretKeyError(OutboxError):
 
 class OperationError(OutboxError, ValueError):
     """An operator action was refused (unknown row, wrong state, missing reason)."""
+
+
+class NotFoundError(OperationError):
+    """The delivery (or other row) an operator named does not exist."""

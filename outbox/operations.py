@@ -23,7 +23,7 @@ from outbox import queries
 from outbox.audit import record_audit, record_audit_many
 from outbox.crypto import InvalidSecretError, SecretBox, generate_secret, secret_key_bytes
 from outbox.endpoints import Endpoint, get_endpoint, parse_event_patterns, secret_context
-from outbox.errors import EndpointError, OperationError
+from outbox.errors import EndpointError, NotFoundError, OperationError
 from outbox.schema import DELIVERY_STATES
 
 REPLAYABLE_STATES = ("dead", "discarded")
@@ -173,7 +173,7 @@ def count_deliveries(conn: Connection, flt: DeliveryFilter) -> int:
 def get_delivery(conn: Connection, delivery_id: int) -> DeliveryDetail:
     row = conn.execute(queries.SELECT_DELIVERY, {"id": delivery_id}).mappings().first()
     if row is None:
-        raise OperationError(f"no delivery {delivery_id}; `outbox deliveries list` shows the ids")
+        raise NotFoundError(f"no delivery {delivery_id}; `outbox deliveries list` shows the ids")
     attempts = [
         {**dict(a), "started_at": _iso(a["started_at"])}
         for a in conn.execute(queries.SELECT_ATTEMPTS, {"id": delivery_id}).mappings()
@@ -258,7 +258,7 @@ def replay(
     states = _states(conn, wanted)
     missing = [i for i in wanted if i not in states]
     if missing:
-        raise OperationError(f"no delivery {', '.join(map(str, missing))}; nothing was replayed")
+        raise NotFoundError(f"no delivery {', '.join(map(str, missing))}; nothing was replayed")
     allowed = _allowed_replay_states(force)
     refused = {i: states[i] for i in wanted if states[i] not in allowed}
     if refused:
@@ -389,7 +389,7 @@ def discard(
     states = _states(conn, wanted)
     missing = [i for i in wanted if i not in states]
     if missing:
-        raise OperationError(f"no delivery {', '.join(map(str, missing))}; nothing was discarded")
+        raise NotFoundError(f"no delivery {', '.join(map(str, missing))}; nothing was discarded")
     refused = {i: states[i] for i in wanted if states[i] not in DISCARDABLE_STATES}
     if refused:
         listed = ", ".join(f"{i} is {state}" for i, state in refused.items())

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from outbox import queries
+from outbox.schema import ATTEMPT_OUTCOMES as OUTCOMES
 from outbox.schema import DELIVERY_STATES
 
 TOP_ERRORS = 5
@@ -226,3 +227,45 @@ def evaluate_alerts(stats: Stats, limits: AlertThresholds) -> list[Alert]:
             f"the oldest unrelayed event is {lag:.0f}s old: is the relay running?",
         ),
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """Monotonic totals for /metrics: rows stored now plus rows retention has pruned."""
+
+    events_published: int
+    events_relayed: int
+    attempts_by_outcome: dict[str, int]
+    latency_buckets: list[tuple[float, int]]  # (upper bound in s, cumulative count)
+    latency_count: int
+    latency_sum_seconds: float
+
+
+def read_totals(conn: Connection, buckets: tuple[float, ...]) -> Totals:
+    pruned = {str(r.name): float(r.value) for r in conn.execute(queries.SELECT_PRUNED_TOTALS)}
+    events = conn.execute(queries.METRICS_EVENTS).one()
+    by_outcome = {outcome: int(pruned.get(f"attempts:{outcome}", 0)) for outcome in OUTCOMES}
+    per_bound: dict[float, int] = {}
+    count = 0
+    seconds = pruned.get("attempt_seconds_sum", 0.0)
+    for row in conn.execute(queries.METRICS_ATTEMPTS, {"buckets": list(buckets)}):
+        by_outcome[str(row.outcome)] = by_outcome.get(str(row.outcome), 0) + int(row.n)
+        count += int(row.n)
+        seconds += float(row.seconds)
+        if row.le is not None:
+            per_bound[float(row.le)] = per_bound.get(float(row.le), 0) + int(row.n)
+    cumulative: list[tuple[float, int]] = []
+    running = 0
+    for bound in sorted(buckets):
+        running += per_bound.get(bound, 0)
+        # The tally keys are written by SQL, which prints 1.0 as "1": so does :g.
+        cumulative.append((bound, running + int(pruned.get(f"attempt_seconds_le:{bound:g}", 0))))
+    pruned_attempts = sum(int(v) for k, v in pruned.items() if k.startswith("attempts:"))
+    return Totals(
+        events_published=int(events.published) + int(pruned.get("events", 0)),
+        events_relayed=int(events.relayed) + int(pruned.get("events", 0)),
+        attempts_by_outcome=by_outcome,
+        latency_buckets=cumulative,
+        latency_count=count + pruned_attempts,
+        latency_sum_seconds=seconds,
+    )
