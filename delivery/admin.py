@@ -40,7 +40,7 @@ from outbox import operations as ops
 from outbox.audit import record_audit
 from outbox.clock import Clock, SystemClock
 from outbox.crypto import SecretBox
-from outbox.endpoints import create_endpoint, get_endpoint, list_endpoints, set_enabled
+from outbox.endpoints import get_endpoint, list_endpoints, set_enabled
 from outbox.errors import NotFoundError, OutboxError
 from outbox.migrate import VERSION_TABLE, head_revision
 from outbox.stats import AlertThresholds, EndpointHealth, collect_stats, read_totals
@@ -291,21 +291,14 @@ async def create_endpoint_route(call: Call) -> Any:
     data = await call.body()
 
     def create(conn: Connection) -> dict[str, Any]:
-        created = create_endpoint(
+        created = ops.add_endpoint(
             conn,
             call.api.box,
-            url=ops.check_url(str(data.get("url") or "")),
+            actor=call.actor,
+            url=str(data.get("url") or ""),
             event_types=data.get("event_types") or "",
             secret=data.get("secret"),
             description=str(data.get("description") or ""),
-        )
-        record_audit(
-            conn,
-            actor=call.actor,
-            action="endpoint.create",
-            target_type="endpoint",
-            target_id=created.endpoint.uid,
-            details={"url": created.endpoint.url, "event_types": created.endpoint.event_types},
             request_id=call.request_id,
         )
         return {**created.endpoint.as_json(), "secret": created.secret}

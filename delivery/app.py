@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ import httpx
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from delivery.admin import AdminConfig
 from delivery.http import build_http_client
 from delivery.reaper import Reaper, ReaperConfig
 from delivery.retention import Retention, RetentionConfig
@@ -26,6 +28,7 @@ from outbox.notify import Listener
 from outbox.queries import DELIVERIES_CHANNEL, EVENTS_CHANNEL
 from outbox.relay import Relay, RelayConfig
 from outbox.settings import Settings
+from outbox.stats import AlertThresholds
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +105,24 @@ def retention_config(settings: Settings) -> RetentionConfig:
         dead_retention_days=settings.dead_retention_days,
         batch_size=settings.retention_batch_size,
         interval=settings.retention_interval,
+    )
+
+
+def alert_thresholds(settings: Settings) -> AlertThresholds:
+    return AlertThresholds(
+        dead_per_window=settings.alert_dead_per_window,
+        repeated_error_deliveries=settings.alert_repeated_error_deliveries,
+        oldest_due_seconds=settings.alert_oldest_due_seconds,
+        relay_lag_seconds=settings.alert_relay_lag_seconds,
+    )
+
+
+def admin_config(settings: Settings) -> AdminConfig:
+    return AdminConfig(
+        stats_window=dt.timedelta(seconds=settings.stats_window_seconds),
+        thresholds=alert_thresholds(settings),
+        replay_rate_per_minute=settings.replay_rate_per_minute,
+        metrics_public=settings.admin_metrics_public,
     )
 
 

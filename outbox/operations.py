@@ -22,7 +22,14 @@ from sqlalchemy import Connection
 from outbox import queries
 from outbox.audit import record_audit, record_audit_many
 from outbox.crypto import InvalidSecretError, SecretBox, generate_secret, secret_key_bytes
-from outbox.endpoints import Endpoint, get_endpoint, parse_event_patterns, secret_context
+from outbox.endpoints import (
+    CreatedEndpoint,
+    Endpoint,
+    create_endpoint,
+    get_endpoint,
+    parse_event_patterns,
+    secret_context,
+)
 from outbox.errors import EndpointError, NotFoundError, OperationError
 from outbox.schema import DELIVERY_STATES
 
@@ -429,6 +436,38 @@ def check_url(url: str) -> str:
     if parsed.scheme not in {"http", "https"} or not parsed.host:
         raise EndpointError(f"{url!r} must be an http:// or https:// URL with a host")
     return url
+
+
+def add_endpoint(
+    conn: Connection,
+    box: SecretBox,
+    *,
+    actor: str,
+    url: str,
+    event_types: str | Sequence[str],
+    secret: str | None = None,
+    description: str = "",
+    request_id: str | None = None,
+) -> CreatedEndpoint:
+    """`create_endpoint` with a URL check and an audit row (the secret is never logged)."""
+    created = create_endpoint(
+        conn,
+        box,
+        url=check_url(url),
+        event_types=event_types,
+        secret=secret,
+        description=description,
+    )
+    record_audit(
+        conn,
+        actor=actor,
+        action="endpoint.create",
+        target_type="endpoint",
+        target_id=created.endpoint.uid,
+        details={"url": created.endpoint.url, "event_types": created.endpoint.event_types},
+        request_id=request_id,
+    )
+    return created
 
 
 def update_endpoint(
