@@ -486,20 +486,20 @@ STATS_WINDOW_RATES = text(
     """
     SELECT
         (SELECT count(*) FROM delivery_attempts
-         WHERE started_at >= :since AND started_at < :now) AS attempts,
+         WHERE started_at >= :since AND started_at <= :now) AS attempts,
         (SELECT count(*) FROM delivery_attempts
-         WHERE started_at >= :since AND started_at < :now AND outcome = 'succeeded')
+         WHERE started_at >= :since AND started_at <= :now AND outcome = 'succeeded')
             AS attempts_succeeded,
         (SELECT count(*) FROM deliveries
-         WHERE state = 'succeeded' AND completed_at >= :since AND completed_at < :now)
+         WHERE state = 'succeeded' AND completed_at >= :since AND completed_at <= :now)
             AS succeeded,
         (SELECT count(*) FROM deliveries
-         WHERE state = 'dead' AND completed_at >= :since AND completed_at < :now) AS dead,
+         WHERE state = 'dead' AND completed_at >= :since AND completed_at <= :now) AS dead,
         (SELECT count(*) FROM deliveries
          WHERE state = 'dead' AND completed_at >= :previous AND completed_at < :since)
             AS dead_previous_window,
         (SELECT count(*) FROM outbox_events
-         WHERE created_at >= :since AND created_at < :now) AS published
+         WHERE created_at >= :since AND created_at <= :now) AS published
     """
 )
 
@@ -511,7 +511,7 @@ STATS_ENDPOINTS = text(
     WITH recent AS (
         SELECT d.endpoint_id, a.outcome, a.duration_ms
         FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id
-        WHERE a.started_at >= :since AND a.started_at < :now
+        WHERE a.started_at >= :since AND a.started_at <= :now
     ), per AS (
         SELECT endpoint_id,
                count(*) AS attempts,
@@ -547,7 +547,7 @@ STATS_TOP_ERRORS = text(
     SELECT a.error, count(DISTINCT a.delivery_id) AS deliveries, count(*) AS attempts,
            count(DISTINCT d.endpoint_id) AS endpoints, max(a.started_at) AS last_seen
     FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id
-    WHERE a.started_at >= :since AND a.started_at < :now
+    WHERE a.started_at >= :since AND a.started_at <= :now
       AND a.outcome <> 'succeeded' AND a.error IS NOT NULL
     GROUP BY a.error
     ORDER BY deliveries DESC, attempts DESC, a.error

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from delivery import app
 from delivery.receiver import Receiver
 from delivery.retention import Retention, RetentionConfig
+from delivery.worker import WorkerConfig
 from outbox import operations as ops
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
+from outbox.relay import RelayConfig
 from tests.helpers import add_endpoint, disable, rows, scalar
 from tests.operator_helpers import deliver, publish_many
 
@@ -113,3 +118,37 @@ async def test_pruning_removes_exactly_the_old_finished_history(
         async_engine, clock, RetentionConfig(retention_days=7, dead_retention_days=0)
     ).run_until_done()
     assert remaining(engine) == {("d.x", "flaky", "scheduled"), ("a.recent", "dead", "dead")}
+
+
+async def test_the_running_service_prunes_in_the_background(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    database_url: str,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+) -> None:
+    add_endpoint(engine, box, receiver.route("/ok"), "*")
+    publish_many(engine, "order.created", 3)
+    await deliver(async_engine, box, clock)
+    clock.advance(days=8)
+    service = app.Service(
+        database_url,
+        box,
+        relay=RelayConfig(poll_interval=0.05),
+        worker=WorkerConfig(poll_interval=0.05),
+        retention=RetentionConfig(retention_days=7, interval=0.05),
+        clock=clock,
+    )
+    stop = asyncio.Event()
+    running = asyncio.create_task(service.run(stop))
+    try:
+        for _ in range(400):  # waiting for the service (at most 20 s), not for the logic
+            if not scalar(engine, "SELECT count(*) FROM outbox_events"):
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await running
+    assert scalar(engine, "SELECT count(*) FROM deliveries") == 0
+    assert scalar(engine, "SELECT value FROM pruned_totals WHERE name = 'events'") == 3
