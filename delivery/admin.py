@@ -329,7 +329,14 @@ async def _set_enabled(call: Call, enabled: bool) -> Any:
     uid, data = call.request.path_params["uid"], await call.body()
 
     def change(conn: Connection) -> dict[str, Any]:
-        item = set_enabled(conn, uid, enabled=enabled, reason=data.get("reason"), actor=call.actor)
+        item = set_enabled(
+            conn,
+            uid,
+            enabled=enabled,
+            reason=data.get("reason"),
+            actor=call.actor,
+            request_id=call.request_id,
+        )
         return item.as_json()
 
     return await call.api.write(change)
@@ -808,8 +815,9 @@ class AdminApi:
             return JSONResponse({"error": exc.message}, exc.status)
         except NotFoundError as exc:
             return JSONResponse({"error": str(exc)}, 404)
-        except (OutboxError, ValueError, TypeError, KeyError) as exc:
-            # Refused input (the transaction rolled back): say why, never a stack trace.
+        except (OutboxError, ValueError, TypeError) as exc:
+            # Refused input such as a wrong JSON type (the transaction rolled back): say
+            # why, never a stack trace.
             return JSONResponse({"error": str(exc) or type(exc).__name__}, 400)
         if isinstance(result, Response):
             return result

@@ -192,6 +192,20 @@ async def test_endpoint_changes_over_http_each_leave_an_audit_row(
         "endpoint.delete",
     ]
     assert scalar(engine, "SELECT count(*) FROM endpoints") == 0
+    # Every change made over HTTP carries the request id of the call that made it.
+    assert (
+        scalar(
+            engine,
+            "SELECT count(*) FROM audit_log WHERE action LIKE 'endpoint.%' AND request_id IS NULL",
+        )
+        == 0
+    )
+    broken = await client.post(
+        "/v1/discards", content=b"{not json", headers={**operator, "content-type": "x"}
+    )
+    assert broken.status_code == 400 and "not valid JSON" in broken.json()["error"]
+    wrong_type = await client.post("/v1/discards", json={"ids": 5, "reason": "r"}, headers=operator)
+    assert wrong_type.status_code == 400
 
 
 async def test_metrics_parse_and_match_the_database(
