@@ -555,8 +555,10 @@ STATS_TOP_ERRORS = text(
     """
 )
 
-# Totals for /metrics, in one scan each. `le` is the smallest histogram bound an
-# attempt fits under (NULL: only +Inf); the caller accumulates the buckets.
+# Totals for /metrics, in one scan each. `bucket` counts the histogram bounds below
+# an attempt's duration (width_bucket over bounds + 1 ms, durations being whole
+# milliseconds), i.e. the index of the smallest bound it fits under; the caller
+# accumulates the buckets.
 METRICS_EVENTS = text(
     """
     SELECT count(*) AS published, count(relayed_at) AS relayed FROM outbox_events
@@ -565,11 +567,9 @@ METRICS_EVENTS = text(
 
 METRICS_ATTEMPTS = text(
     """
-    SELECT a.outcome,
-           (SELECT min(b) FROM unnest(CAST(:buckets AS float8[])) AS b
-            WHERE a.duration_ms / 1000.0 <= b) AS le,
-           count(*) AS n, sum(a.duration_ms) / 1000.0 AS seconds
-    FROM delivery_attempts a
+    SELECT outcome, width_bucket(duration_ms, CAST(:bounds_ms_plus_one AS int[])) AS bucket,
+           count(*) AS n, sum(duration_ms) / 1000.0 AS seconds
+    FROM delivery_attempts
     GROUP BY 1, 2
     """
 )

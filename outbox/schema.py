@@ -162,6 +162,9 @@ deliveries = Table(
     Index("ix_deliveries_leases", "lease_expires_at", postgresql_where=text("state = 'in_flight'")),
     Index("ix_deliveries_endpoint_state", "endpoint_id", "state"),
     Index("ix_deliveries_replay_of", "replay_of", postgresql_where=text("replay_of IS NOT NULL")),
+    # All deliveries of one event (first and replays): retention's group checks and
+    # the ON DELETE CASCADE from outbox_events need it (migration 0005).
+    Index("ix_deliveries_event_id_endpoint_id", "event_id", "endpoint_id"),
     # Retention walks finished deliveries oldest first (migration 0005).
     Index(
         "ix_deliveries_completed_at",

@@ -242,22 +242,24 @@ class Totals:
 
 
 def read_totals(conn: Connection, buckets: tuple[float, ...]) -> Totals:
+    """Bucket bounds are seconds in whole milliseconds (0.05, 0.25, 1, ...)."""
     pruned = {str(r.name): float(r.value) for r in conn.execute(queries.SELECT_PRUNED_TOTALS)}
     events = conn.execute(queries.METRICS_EVENTS).one()
     by_outcome = {outcome: int(pruned.get(f"attempts:{outcome}", 0)) for outcome in OUTCOMES}
-    per_bound: dict[float, int] = {}
+    bounds = sorted(buckets)
+    per_bucket = [0] * (len(bounds) + 1)  # the last one: above every bound (+Inf only)
     count = 0
     seconds = pruned.get("attempt_seconds_sum", 0.0)
-    for row in conn.execute(queries.METRICS_ATTEMPTS, {"buckets": list(buckets)}):
+    params = {"bounds_ms_plus_one": [round(bound * 1000) + 1 for bound in bounds]}
+    for row in conn.execute(queries.METRICS_ATTEMPTS, params):
         by_outcome[str(row.outcome)] = by_outcome.get(str(row.outcome), 0) + int(row.n)
         count += int(row.n)
         seconds += float(row.seconds)
-        if row.le is not None:
-            per_bound[float(row.le)] = per_bound.get(float(row.le), 0) + int(row.n)
+        per_bucket[int(row.bucket)] += int(row.n)
     cumulative: list[tuple[float, int]] = []
     running = 0
-    for bound in sorted(buckets):
-        running += per_bound.get(bound, 0)
+    for index, bound in enumerate(bounds):
+        running += per_bucket[index]
         # The tally keys are written by SQL, which prints 1.0 as "1": so does :g.
         cumulative.append((bound, running + int(pruned.get(f"attempt_seconds_le:{bound:g}", 0))))
     pruned_attempts = sum(int(v) for k, v in pruned.items() if k.startswith("attempts:"))

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import datetime as dt
 import statistics
+from dataclasses import replace
 
+import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.receiver import Receiver
+from delivery.retention import Retention, RetentionConfig
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
-from outbox.stats import AlertThresholds, collect_stats
+from outbox.operations import LATENCY_BUCKETS
+from outbox.relay import Relay
+from outbox.stats import AlertThresholds, collect_stats, read_totals
 from tests.helpers import add_endpoint, disable, rows, scalar
 from tests.operator_helpers import deliver, publish_many
 
@@ -119,3 +124,59 @@ async def test_each_alert_signal_fires_at_its_threshold(
             )
         )
     assert "endpoint_auto_disabled" in firing(engine, clock, limits)
+
+
+async def test_metric_totals_count_bucket_edges_and_survive_pruning(
+    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
+) -> None:
+    add_endpoint(engine, box, "http://127.0.0.1:9/never", "*")
+    publish_many(engine, "order.created", 3)
+    await Relay(async_engine, clock).run_until_idle()
+    durations = [50, 51, 250, 30_000, 30_001]
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE deliveries SET state = 'succeeded', completed_at = :at "
+                "WHERE id = (SELECT min(id) FROM deliveries)"
+            ),
+            {"at": clock.now()},
+        )
+        for number, duration in enumerate(durations, 1):
+            conn.execute(
+                text(
+                    "INSERT INTO delivery_attempts (delivery_id, attempt_number, started_at, "
+                    "duration_ms, outcome, worker_id) SELECT min(id), :n, :at, :ms, "
+                    "CASE WHEN :n = 5 THEN 'succeeded' ELSE 'retryable' END, 'w' FROM deliveries"
+                ),
+                {"n": number, "at": clock.now(), "ms": duration},
+            )
+    with engine.connect() as conn:
+        before = read_totals(conn, LATENCY_BUCKETS)
+    buckets = dict(before.latency_buckets)
+    assert (buckets[0.05], buckets[0.1], buckets[0.25], buckets[10.0], buckets[30.0]) == (
+        1,
+        2,
+        3,
+        3,
+        4,
+    )
+    assert before.latency_count == 5
+    assert before.latency_sum_seconds == pytest.approx(sum(durations) / 1000)
+    assert before.attempts_by_outcome == {
+        "succeeded": 1,
+        "retryable": 4,
+        "permanent": 0,
+        "ambiguous": 0,
+    }
+    assert (before.events_published, before.events_relayed) == (3, 3)
+
+    clock.advance(days=8)
+    pruned = await Retention(
+        async_engine, clock, RetentionConfig(retention_days=7)
+    ).run_until_done()
+    assert (pruned.deliveries, pruned.attempts) == (1, 5)
+    assert scalar(engine, "SELECT count(*) FROM delivery_attempts") == 0
+    with engine.connect() as conn:
+        after = read_totals(conn, LATENCY_BUCKETS)
+    assert after.latency_sum_seconds == pytest.approx(before.latency_sum_seconds)
+    assert replace(after, latency_sum_seconds=0) == replace(before, latency_sum_seconds=0)

@@ -53,6 +53,12 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("name", name=op.f("pk_pruned_totals")),
     )
     op.create_index(
+        "ix_deliveries_event_id_endpoint_id",
+        "deliveries",
+        ["event_id", "endpoint_id"],
+        unique=False,
+    )
+    op.create_index(
         "ix_deliveries_completed_at",
         "deliveries",
         ["completed_at"],
@@ -75,6 +81,7 @@ def downgrade() -> None:
     op.drop_index("ix_delivery_attempts_started_at", table_name="delivery_attempts")
     op.drop_index("ix_outbox_events_relayed_at", table_name="outbox_events")
     op.drop_index("ix_deliveries_completed_at", table_name="deliveries")
+    op.drop_index("ix_deliveries_event_id_endpoint_id", table_name="deliveries")
     op.drop_table("pruned_totals")
     op.drop_index("uq_admin_tokens_active_name", table_name="admin_tokens")
     op.drop_table("admin_tokens")
