@@ -505,7 +505,8 @@ STATS_WINDOW_RATES = text(
 
 # Per endpoint: the window's attempts (success rate, latency percentiles) and the
 # current backlog. An endpoint counts as auto-disabled when no operator's
-# 'endpoint.disable' audit row explains its current disablement.
+# 'endpoint.disable' audit row explains its current disablement (rows by a worker,
+# by 'system', or with details.automatic = true are not an operator's).
 STATS_ENDPOINTS = text(
     """
     WITH recent AS (
@@ -533,7 +534,10 @@ STATS_ENDPOINTS = text(
            (NOT e.enabled AND NOT EXISTS (
                SELECT 1 FROM audit_log al
                WHERE al.action = 'endpoint.disable' AND al.target_id = e.uid
-                 AND al.at >= e.disabled_at AND NOT starts_with(al.actor, 'system')
+                 AND al.at >= e.disabled_at
+                 AND NOT COALESCE((al.details ->> 'automatic')::boolean, false)
+                 AND NOT starts_with(al.actor, 'worker:')
+                 AND NOT starts_with(al.actor, 'system')
            )) AS auto_disabled
     FROM endpoints e
     LEFT JOIN per ON per.endpoint_id = e.id

@@ -117,13 +117,24 @@ async def test_each_alert_signal_fires_at_its_threshold(
     disable(engine, gone.endpoint.uid)
     assert "endpoint_auto_disabled" not in firing(engine, clock, limits)
     with engine.begin() as conn:
+        # What the worker does on a 410: disable, with an automatic audit row.
         conn.execute(
             text(
                 "UPDATE endpoints SET enabled = false, disabled_reason = 'HTTP 410 Gone', "
                 "disabled_at = now() WHERE url LIKE '%/slow'"
             )
         )
+        conn.execute(
+            text(
+                "INSERT INTO audit_log (actor, action, target_type, target_id, details) "
+                "SELECT 'worker:w1', 'endpoint.disable', 'endpoint', uid, "
+                "'{\"automatic\": true}' FROM endpoints WHERE url LIKE '%/slow'"
+            )
+        )
     assert "endpoint_auto_disabled" in firing(engine, clock, limits)
+    with engine.connect() as conn:
+        stats = collect_stats(conn, now=clock.now(), thresholds=limits)
+    assert [e.url.rsplit("/", 1)[-1] for e in stats.endpoints if e.auto_disabled] == ["slow"]
 
 
 async def test_metric_totals_count_bucket_edges_and_survive_pruning(
