@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,8 +13,10 @@ import httpx
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from delivery.admin import AdminConfig
 from delivery.http import build_http_client
 from delivery.reaper import Reaper, ReaperConfig
+from delivery.retention import Retention, RetentionConfig
 from delivery.worker import Worker, WorkerConfig
 from outbox import migrate
 from outbox.clock import Clock, SystemClock
@@ -26,6 +29,7 @@ from outbox.notify import Listener
 from outbox.queries import DELIVERIES_CHANNEL, EVENTS_CHANNEL
 from outbox.relay import Relay, RelayConfig
 from outbox.settings import Settings
+from outbox.stats import AlertThresholds
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +104,39 @@ def worker_config(settings: Settings) -> WorkerConfig:
     )
 
 
+def retention_config(settings: Settings) -> RetentionConfig:
+    return RetentionConfig(
+        retention_days=settings.retention_days,
+        dead_retention_days=settings.dead_retention_days,
+        batch_size=settings.retention_batch_size,
+        interval=settings.retention_interval,
+    )
+
+
+def alert_thresholds(settings: Settings) -> AlertThresholds:
+    return AlertThresholds(
+        dead_per_window=settings.alert_dead_per_window,
+        repeated_error_deliveries=settings.alert_repeated_error_deliveries,
+        oldest_due_seconds=settings.alert_oldest_due_seconds,
+        relay_lag_seconds=settings.alert_relay_lag_seconds,
+    )
+
+
+def admin_config(settings: Settings) -> AdminConfig:
+    return AdminConfig(
+        stats_window=dt.timedelta(seconds=settings.stats_window_seconds),
+        thresholds=alert_thresholds(settings),
+        replay_rate_per_minute=settings.replay_rate_per_minute,
+        metrics_public=settings.admin_metrics_public,
+        https_only=settings.https_only,
+    )
+
+
 class Service:
-    """Relay, worker and reaper in one process, woken by LISTEN/NOTIFY, polling as fallback."""
+    """Relay, worker and reaper in one process, woken by LISTEN/NOTIFY, polling as fallback.
+
+    Retention runs beside them, pruning old history in small batches.
+    """
 
     def __init__(
         self,
@@ -111,6 +146,7 @@ class Service:
         relay: RelayConfig,
         worker: WorkerConfig,
         reaper: ReaperConfig | None = None,
+        retention: RetentionConfig | None = None,
         clock: Clock | None = None,
         http: httpx.AsyncClient | None = None,
         allowed_networks: tuple[str, ...] = (),
@@ -121,6 +157,7 @@ class Service:
         self._relay_config = relay
         self._worker_config = worker
         self._reaper_config = reaper or ReaperConfig()
+        self._retention_config = retention or RetentionConfig()
         self._clock = clock or SystemClock()
         self._http = http
         self._allowed_networks = allowed_networks
@@ -149,6 +186,7 @@ class Service:
                 group.create_task(relay.run(stop, listener.events[EVENTS_CHANNEL]))
                 group.create_task(self.worker.run(stop, deliveries_due))
                 group.create_task(reaper.run(stop))
+                group.create_task(Retention(engine, self._clock, self._retention_config).run(stop))
         finally:
             await listener.close()
             if owns_http:

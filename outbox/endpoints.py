@@ -121,7 +121,13 @@ def list_endpoints(conn: Connection) -> list[Endpoint]:
 
 
 def set_enabled(
-    conn: Connection, uid: str, *, enabled: bool, reason: str | None = None, actor: str
+    conn: Connection,
+    uid: str,
+    *,
+    enabled: bool,
+    reason: str | None = None,
+    actor: str,
+    request_id: str | None = None,
 ) -> Endpoint:
     """Enable or disable an endpoint; disabling keeps its pending deliveries waiting."""
     if not enabled and not (reason and reason.strip()):
@@ -138,6 +144,7 @@ def set_enabled(
         target_type="endpoint",
         target_id=uid,
         reason=reason,
+        request_id=request_id,
     )
     return get_endpoint(conn, uid)
 

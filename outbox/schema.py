@@ -71,6 +71,12 @@ outbox_events = Table(
     ),
     # Keeps "what is left to relay" cheap however large the relayed history grows.
     Index("ix_outbox_events_unrelayed", "id", postgresql_where=text("relayed_at IS NULL")),
+    # Retention prunes relayed events oldest first (migration 0005).
+    Index(
+        "ix_outbox_events_relayed_at",
+        "relayed_at",
+        postgresql_where=text("relayed_at IS NOT NULL"),
+    ),
 )
 
 endpoints = Table(
@@ -156,6 +162,15 @@ deliveries = Table(
     Index("ix_deliveries_leases", "lease_expires_at", postgresql_where=text("state = 'in_flight'")),
     Index("ix_deliveries_endpoint_state", "endpoint_id", "state"),
     Index("ix_deliveries_replay_of", "replay_of", postgresql_where=text("replay_of IS NOT NULL")),
+    # All deliveries of one event (first and replays): retention's group checks and
+    # the ON DELETE CASCADE from outbox_events need it (migration 0005).
+    Index("ix_deliveries_event_id_endpoint_id", "event_id", "endpoint_id"),
+    # Retention walks finished deliveries oldest first (migration 0005).
+    Index(
+        "ix_deliveries_completed_at",
+        "completed_at",
+        postgresql_where=text("state IN ('succeeded', 'dead', 'discarded')"),
+    ),
 )
 
 delivery_attempts = Table(
@@ -181,6 +196,8 @@ delivery_attempts = Table(
         "outcome IN ('succeeded', 'retryable', 'permanent', 'ambiguous')", name="known_outcome"
     ),
     Index("ix_delivery_attempts_delivery_id", "delivery_id"),
+    # Stats and metrics read the attempts of a recent window (migration 0005).
+    Index("ix_delivery_attempts_started_at", "started_at"),
 )
 
 audit_log = Table(
@@ -196,4 +213,37 @@ audit_log = Table(
     Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("request_id", Text),
     Index("ix_audit_log_at", "at"),
+)
+
+# Bearer tokens of the admin HTTP API (migration 0005). A token is
+# `obx_<token_id>_<secret>`: token_id finds the row, and only a SHA-256 of the
+# secret is stored, compared in constant time.
+admin_tokens = Table(
+    "admin_tokens",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("token_id", Text, nullable=False, unique=True),
+    Column("name", Text, nullable=False),
+    Column("role", Text, nullable=False),
+    Column("secret_hash", Text, nullable=False),
+    Column("created_by", Text, nullable=False),
+    _now_column("created_at"),
+    Column("last_used_at", DateTime(timezone=True)),
+    Column("revoked_at", DateTime(timezone=True)),
+    CheckConstraint("role IN ('viewer', 'operator')", name="known_role"),
+    Index(
+        "uq_admin_tokens_active_name",
+        "name",
+        unique=True,
+        postgresql_where=text("revoked_at IS NULL"),
+    ),
+)
+
+# What retention (and endpoint deletion) removed, by metric name, so the totals
+# exported on /metrics never go backwards when history is pruned (migration 0005).
+pruned_totals = Table(
+    "pruned_totals",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("value", Float, nullable=False, server_default=text("0")),
 )

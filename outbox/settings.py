@@ -62,6 +62,25 @@ class Settings(BaseSettings):
     https_only: bool = Field(default=False, description="Refuse http:// endpoints.")
     log_level: str = "INFO"
 
+    # Operator tools (issue 5): retention, the admin HTTP API, alert thresholds.
+    retention_days: float = Field(
+        default=7.0, ge=0, description="Prune finished history older than this; 0 = never."
+    )
+    dead_retention_days: float = Field(
+        default=30.0, ge=0, description="Prune dead deliveries nobody replayed; 0 = never."
+    )
+    retention_batch_size: int = Field(default=500, gt=0, le=10_000)
+    retention_interval: float = Field(default=60.0, gt=0)
+    admin_host: str = "127.0.0.1"
+    admin_port: int = Field(default=8181, ge=0, le=65535)
+    admin_metrics_public: bool = False
+    stats_window_seconds: float = Field(default=3600.0, gt=0)
+    alert_dead_per_window: int = Field(default=10, gt=0)
+    alert_repeated_error_deliveries: int = Field(default=20, gt=0)
+    alert_oldest_due_seconds: float = Field(default=900.0, gt=0)
+    alert_relay_lag_seconds: float = Field(default=60.0, gt=0)
+    replay_rate_per_minute: float = Field(default=600.0, gt=0)
+
     @field_validator("retry_schedule", "allowed_networks", mode="before")
     @classmethod
     def _csv(cls, value: Any) -> Any:
@@ -82,6 +101,15 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"lease_seconds ({self.lease_seconds}) must exceed request_timeout "
                 f"({self.request_timeout}) so a slow attempt is never rescued while running"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _dead_kept_longer(self) -> Settings:
+        if self.dead_retention_days and self.dead_retention_days < self.retention_days:
+            raise ValueError(
+                f"dead_retention_days ({self.dead_retention_days}) must be 0 (keep) or at least "
+                f"retention_days ({self.retention_days}): dead letters are kept longer"
             )
         return self
 

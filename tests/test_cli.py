@@ -55,6 +55,7 @@ def test_endpoint_lifecycle_with_json(cli: CliRunner, engine: Engine) -> None:
     assert json.loads(enabled.output)["enabled"] is True
     audit = rows(engine, "SELECT action, target_id, reason FROM audit_log ORDER BY id")
     assert [(a["action"], a["reason"]) for a in audit] == [
+        ("endpoint.create", None),
         ("endpoint.disable", "partner asked"),
         ("endpoint.enable", None),
     ]

@@ -79,7 +79,7 @@ def test_rotation_keeps_every_endpoint_signable_and_dump_has_no_plaintext(
         assert json.loads(shown.output)["secret"] == secret
         Webhook(secret)  # still a valid Standard Webhooks secret
     actions = [r["action"] for r in rows(engine, "SELECT action FROM audit_log ORDER BY id")]
-    assert actions == ["keys.rotate"] + ["endpoint.reveal_secret"] * 3
+    assert actions == ["endpoint.create"] * 3 + ["keys.rotate"] + ["endpoint.reveal_secret"] * 3
 
 
 def test_service_refuses_to_start_without_the_right_key(
