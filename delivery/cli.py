@@ -227,7 +227,11 @@ def run() -> None:
     with database() as (current, db):
         box = app.secret_box(current, db)
         service = app.Service(
-            db.url, box, relay=app.relay_config(current), worker=app.worker_config(current)
+            db.url,
+            box,
+            relay=app.relay_config(current),
+            worker=app.worker_config(current),
+            reaper=app.reaper_config(current),
         )
         click.echo("outbox running; Ctrl-C (SIGINT) or SIGTERM stops it cleanly", err=True)
         asyncio.run(_run_until_signalled(service))
