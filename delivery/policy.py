@@ -192,8 +192,13 @@ def exhausted_reason(
     last_status: int | None,
     last_error: str,
 ) -> str:
-    """'8 attempts over 17 h, last: 503' (or 'last: connect failed ...' without a status)."""
-    last = str(last_status) if last_status is not None else _short(last_error, 200)
+    """'8 attempts over 17 h, last: 503' (or 'last: connect failed ...' without an answer).
+
+    The status alone is enough when the receiver answered; when the attempt ended
+    otherwise (a deadline cut a trickling body, say) the error says more than its status.
+    """
+    answered = last_status is not None and last_error.startswith("HTTP ")
+    last = str(last_status) if answered else _short(last_error, 200)
     noun = "attempt" if attempts_made == 1 else "attempts"
     if first_attempt_at is None or attempts_made == 1:
         return f"{attempts_made} {noun}, last: {last}"

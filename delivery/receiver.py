@@ -30,6 +30,7 @@ class Behaviour:
     body: bytes = b""
     delay: float = 0.0  # seconds before answering (a slow or hanging partner)
     trickle_interval: float | None = None  # send the body one byte per interval
+    reset: bool = False  # read the request, then drop the connection without answering
 
 
 Handler = Callable[[ReceivedRequest], Awaitable[Behaviour] | Behaviour]
@@ -116,6 +117,9 @@ class Receiver:
                 behaviour = await self._behaviour_for(request)
                 if behaviour.delay:
                     await asyncio.sleep(behaviour.delay)
+                if behaviour.reset:
+                    writer.transport.abort()
+                    break
                 await _write_response(writer, behaviour)
                 if request.headers.get("connection", "").lower() == "close":
                     break

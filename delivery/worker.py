@@ -13,7 +13,6 @@ delivery is never overwritten by a late worker.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import logging
@@ -142,6 +141,7 @@ class Worker:
         self._results_ready = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._started: set[int] = set()  # deliveries whose request left the pool
+        self._closing = False
         self.stats = BatchStats()
 
     # -- claiming -------------------------------------------------------------------
@@ -386,6 +386,7 @@ class Worker:
     async def run(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None) -> None:
         """Keep up to max_in_flight attempts running until `stop`; then drain and exit."""
         wake = wakeup or asyncio.Event()
+        self._closing = False
         in_flight: dict[asyncio.Task[None], ClaimedDelivery] = {}
         writer = asyncio.create_task(self._write_outcomes_forever(), name="outcome-writer")
         try:
@@ -410,9 +411,11 @@ class Worker:
                     await wait_for_any(stop, wake, timeout=self.config.poll_interval)
         finally:
             await self._drain(in_flight)
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await writer
+            # Let the writer finish the batch it may be writing: cancelling it mid-statement
+            # would roll that batch back and lose its outcomes.
+            self._closing = True
+            self._results_ready.set()
+            await writer
             await self._flush_all()
 
     def _finished(
@@ -430,7 +433,7 @@ class Worker:
         self._results_ready.set()
 
     async def _write_outcomes_forever(self) -> None:
-        while True:
+        while not self._closing:
             await self._results_ready.wait()
             self._results_ready.clear()
             await self._flush_all()
