@@ -7,6 +7,7 @@ never see this class: the CLI turns it into the plain config objects they take.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -109,7 +110,7 @@ class Settings(BaseSettings):
     retry_after_max: float = Field(
         default=3600.0, ge=1, le=86400, description="Longest Retry-After honoured, s."
     )
-    event_type_retry: dict[str, EventTypeRetry] = Field(
+    event_type_retry: Annotated[dict[str, EventTypeRetry], NoDecode] = Field(
         default_factory=dict,
         description=(
             'JSON: {"invoice.*": {"schedule": [60, 600], "max_attempts": 4}}; the most '
@@ -134,6 +135,21 @@ class Settings(BaseSettings):
     @classmethod
     def _schedule_sane(cls, value: list[float]) -> list[float]:
         return check_retry_schedule(value)
+
+    @field_validator("event_type_retry", mode="before")
+    @classmethod
+    def _json_object(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        if not value.strip():
+            return {}
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise ValueError(
+                f"is not valid JSON ({exc}); expected an object such as "
+                '{"invoice.*": {"schedule": [60, 600], "max_attempts": 4}}'
+            ) from exc
 
     @field_validator("event_type_retry")
     @classmethod
@@ -170,7 +186,8 @@ def load_settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            field = ".".join(str(part) for part in err["loc"]) or "settings"
-            env = f"OUTBOX_{field.upper()}" if err["loc"] else "settings"
+            loc = [str(part) for part in err["loc"]]
+            # The variable in upper case, the path inside its value as written.
+            env = ".".join([f"OUTBOX_{loc[0].upper()}", *loc[1:]]) if loc else "settings"
             problems.append(f"{env}: {err['msg']}")
         raise ConfigurationError("invalid settings:\n  " + "\n  ".join(problems)) from exc

@@ -835,3 +835,20 @@ async def test_a_thousand_retries_due_in_the_same_second_spread_over_the_jitter_
     assert all(count > 0 for count in per_second), per_second
     assert max(per_second) < 100, per_second  # about 42 a second, no spike
     assert len({round(d, 3) for d in delays}) > 950  # not a few shared instants
+
+
+async def test_an_endpoint_timeout_never_outlives_the_lease(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+    http: httpx.AsyncClient,
+) -> None:
+    endpoint_with_rules(engine, box, receiver.route("/a"), DeliveryRules(timeout_seconds=300))
+    endpoint_with_rules(engine, box, receiver.route("/b"), DeliveryRules(timeout_seconds=2))
+    publish_one(engine)
+    await Relay(async_engine, clock).run_until_idle()
+    worker = make_worker(async_engine, http, box, clock, lease_seconds=20)
+    timeouts = sorted(item.request.timeout for item in await worker.claim(10))
+    assert timeouts == [2, 15]  # 300 s cut to the lease minus its 5 s margin
