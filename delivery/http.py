@@ -15,7 +15,13 @@ from typing import Any
 
 import httpx
 
-from delivery.policy import RETRY_AFTER_STATUSES, Outcome, classify_status, parse_retry_after
+from delivery.policy import (
+    RETRY_AFTER_MAX_SECONDS,
+    RETRY_AFTER_STATUSES,
+    Outcome,
+    classify_status,
+    parse_retry_after,
+)
 from delivery.signing import signature_header
 from outbox.clock import Clock
 
@@ -31,6 +37,7 @@ class OutgoingRequest:
     keys: list[bytes]
     timeout: float
     status_overrides: Mapping[int, Outcome] = field(default_factory=dict)
+    retry_after_max: float = RETRY_AFTER_MAX_SECONDS
 
 
 @dataclass(slots=True)
@@ -162,7 +169,9 @@ async def send_attempt(
                 result.location = _one_line(response.headers.get("location") or "?", 300)
                 result.error += f"; redirect to {result.location} not followed"
         if response.status_code in RETRY_AFTER_STATUSES:
-            result.retry_after = parse_retry_after(response.headers.get("retry-after"), started_at)
+            result.retry_after = parse_retry_after(
+                response.headers.get("retry-after"), started_at, request.retry_after_max
+            )
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         # Nothing reached the receiver: safe to retry.
         result.outcome = Outcome.RETRYABLE

@@ -123,24 +123,31 @@ class RetryPolicy:
         return clamped * rng.uniform(1, 1 + self.jitter)
 
 
-def parse_retry_after(value: str | None, now: dt.datetime) -> float | None:
+def parse_retry_after(
+    value: str | None, now: dt.datetime, maximum: float = RETRY_AFTER_MAX_SECONDS
+) -> float | None:
     """Seconds to wait from a Retry-After header (delta-seconds or HTTP date); None if unusable.
 
-    The value is not clamped here (the policy does that); a date in the past means 0.
+    Clamped to [RETRY_AFTER_MIN_SECONDS, maximum], so every consumer of the value (the
+    retry policy, a breaker's pause) sees a bounded number; a date in the past gives
+    the minimum.
     """
     if not value:
         return None
     value = value.strip()
     if value.isascii() and value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+        seconds = float(value)
+    else:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.UTC)
+        seconds = (when - now).total_seconds()
+    if math.isnan(seconds):
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    seconds = (when - now).total_seconds()
-    return max(seconds, 0.0) if math.isfinite(seconds) else None
+    return min(max(seconds, RETRY_AFTER_MIN_SECONDS), maximum)
 
 
 @dataclass(frozen=True, slots=True)

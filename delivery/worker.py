@@ -218,6 +218,7 @@ class Worker:
                 keys=keys,
                 timeout=timeout,
                 status_overrides=status_overrides,
+                retry_after_max=self.config.retry_after_max,
             ),
         )
 

@@ -71,11 +71,17 @@ def test_hand_edited_junk_in_stored_overrides_is_ignored() -> None:
 
 def test_retry_after_seconds_and_http_date() -> None:
     assert parse_retry_after("120", NOW) == 120.0
-    assert parse_retry_after(" 0 ", NOW) == 0.0
     in_five_minutes = email.utils.format_datetime(NOW + dt.timedelta(minutes=5), usegmt=True)
     assert parse_retry_after(in_five_minutes, NOW) == 300.0
+
+
+def test_retry_after_is_clamped_when_parsed() -> None:
+    assert parse_retry_after(" 0 ", NOW) == RETRY_AFTER_MIN_SECONDS
     an_hour_ago = email.utils.format_datetime(NOW - dt.timedelta(hours=1), usegmt=True)
-    assert parse_retry_after(an_hour_ago, NOW) == 0.0
+    assert parse_retry_after(an_hour_ago, NOW) == RETRY_AFTER_MIN_SECONDS
+    assert parse_retry_after("99999999", NOW) == 3600.0
+    assert parse_retry_after("99999999", NOW, maximum=7200.0) == 7200.0
+    assert parse_retry_after("9" * 400, NOW) == 3600.0
 
 
 @pytest.mark.parametrize("garbage", [None, "", "soon", "-5", "1.5", "12abc", "٣", "Mon, 99 Foo"])
