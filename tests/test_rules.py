@@ -852,3 +852,27 @@ async def test_an_endpoint_timeout_never_outlives_the_lease(
     worker = make_worker(async_engine, http, box, clock, lease_seconds=20)
     timeouts = sorted(item.request.timeout for item in await worker.claim(10))
     assert timeouts == [2, 15]  # 300 s cut to the lease minus its 5 s margin
+
+
+async def test_a_deadline_that_passes_before_sending_is_retryable_not_ambiguous(
+    clock: ManualClock, receiver: Receiver
+) -> None:
+    from delivery.http import OutgoingRequest, send_attempt
+
+    url = receiver.route("/slow", delay=1.0)
+
+    def request(delivery_id: int, timeout: float) -> OutgoingRequest:
+        return OutgoingRequest(delivery_id, url, "msg_1", b"{}", [b"k" * 32], timeout)
+
+    # One connection: the second request waits in the pool and never goes out.
+    async with build_http_client(max_connections=1, timeout=5) as narrow:
+        first, second = await asyncio.gather(
+            send_attempt(narrow, request(1, 3.0), clock),
+            send_attempt(narrow, request(2, 0.3), clock),
+        )
+    assert (first.outcome, first.status_code) == ("succeeded", 200)
+    assert (second.outcome, second.error) == (
+        "retryable",
+        "deadline of 0.3s passed before the request was sent",
+    )
+    assert len(receiver.requests) == 1
