@@ -141,7 +141,6 @@ class Worker:
         self._results_ready = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._started: set[int] = set()  # deliveries whose request left the pool
-        self._closing = False
         self.stats = BatchStats()
 
     # -- claiming -------------------------------------------------------------------
@@ -255,7 +254,7 @@ class Worker:
         ]
         async with self._engine.begin() as conn:
             decisions = await self._explain_exhausted(conn, outcomes, decisions)
-            kept = await self._write_outcomes(conn, now, outcomes, decisions)
+            kept = await self._write_outcome_rows(conn, now, outcomes, decisions)
             await self._disable_gone_endpoints(conn, now, outcomes)
         lost = len(outcomes) - len(kept)
         if lost:
@@ -331,7 +330,7 @@ class Worker:
         for row in disabled:
             log.warning("endpoint %s answered 410 Gone and was disabled", row.uid)
 
-    async def _write_outcomes(
+    async def _write_outcome_rows(
         self,
         conn: AsyncConnection,
         now: dt.datetime,
@@ -387,9 +386,9 @@ class Worker:
     async def run(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None) -> None:
         """Keep up to max_in_flight attempts running until `stop`; then drain and exit."""
         wake = wakeup or asyncio.Event()
-        self._closing = False
         in_flight: dict[asyncio.Task[None], ClaimedDelivery] = {}
-        writer = asyncio.create_task(self._write_outcomes_forever(), name="outcome-writer")
+        closing = asyncio.Event()
+        writer = asyncio.create_task(self._write_outcomes(closing), name="outcome-writer")
         try:
             while not stop.is_set():
                 free = self.config.max_in_flight - len(in_flight)
@@ -412,12 +411,10 @@ class Worker:
                     await wait_for_any(stop, wake, timeout=self.config.poll_interval)
         finally:
             await self._drain(in_flight)
-            # Let the writer finish the batch it may be writing: cancelling it mid-statement
-            # would roll that batch back and lose its outcomes.
-            self._closing = True
+            # Never cancel the writer mid-write: tell it to finish what is buffered.
+            closing.set()
             self._results_ready.set()
             await writer
-            await self._flush_all()
 
     def _finished(
         self, in_flight: dict[asyncio.Task[None], ClaimedDelivery], task: asyncio.Task[None]
@@ -433,11 +430,14 @@ class Worker:
         self._pending.append((claimed, result))
         self._results_ready.set()
 
-    async def _write_outcomes_forever(self) -> None:
-        while not self._closing:
+    async def _write_outcomes(self, closing: asyncio.Event) -> None:
+        """Write outcomes as they arrive (batching whatever piled up meanwhile) until closing."""
+        while True:
             await self._results_ready.wait()
             self._results_ready.clear()
             await self._flush_all()
+            if closing.is_set() and not self._pending:
+                return
 
     async def _flush_all(self) -> None:
         """Write every buffered outcome; on a database error keep them and try again."""
@@ -445,6 +445,9 @@ class Worker:
             batch, self._pending = self._pending, []
             try:
                 self.stats.merge(await self.record(batch))
+            except asyncio.CancelledError:
+                self._pending[:0] = batch
+                raise
             except Exception:
                 log.exception("recording %d outcomes failed; retrying", len(batch))
                 self._pending[:0] = batch
