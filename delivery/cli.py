@@ -22,16 +22,13 @@ import click
 from delivery import app
 from outbox import migrate as migrations
 from outbox.crypto import generate_key
-from outbox.endpoints import (
+from outbox.endpoint_rules import (
     DeliveryRules,
-    Endpoint,
-    create_endpoint,
     get_delivery_rules,
-    list_endpoints,
     parse_status_override,
     set_delivery_rules,
-    set_enabled,
 )
+from outbox.endpoints import Endpoint, create_endpoint, list_endpoints, set_enabled
 from outbox.errors import OutboxError
 from outbox.publish import publish as publish_event
 from outbox.settings import Settings, load_settings

@@ -29,8 +29,8 @@ class Behaviour:
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
     delay: float = 0.0  # seconds before answering (a slow or hanging partner)
-    trickle_interval: float | None = None  # send the body one byte per interval
     reset: bool = False  # read the request, then drop the connection without answering
+    trickle_interval: float | None = None  # send the body one byte per interval
 
 
 Handler = Callable[[ReceivedRequest], Awaitable[Behaviour] | Behaviour]
@@ -115,11 +115,11 @@ class Receiver:
                     break
                 self.requests.append(request)
                 behaviour = await self._behaviour_for(request)
-                if behaviour.delay:
-                    await asyncio.sleep(behaviour.delay)
                 if behaviour.reset:
                     writer.transport.abort()
                     break
+                if behaviour.delay:
+                    await asyncio.sleep(behaviour.delay)
                 await _write_response(writer, behaviour)
                 if request.headers.get("connection", "").lower() == "close":
                     break

@@ -137,18 +137,6 @@ SET_ENDPOINT_ENABLED = text(
     """
 )
 
-SET_ENDPOINT_SIGNING_SECRET = text(
-    "UPDATE endpoints SET signing_secret = :signing_secret, updated_at = now() WHERE id = :id"
-)
-
-INSERT_AUDIT = text(
-    """
-    INSERT INTO audit_log (actor, action, target_type, target_id, reason, details, request_id)
-    VALUES (:actor, :action, :target_type, :target_id, :reason, CAST(:details AS jsonb),
-            :request_id)
-    """
-)
-
 # Per-endpoint delivery rules (NULL means "use the global default").
 SELECT_ENDPOINT_DELIVERY_RULES = text(
     """
@@ -165,5 +153,17 @@ SET_ENDPOINT_DELIVERY_RULES = text(
         status_overrides = CAST(:status_overrides AS jsonb), updated_at = now()
     WHERE uid = :uid
     RETURNING id
+    """
+)
+
+SET_ENDPOINT_SIGNING_SECRET = text(
+    "UPDATE endpoints SET signing_secret = :signing_secret, updated_at = now() WHERE id = :id"
+)
+
+INSERT_AUDIT = text(
+    """
+    INSERT INTO audit_log (actor, action, target_type, target_id, reason, details, request_id)
+    VALUES (:actor, :action, :target_type, :target_id, :reason, CAST(:details AS jsonb),
+            :request_id)
     """
 )

@@ -103,7 +103,6 @@ class Settings(BaseSettings):
     retry_schedule: Annotated[list[float], NoDecode] = Field(
         default_factory=lambda: list(DEFAULT_RETRY_SCHEDULE)
     )
-    max_attempts: int = Field(default=8, gt=0, le=100)
     retry_jitter: float = Field(
         default=0.2, ge=0, lt=1, description="Each retry delay is scaled by 1 +- this fraction."
     )
@@ -123,6 +122,7 @@ class Settings(BaseSettings):
         le=100,
         description="Lease expiries a delivery survives before it is dead as a likely poison.",
     )
+    max_attempts: int = Field(default=8, gt=0, le=100)
     allowed_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
     log_level: str = "INFO"
 

@@ -30,7 +30,8 @@ from delivery.worker import Worker, WorkerConfig
 from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
-from outbox.endpoints import DeliveryRules, set_delivery_rules, set_enabled
+from outbox.endpoint_rules import DeliveryRules, set_delivery_rules
+from outbox.endpoints import set_enabled
 from outbox.relay import Relay, RelayConfig
 from tests.helpers import add_endpoint, rows, scalar
 

@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 from delivery import app
 from delivery.cli import main
 from outbox.crypto import SecretBox, generate_key
-from outbox.endpoints import DeliveryRules, get_delivery_rules, set_delivery_rules
+from outbox.endpoint_rules import DeliveryRules, get_delivery_rules, set_delivery_rules
 from outbox.errors import ConfigurationError, EndpointError
 from outbox.settings import EventTypeRetry, load_settings
 from tests.helpers import add_endpoint, rows
