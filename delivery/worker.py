@@ -425,6 +425,13 @@ class Worker:
     async def _attempt_and_buffer(self, claimed: ClaimedDelivery) -> None:
         try:
             result = await self.attempt(claimed)
+        except Exception:
+            # A bug, not a delivery outcome (those are values). The claim is left to lease
+            # expiry and the reaper, whose rescue count stops a delivery that keeps doing this.
+            log.exception(
+                "attempt of delivery %d failed unexpectedly; left to the reaper", claimed.id
+            )
+            return
         finally:
             self._started.discard(claimed.id)
         self._pending.append((claimed, result))

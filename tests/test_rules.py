@@ -877,3 +877,38 @@ async def test_a_deadline_that_passes_before_sending_is_retryable_not_ambiguous(
         "deadline of 0.3s passed before the request was sent",
     )
     assert len(receiver.requests) == 1
+
+
+async def test_a_delivery_that_crashes_its_attempt_ends_dead_through_the_rescue_count(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def crash(request: httpx.Request) -> httpx.Response:
+        raise RuntimeError("a bug somewhere below the worker")
+
+    add_endpoint(engine, box, "http://partner.test/hook")
+    publish_one(engine)
+    await Relay(async_engine, clock).run_until_idle()
+    reaper = Reaper(async_engine, clock, ReaperConfig(max_rescues=2))
+    async with httpx.AsyncClient(transport=httpx.MockTransport(crash)) as broken:
+        for _ in range(2):
+            stop = asyncio.Event()
+            worker = make_worker(async_engine, broken, box, clock, poll_interval=0.05)
+            running = asyncio.create_task(worker.run(stop))
+            for _ in range(100):
+                if "failed unexpectedly" in caplog.text:
+                    break
+                await asyncio.sleep(0.02)
+            stop.set()
+            await running
+            assert "attempt of delivery 1 failed unexpectedly; left to the reaper" in caplog.text
+            caplog.clear()
+            assert scalar(engine, "SELECT state FROM deliveries") == "in_flight"
+            clock.advance(61)
+            assert await reaper.run_once() == [1]
+    delivery = rows(engine, "SELECT * FROM deliveries")[0]
+    assert (delivery["state"], delivery["attempts"], delivery["rescues"]) == ("dead", 0, 2)
+    assert delivery["final_reason"].startswith("rescued 2 times after its worker stopped")
