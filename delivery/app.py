@@ -90,6 +90,11 @@ def relay_config(settings: Settings) -> RelayConfig:
         batch_size=settings.relay_batch_size,
         poll_interval=settings.relay_poll_interval,
         default_max_attempts=settings.max_attempts,
+        max_attempts_by_event_type={
+            pattern: rule.max_attempts
+            for pattern, rule in settings.event_type_retry.items()
+            if rule.max_attempts is not None
+        },
     )
 
 
@@ -101,6 +106,13 @@ def worker_config(settings: Settings) -> WorkerConfig:
         lease_seconds=settings.lease_seconds,
         request_timeout=settings.request_timeout,
         retry_schedule=tuple(settings.retry_schedule),
+        retry_jitter=settings.retry_jitter,
+        retry_after_max=settings.retry_after_max,
+        retry_schedule_by_event_type={
+            pattern: tuple(rule.schedule)
+            for pattern, rule in settings.event_type_retry.items()
+            if rule.schedule is not None
+        },
     )
 
 
@@ -130,6 +142,10 @@ def admin_config(settings: Settings) -> AdminConfig:
         metrics_public=settings.admin_metrics_public,
         https_only=settings.https_only,
     )
+
+
+def reaper_config(settings: Settings) -> ReaperConfig:
+    return ReaperConfig(max_rescues=settings.max_rescues)
 
 
 class Service:

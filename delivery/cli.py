@@ -27,6 +27,12 @@ from outbox import operations
 from outbox.clock import SystemClock
 from outbox.crypto import SecretBox, generate_key
 from outbox.db import make_async_engine
+from outbox.endpoint_rules import (
+    DeliveryRules,
+    get_delivery_rules,
+    parse_status_override,
+    set_delivery_rules,
+)
 from outbox.endpoints import (
     Endpoint,
     list_endpoints,
@@ -239,6 +245,94 @@ def endpoints_disable(endpoint_id: str, reason: str, actor: str | None, as_json:
     _set_enabled(endpoint_id, False, reason, actor or default_actor(), as_json)
 
 
+def _rule_number(value: str | None, kind: type[float] | type[int], what: str) -> Any:
+    """'default' (or '') means "use the global default"; anything else must be a number."""
+    if value is None or value.strip().lower() in {"", "default"}:
+        return None
+    try:
+        return kind(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{what} must be a number or 'default', not {value!r}") from exc
+
+
+def _parse_schedule(value: str) -> tuple[float, ...] | None:
+    if value.strip().lower() in {"", "default"}:
+        return None
+    try:
+        return tuple(float(part) for part in value.split(",") if part.strip())
+    except ValueError as exc:
+        raise click.BadParameter(
+            f"--schedule takes seconds separated by commas, e.g. '5,60,300', not {value!r}"
+        ) from exc
+
+
+@endpoints.command("rules")
+@click.argument("endpoint_id")
+@click.option("--timeout", default=None, help="Attempt deadline in seconds, or 'default'.")
+@click.option("--max-attempts", default=None, help="Attempts per delivery, or 'default'.")
+@click.option(
+    "--schedule", default=None, help="Seconds between attempts: '5,60,300', or 'default'."
+)
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    help="Override one status: '404=retryable' (succeeded|retryable|permanent); repeatable.",
+)
+@click.option("--clear-status", "cleared", multiple=True, type=int, help="Drop one override.")
+@click.option("--reset", is_flag=True, help="Drop every endpoint rule first (global defaults).")
+@click.option("--reason", default=None, help="Why, for the audit log.")
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@json_option
+@friendly_errors
+def endpoints_rules(
+    endpoint_id: str,
+    timeout: str | None,
+    max_attempts: str | None,
+    schedule: str | None,
+    statuses: tuple[str, ...],
+    cleared: tuple[int, ...],
+    reset: bool,
+    reason: str | None,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Show or change an endpoint's delivery rules; options not given stay as they are."""
+    changing = any((timeout, max_attempts, schedule, statuses, cleared, reset))
+    with database() as (_, db), db.engine.begin() as conn:
+        rules = DeliveryRules() if reset else get_delivery_rules(conn, endpoint_id)
+        if changing:
+            overrides = dict(rules.status_overrides)
+            for code in cleared:
+                overrides.pop(code, None)
+            overrides.update(parse_status_override(item) for item in statuses)
+            rules = DeliveryRules(
+                timeout_seconds=rules.timeout_seconds
+                if timeout is None
+                else _rule_number(timeout, float, "--timeout"),
+                max_attempts=rules.max_attempts
+                if max_attempts is None
+                else _rule_number(max_attempts, int, "--max-attempts"),
+                retry_schedule=rules.retry_schedule
+                if schedule is None
+                else _parse_schedule(schedule),
+                status_overrides=overrides,
+            )
+            rules = set_delivery_rules(
+                conn, endpoint_id, rules, actor=actor or default_actor(), reason=reason
+            )
+    shown = rules.as_json()
+    if as_json:
+        echo_json({"id": endpoint_id, **shown})
+        return
+    for name, value in shown.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items()) or None
+        elif isinstance(value, list):
+            value = ",".join(f"{v:g}" for v in value)
+        click.echo(f"{name + ':':18}{'(global default)' if value is None else value}")
+
+
 @main.command()
 @click.option(
     "--admin", is_flag=True, help="Also serve the admin HTTP API (OUTBOX_ADMIN_HOST/PORT)."
@@ -257,6 +351,7 @@ def run(admin: bool) -> None:
             allowed_networks=tuple(current.allowed_networks),
             https_only=current.https_only,
             retention=app.retention_config(current),
+            reaper=app.reaper_config(current),
         )
         click.echo("outbox running; Ctrl-C (SIGINT) or SIGTERM stops it cleanly", err=True)
         if admin:

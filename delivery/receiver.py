@@ -29,6 +29,7 @@ class Behaviour:
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
     delay: float = 0.0  # seconds before answering (a slow or hanging partner)
+    reset: bool = False  # read the request, then drop the connection without answering
     trickle_interval: float | None = None  # send the body one byte per interval
     raw: bytes | None = None  # send exactly these bytes as the response, then close
 
@@ -115,6 +116,9 @@ class Receiver:
                     break
                 self.requests.append(request)
                 behaviour = await self._behaviour_for(request)
+                if behaviour.reset:
+                    writer.transport.abort()
+                    break
                 if behaviour.delay:
                     await asyncio.sleep(behaviour.delay)
                 if behaviour.raw is not None:

@@ -19,21 +19,31 @@ import logging
 import random
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from delivery import queries
 from delivery.http import AttemptResult, OutgoingRequest, send_attempt
-from delivery.policy import Decision, RetryPolicy, decide
+from delivery.policy import (
+    DEFAULT_JITTER,
+    RETRY_AFTER_MAX_SECONDS,
+    Decision,
+    Outcome,
+    RetryPolicy,
+    decide,
+    exhausted_reason,
+    matching_rule,
+    parse_status_overrides,
+)
 from outbox.clock import Clock
 from outbox.crypto import SecretBox, secret_key_bytes
 from outbox.endpoints import secret_context
 from outbox.notify import wait_for_any
-from outbox.settings import DEFAULT_RETRY_SCHEDULE
+from outbox.settings import DEFAULT_RETRY_SCHEDULE, LEASE_MARGIN_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +64,15 @@ class WorkerConfig:
     response_body_cap: int = 64 * 1024
     response_excerpt_bytes: int = 2048
     shutdown_grace: float = 30.0
+    retry_jitter: float = DEFAULT_JITTER
+    retry_after_max: float = RETRY_AFTER_MAX_SECONDS
+    # Pattern -> schedule (OUTBOX_EVENT_TYPE_RETRY); an endpoint's own schedule wins.
+    retry_schedule_by_event_type: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+
+    @property
+    def longest_deadline(self) -> float:
+        """Per-endpoint timeouts are cut to this, so an attempt never outlives its lease."""
+        return max(self.lease_seconds - LEASE_MARGIN_SECONDS, 0.1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +140,7 @@ class Worker:
         self._pending: list[tuple[ClaimedDelivery, AttemptResult]] = []
         self._results_ready = asyncio.Event()
         self._slot_free = asyncio.Event()
+        self._started: set[int] = set()  # deliveries whose request left the pool
         self.stats = BatchStats()
 
     # -- claiming -------------------------------------------------------------------
@@ -139,7 +159,17 @@ class Worker:
                     },
                 )
             ).all()
-        return [self._prepare(row, now) for row in rows]
+            overrides = await self._status_overrides(conn, {row.endpoint_uid for row in rows})
+        return [self._prepare(row, now, overrides.get(row.endpoint_uid, {})) for row in rows]
+
+    async def _status_overrides(
+        self, conn: AsyncConnection, uids: set[str]
+    ) -> dict[str, dict[int, Outcome]]:
+        """The per-endpoint status overrides of a claimed batch (one query, only when claimed)."""
+        if not uids:
+            return {}
+        rows = await conn.execute(queries.SELECT_STATUS_OVERRIDES, {"uids": sorted(uids)})
+        return {row.uid: parse_status_overrides(row.status_overrides) for row in rows}
 
     def _key(self, stored: str, endpoint_uid: str) -> bytes:
         key = self._keys.get(stored)
@@ -151,15 +181,27 @@ class Worker:
             self._keys[stored] = key
         return key
 
-    def _prepare(self, row: Any, now: dt.datetime) -> ClaimedDelivery:
+    def _prepare(
+        self, row: Any, now: dt.datetime, status_overrides: Mapping[int, Outcome]
+    ) -> ClaimedDelivery:
         keys = [self._key(row.signing_secret, row.endpoint_uid)]
         if row.previous_signing_secret and (
             row.previous_secret_expires_at is None or row.previous_secret_expires_at > now
         ):
             keys.append(self._key(row.previous_signing_secret, row.endpoint_uid))
+        # The endpoint's schedule, else the event type's, else the global one. Max attempts
+        # were resolved the same way when the delivery was created (the relay).
+        schedule = row.retry_schedule or matching_rule(
+            self.config.retry_schedule_by_event_type, row.event_type
+        )
         policy = RetryPolicy(
-            schedule=tuple(row.retry_schedule or self.config.retry_schedule),
+            schedule=tuple(schedule or self.config.retry_schedule),
             max_attempts=row.max_attempts,
+            jitter=self.config.retry_jitter,
+            retry_after_max=self.config.retry_after_max,
+        )
+        timeout = min(
+            row.timeout_seconds or self.config.request_timeout, self.config.longest_deadline
         )
         return ClaimedDelivery(
             id=row.id,
@@ -173,7 +215,9 @@ class Worker:
                 message_id=row.message_id,
                 body=render_body(row.event_type, row.event_created_at, row.payload_json),
                 keys=keys,
-                timeout=row.timeout_seconds or self.config.request_timeout,
+                timeout=timeout,
+                status_overrides=status_overrides,
+                retry_after_max=self.config.retry_after_max,
             ),
         )
 
@@ -186,6 +230,7 @@ class Worker:
             self._clock,
             body_cap=self.config.response_body_cap,
             excerpt_bytes=self.config.response_excerpt_bytes,
+            on_start=lambda: self._started.add(claimed.id),
         )
 
     async def record(self, outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]]) -> BatchStats:
@@ -203,9 +248,96 @@ class Worker:
                 rng=self._rng,
                 last_error=result.error or "",
                 retry_after=result.retry_after,
+                disables_endpoint=result.disables_endpoint,
             )
             for claimed, result in outcomes
         ]
+        async with self._engine.begin() as conn:
+            decisions = await self._explain_exhausted(conn, outcomes, decisions)
+            kept = await self._write_outcome_rows(conn, now, outcomes, decisions)
+            await self._disable_gone_endpoints(conn, now, outcomes)
+        lost = len(outcomes) - len(kept)
+        if lost:
+            log.warning("%d outcomes arrived after their lease was rescued; kept as history", lost)
+        stats.claimed = len(outcomes)
+        stats.add(
+            [d for d, (claimed, _) in zip(decisions, outcomes, strict=True) if claimed.id in kept],
+            lost,
+        )
+        return stats
+
+    async def _explain_exhausted(
+        self,
+        conn: AsyncConnection,
+        outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]],
+        decisions: list[Decision],
+    ) -> list[Decision]:
+        """Give deliveries that used up their attempts a reason like '8 attempts over 17 h'."""
+        exhausted = [
+            claimed.id
+            for decision, (claimed, _) in zip(decisions, outcomes, strict=True)
+            if decision.exhausted
+        ]
+        if not exhausted:
+            return decisions
+        rows = await conn.execute(queries.SELECT_FIRST_ATTEMPT_TIMES, {"ids": exhausted})
+        first_at = {int(row.delivery_id): row.first_at for row in rows}
+        explained = []
+        for decision, (claimed, result) in zip(decisions, outcomes, strict=True):
+            if decision.exhausted:
+                reason = exhausted_reason(
+                    claimed.attempts + 1,
+                    first_at.get(claimed.id, result.started_at),
+                    result.started_at,
+                    result.status_code,
+                    result.error or "",
+                )
+                decision = Decision(decision.state, None, reason, exhausted=True)
+            explained.append(decision)
+        return explained
+
+    async def _disable_gone_endpoints(
+        self,
+        conn: AsyncConnection,
+        now: dt.datetime,
+        outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]],
+    ) -> None:
+        """410 Gone: disable the endpoint (with a reason) so its other deliveries wait."""
+        gone = {
+            claimed.endpoint_uid: claimed.request.url
+            for claimed, result in outcomes
+            if result.disables_endpoint
+        }
+        if not gone:
+            return
+        stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        reasons = [
+            f"410 Gone from {url} at {stamp}: the receiver says this endpoint no longer "
+            "exists; fix or delete it, then enable it to deliver what is waiting"
+            for url in gone.values()
+        ]
+        disabled = (
+            await conn.execute(
+                queries.DISABLE_GONE_ENDPOINTS,
+                {
+                    "uids": list(gone),
+                    "reasons": reasons,
+                    "now": now,
+                    "worker_id": self.config.worker_id,
+                },
+            )
+        ).all()
+        for row in disabled:
+            log.warning("endpoint %s answered 410 Gone and was disabled", row.uid)
+
+    async def _write_outcome_rows(
+        self,
+        conn: AsyncConnection,
+        now: dt.datetime,
+        outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]],
+        decisions: Sequence[Decision],
+    ) -> set[int]:
+        """One statement for the whole batch; returns the ids whose lease was still ours."""
         params = {
             "now": now,
             "worker_id": self.config.worker_id,
@@ -224,17 +356,7 @@ class Worker:
                 json.dumps(_headers_for_record(result.request_headers)) for _, result in outcomes
             ],
         }
-        async with self._engine.begin() as conn:
-            kept = set((await conn.execute(queries.RECORD_OUTCOMES, params)).scalars())
-        lost = len(outcomes) - len(kept)
-        if lost:
-            log.warning("%d outcomes arrived after their lease was rescued; kept as history", lost)
-        stats.claimed = len(outcomes)
-        stats.add(
-            [d for d, (claimed, _) in zip(decisions, outcomes, strict=True) if claimed.id in kept],
-            lost,
-        )
-        return stats
+        return set((await conn.execute(queries.RECORD_OUTCOMES, params)).scalars())
 
     async def release(self, ids: Sequence[int]) -> int:
         """Hand claims back without spending an attempt (used at shutdown)."""
@@ -301,7 +423,17 @@ class Worker:
         self._slot_free.set()
 
     async def _attempt_and_buffer(self, claimed: ClaimedDelivery) -> None:
-        result = await self.attempt(claimed)
+        try:
+            result = await self.attempt(claimed)
+        except Exception:
+            # A bug, not a delivery outcome (those are values). The claim is left to lease
+            # expiry and the reaper, whose rescue count stops a delivery that keeps doing this.
+            log.exception(
+                "attempt of delivery %d failed unexpectedly; left to the reaper", claimed.id
+            )
+            return
+        finally:
+            self._started.discard(claimed.id)
         self._pending.append((claimed, result))
         self._results_ready.set()
 
@@ -329,7 +461,23 @@ class Worker:
                 await asyncio.sleep(self.config.poll_interval)
 
     async def _drain(self, in_flight: dict[asyncio.Task[None], ClaimedDelivery]) -> None:
-        """Let running attempts finish (each is bounded by its deadline), then release the rest."""
+        """Hand back queued claims at once, let running attempts finish, release the rest.
+
+        A claim whose request has not left the connection pool yet sent nothing, so it
+        is cancelled and released immediately (no attempt spent, due again at once)
+        instead of waiting for the shutdown grace or its lease to run out. Running
+        attempts are bounded by their deadline.
+        """
+        if not in_flight:
+            return
+        queued = {task: item for task, item in in_flight.items() if item.id not in self._started}
+        for task in queued:
+            task.cancel()
+        await asyncio.gather(*queued, return_exceptions=True)
+        handed_back = [item.id for task, item in queued.items() if task.cancelled()]
+        if handed_back:
+            released = await self.release(handed_back)
+            log.info("shutdown: released %d claimed deliveries that had not started", released)
         if not in_flight:
             return
         _, unfinished = await asyncio.wait(list(in_flight), timeout=self.config.shutdown_grace)

@@ -50,6 +50,19 @@ _PATTERN_MATCHES = """
     )
 """
 
+# Max attempts of the most specific per-event-type rule (OUTBOX_EVENT_TYPE_RETRY):
+# an exact type, then the longest 'prefix.*', then '*'. NULL when no rule matches.
+_EVENT_TYPE_MAX_ATTEMPTS = """
+    SELECT r.max_attempts
+    FROM unnest(CAST(:rule_patterns AS text[]), CAST(:rule_max_attempts AS int[]))
+         AS r(pattern, max_attempts)
+    WHERE r.pattern = '*'
+       OR r.pattern = b.event_type
+       OR (right(r.pattern, 2) = '.*' AND starts_with(b.event_type, left(r.pattern, -1)))
+    ORDER BY r.pattern = b.event_type DESC, length(r.pattern) DESC
+    LIMIT 1
+"""
+
 # Claim, fan out and mark one batch in one statement (and so one transaction).
 # SKIP LOCKED lets several relays share the work; the relayed_at IS NULL filter
 # (not an id watermark) means an event whose transaction commits after a later id
@@ -69,7 +82,8 @@ RELAY_BATCH = text(
         INSERT INTO deliveries
             (event_id, endpoint_id, state, max_attempts, next_attempt_at, priority,
              ordering_key, created_at, updated_at)
-        SELECT b.id, e.id, 'scheduled', COALESCE(e.max_attempts, :max_attempts), :now,
+        SELECT b.id, e.id, 'scheduled',
+               COALESCE(e.max_attempts, ({_EVENT_TYPE_MAX_ATTEMPTS}), :max_attempts), :now,
                b.priority, b.ordering_key, :now, :now
         FROM batch b
         JOIN endpoints e ON e.enabled AND {_PATTERN_MATCHES}
@@ -118,6 +132,25 @@ SET_ENDPOINT_ENABLED = text(
         disabled_reason = CASE WHEN :enabled THEN NULL ELSE CAST(:reason AS text) END,
         disabled_at = CASE WHEN :enabled THEN NULL ELSE now() END,
         updated_at = now()
+    WHERE uid = :uid
+    RETURNING id
+    """
+)
+
+# Per-endpoint delivery rules (NULL means "use the global default").
+SELECT_ENDPOINT_DELIVERY_RULES = text(
+    """
+    SELECT timeout_seconds, max_attempts, retry_schedule, status_overrides
+    FROM endpoints WHERE uid = :uid
+    """
+)
+
+SET_ENDPOINT_DELIVERY_RULES = text(
+    """
+    UPDATE endpoints
+    SET timeout_seconds = :timeout_seconds, max_attempts = :max_attempts,
+        retry_schedule = CAST(:retry_schedule AS double precision[]),
+        status_overrides = CAST(:status_overrides AS jsonb), updated_at = now()
     WHERE uid = :uid
     RETURNING id
     """

@@ -97,6 +97,8 @@ endpoints = Table(
     Column("timeout_seconds", Float),
     Column("max_attempts", Integer),
     Column("retry_schedule", ARRAY(Float)),
+    # {"404": "retryable"}: per-status outcomes that replace the default table.
+    Column("status_overrides", JSONB),
     _now_column("created_at"),
     _now_column("updated_at"),
     CheckConstraint("cardinality(event_types) > 0", name="has_event_types"),
@@ -121,6 +123,8 @@ deliveries = Table(
     ),
     Column("state", Text, nullable=False, server_default=text("'scheduled'")),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
+    # Times the reaper took it back from a worker that died mid-attempt (not attempts).
+    Column("rescues", Integer, nullable=False, server_default=text("0")),
     Column("max_attempts", Integer, nullable=False),
     Column("next_attempt_at", DateTime(timezone=True), nullable=False),
     Column("locked_by", Text),

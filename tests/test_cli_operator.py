@@ -61,7 +61,7 @@ async def test_find_by_error_show_replay_and_audit_from_the_terminal(
     found = as_json(outbox("deliveries", "list", "--error", "bad REQUEST", "--json"))
     [dead] = found["items"]
     assert (dead["state"], dead["endpoint"]) == ("dead", added["id"])
-    assert "HTTP 400" in outbox("deliveries", "list", "--state", "dead").output
+    assert "400 Bad Request" in outbox("deliveries", "list", "--state", "dead").output
     assert as_json(outbox("deliveries", "list", "--error", "nothing like it", "--json")) == {
         "items": [],
         "next_before": None,

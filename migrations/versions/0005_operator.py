@@ -1,7 +1,7 @@
 """operator tools: admin API tokens, pruned-row totals, retention indexes
 
 Revision ID: 0005
-Revises: 0001
+Revises: 0003
 Create Date: 2026-11-29
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0005"
-down_revision = "0001"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
