@@ -126,6 +126,7 @@ async def run_scenario(
                 health=health,
             ),
             reaper=ReaperConfig(interval=1.0),
+            allowed_networks=("127.0.0.0/8",),
         )
         stop = asyncio.Event()
         runner = asyncio.create_task(service.run(stop))

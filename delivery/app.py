@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,20 +13,24 @@ import httpx
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from delivery.admin import AdminConfig
 from delivery.health import HealthConfig
 from delivery.http import build_http_client
 from delivery.reaper import Reaper, ReaperConfig
+from delivery.retention import Retention, RetentionConfig
 from delivery.worker import Worker, WorkerConfig
 from outbox import migrate
 from outbox.clock import Clock, SystemClock
 from outbox.crypto import SecretBox, load_or_create_local_key
 from outbox.db import check_reachable, make_async_engine, make_engine
 from outbox.embedded import EmbeddedPostgres
+from outbox.endpoints import check_keys_cover_stored_secrets
 from outbox.errors import ConfigurationError
 from outbox.notify import Listener
 from outbox.queries import DELIVERIES_CHANNEL, EVENTS_CHANNEL
 from outbox.relay import Relay, RelayConfig
 from outbox.settings import Settings
+from outbox.stats import AlertThresholds
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +73,17 @@ def open_database(settings: Settings, *, auto_migrate: bool | None = None) -> It
 def secret_box(settings: Settings, database: Database) -> SecretBox:
     """The keys for endpoint secrets; the embedded demo gets a generated local key."""
     if settings.secret_keys:
-        return SecretBox.from_setting(settings.secret_keys)
-    if database.embedded:
-        return SecretBox.from_setting(load_or_create_local_key(settings.data_dir))
-    raise ConfigurationError(
-        "OUTBOX_SECRET_KEYS is not set: endpoint secrets are encrypted at rest and need a key. "
-        "Generate one with `outbox keys generate` and keep it in your secret store."
-    )
+        box = SecretBox.from_setting(settings.secret_keys)
+    elif database.embedded:
+        box = SecretBox.from_setting(load_or_create_local_key(settings.data_dir))
+    else:
+        raise ConfigurationError(
+            "OUTBOX_SECRET_KEYS is not set: endpoint secrets are encrypted at rest and need a "
+            "key. Generate one with `outbox keys generate` and keep it in your secret store."
+        )
+    with database.engine.connect() as conn:
+        check_keys_cover_stored_secrets(conn, box)
+    return box
 
 
 def relay_config(settings: Settings) -> RelayConfig:
@@ -82,6 +91,11 @@ def relay_config(settings: Settings) -> RelayConfig:
         batch_size=settings.relay_batch_size,
         poll_interval=settings.relay_poll_interval,
         default_max_attempts=settings.max_attempts,
+        max_attempts_by_event_type={
+            pattern: rule.max_attempts
+            for pattern, rule in settings.event_type_retry.items()
+            if rule.max_attempts is not None
+        },
     )
 
 
@@ -93,6 +107,13 @@ def worker_config(settings: Settings) -> WorkerConfig:
         lease_seconds=settings.lease_seconds,
         request_timeout=settings.request_timeout,
         retry_schedule=tuple(settings.retry_schedule),
+        retry_jitter=settings.retry_jitter,
+        retry_after_max=settings.retry_after_max,
+        retry_schedule_by_event_type={
+            pattern: tuple(rule.schedule)
+            for pattern, rule in settings.event_type_retry.items()
+            if rule.schedule is not None
+        },
         health=health_config(settings),
         endpoint_share=settings.worker_endpoint_share,
     )
@@ -116,8 +137,43 @@ def health_config(settings: Settings) -> HealthConfig:
     )
 
 
+def retention_config(settings: Settings) -> RetentionConfig:
+    return RetentionConfig(
+        retention_days=settings.retention_days,
+        dead_retention_days=settings.dead_retention_days,
+        batch_size=settings.retention_batch_size,
+        interval=settings.retention_interval,
+    )
+
+
+def alert_thresholds(settings: Settings) -> AlertThresholds:
+    return AlertThresholds(
+        dead_per_window=settings.alert_dead_per_window,
+        repeated_error_deliveries=settings.alert_repeated_error_deliveries,
+        oldest_due_seconds=settings.alert_oldest_due_seconds,
+        relay_lag_seconds=settings.alert_relay_lag_seconds,
+    )
+
+
+def admin_config(settings: Settings) -> AdminConfig:
+    return AdminConfig(
+        stats_window=dt.timedelta(seconds=settings.stats_window_seconds),
+        thresholds=alert_thresholds(settings),
+        replay_rate_per_minute=settings.replay_rate_per_minute,
+        metrics_public=settings.admin_metrics_public,
+        https_only=settings.https_only,
+    )
+
+
+def reaper_config(settings: Settings) -> ReaperConfig:
+    return ReaperConfig(max_rescues=settings.max_rescues)
+
+
 class Service:
-    """Relay, worker and reaper in one process, woken by LISTEN/NOTIFY, polling as fallback."""
+    """Relay, worker and reaper in one process, woken by LISTEN/NOTIFY, polling as fallback.
+
+    Retention runs beside them, pruning old history in small batches.
+    """
 
     def __init__(
         self,
@@ -127,16 +183,22 @@ class Service:
         relay: RelayConfig,
         worker: WorkerConfig,
         reaper: ReaperConfig | None = None,
+        retention: RetentionConfig | None = None,
         clock: Clock | None = None,
         http: httpx.AsyncClient | None = None,
+        allowed_networks: tuple[str, ...] = (),
+        https_only: bool = False,
     ) -> None:
         self.url = url
         self._box = box
         self._relay_config = relay
         self._worker_config = worker
         self._reaper_config = reaper or ReaperConfig()
+        self._retention_config = retention or RetentionConfig()
         self._clock = clock or SystemClock()
         self._http = http
+        self._allowed_networks = allowed_networks
+        self._https_only = https_only
         self.engine: AsyncEngine | None = None
         self.worker: Worker | None = None
 
@@ -147,6 +209,8 @@ class Service:
         http = self._http or build_http_client(
             max_connections=self._worker_config.max_in_flight,
             timeout=self._worker_config.request_timeout,
+            allowed_networks=self._allowed_networks,
+            https_only=self._https_only,
         )
         listener = Listener(self.url, [EVENTS_CHANNEL, DELIVERIES_CHANNEL])
         await listener.start()
@@ -159,6 +223,7 @@ class Service:
                 group.create_task(relay.run(stop, listener.events[EVENTS_CHANNEL]))
                 group.create_task(self.worker.run(stop, deliveries_due))
                 group.create_task(reaper.run(stop))
+                group.create_task(Retention(engine, self._clock, self._retention_config).run(stop))
         finally:
             await listener.close()
             if owns_http:

@@ -9,12 +9,22 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
-from delivery.policy import RETRY_AFTER_STATUSES, Outcome, classify_status, parse_retry_after
+from delivery.errors import AddressRefusedError, InvalidEndpointURLError
+from delivery.policy import (
+    RETRY_AFTER_MAX_SECONDS,
+    RETRY_AFTER_STATUSES,
+    Outcome,
+    classify_status,
+    parse_retry_after,
+)
 from delivery.signing import signature_header
+from delivery.ssrf import AddressPolicy, build_guarded_transport
 from outbox.clock import Clock
 
 USER_AGENT = "webhook-outbox/0.1"
@@ -28,6 +38,8 @@ class OutgoingRequest:
     body: bytes
     keys: list[bytes]
     timeout: float
+    status_overrides: Mapping[int, Outcome] = field(default_factory=dict)
+    retry_after_max: float = RETRY_AFTER_MAX_SECONDS
 
 
 @dataclass(slots=True)
@@ -41,19 +53,64 @@ class AttemptResult:
     response_excerpt: str | None = None
     request_headers: dict[str, str] = field(default_factory=dict)
     retry_after: float | None = None
+    disables_endpoint: bool = False  # 410 Gone (unless the endpoint overrides it)
+    location: str | None = None  # where a 3xx pointed; recorded, never followed
 
 
-def build_http_client(*, max_connections: int, timeout: float) -> httpx.AsyncClient:
-    """The client every attempt goes through: no redirects, no proxies from the environment."""
+class _Progress:
+    """How far one request got, from httpx's trace hook.
+
+    The line between "nothing was sent" (safe to retry) and "it may have arrived"
+    (ambiguous) is the moment the request headers start going out. A timeout that
+    fires before that is a connect or pool failure.
+    """
+
+    __slots__ = ("on_start", "sending", "started")
+
+    def __init__(self, on_start: Callable[[], None] | None) -> None:
+        self.on_start = on_start
+        self.started = False
+        self.sending = False
+
+    async def __call__(self, event: str, info: Mapping[str, Any]) -> None:
+        if not self.started:
+            self.started = True
+            if self.on_start is not None:
+                self.on_start()
+        if event.endswith("send_request_headers.started"):
+            self.sending = True
+
+
+def build_http_client(
+    *,
+    max_connections: int,
+    timeout: float,
+    allowed_networks: Sequence[str] = (),
+    https_only: bool = False,
+) -> httpx.AsyncClient:
+    """The client every attempt goes through.
+
+    Every connection passes the SSRF guard (private, loopback and other special
+    ranges refused unless listed in `allowed_networks`), redirects are never
+    followed and proxies from the environment are ignored.
+    """
+    limits = httpx.Limits(
+        max_connections=max_connections, max_keepalive_connections=max_connections
+    )
     return httpx.AsyncClient(
+        transport=build_guarded_transport(
+            AddressPolicy(allowed_networks), https_only=https_only, limits=limits
+        ),
         follow_redirects=False,
         trust_env=False,
         timeout=httpx.Timeout(timeout),
-        limits=httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
-        ),
         headers={"user-agent": USER_AGENT},
     )
+
+
+def _storable(raw: bytes) -> str:
+    """Response bytes as text PostgreSQL accepts: invalid UTF-8 and NUL become U+FFFD."""
+    return raw.decode("utf-8", "replace").replace("\x00", "\ufffd")
 
 
 def _one_line(text: str, limit: int = 500) -> str:
@@ -72,12 +129,24 @@ async def send_attempt(
     *,
     body_cap: int = 64 * 1024,
     excerpt_bytes: int = 2048,
+    on_start: Callable[[], None] | None = None,
 ) -> AttemptResult:
-    """POST one signed delivery within one deadline that covers connect, send and body read."""
+    """POST one signed delivery within one deadline that covers connect, send and body read.
+
+    The deadline is one `asyncio.timeout` around the whole exchange, so a receiver
+    that trickles its answer a byte at a time, or accepts and never answers, is cut
+    at `request.timeout` however it spreads its bytes (httpx's own timeouts are per
+    read and would let a trickle run forever). At most `body_cap` bytes of the body
+    are read; `excerpt_bytes` of them are kept. `on_start` is called once the request
+    leaves the connection pool, which lets shutdown tell started attempts from
+    queued ones.
+    """
     started_at = clock.now()
     timestamp = int(started_at.timestamp())
     headers = {
         "content-type": "application/json",
+        # Compressed answers could expand far past the read cap; ask for none.
+        "accept-encoding": "identity",
         "webhook-id": request.message_id,
         "webhook-timestamp": str(timestamp),
         "webhook-signature": signature_header(
@@ -92,6 +161,8 @@ async def send_attempt(
         outcome=Outcome.AMBIGUOUS,
         request_headers=headers,
     )
+    progress = _Progress(on_start)
+    status: int | None = None
     try:
         async with asyncio.timeout(request.timeout):
             async with client.stream(
@@ -100,32 +171,60 @@ async def send_attempt(
                 content=request.body,
                 headers=headers,
                 timeout=httpx.Timeout(request.timeout),
+                extensions={"trace": progress},
             ) as response:
+                status = response.status_code
                 body = bytearray()
                 async for chunk in response.aiter_raw():
                     body += chunk
                     if len(body) >= body_cap:
                         break
+        classification = classify_status(response.status_code, request.status_overrides)
         result.status_code = response.status_code
-        result.outcome = classify_status(response.status_code)
-        result.response_excerpt = bytes(body[:excerpt_bytes]).decode("utf-8", "replace")
+        result.outcome = classification.outcome
+        result.disables_endpoint = classification.disables_endpoint
+        result.response_excerpt = _storable(bytes(body[:excerpt_bytes]))
         if result.outcome is not Outcome.SUCCEEDED:
             result.error = f"HTTP {response.status_code} {response.reason_phrase}".strip()
-            location = response.headers.get("location")
             if 300 <= response.status_code < 400:
-                result.error += f"; redirect to {_one_line(location or '?', 300)} not followed"
+                result.location = _one_line(response.headers.get("location") or "?", 300)
+                result.error += f"; redirect to {result.location} not followed"
         if response.status_code in RETRY_AFTER_STATUSES:
-            result.retry_after = parse_retry_after(response.headers.get("retry-after"), started_at)
+            result.retry_after = parse_retry_after(
+                response.headers.get("retry-after"), started_at, request.retry_after_max
+            )
+    except (AddressRefusedError, InvalidEndpointURLError) as exc:
+        # The SSRF guard or the scheme rule: retrying cannot help until the URL changes.
+        result.outcome = Outcome.PERMANENT
+        result.error = _one_line(str(exc))
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         # Nothing reached the receiver: safe to retry.
         result.outcome = Outcome.RETRYABLE
         result.error = "connect failed: " + _describe(exc)
     except TimeoutError:
-        result.outcome = Outcome.AMBIGUOUS
-        result.error = f"deadline of {request.timeout:g}s passed; the request may have arrived"
+        result.status_code = status
+        if not progress.sending:
+            result.outcome = Outcome.RETRYABLE
+            result.error = f"deadline of {request.timeout:g}s passed before the request was sent"
+        elif status is None:
+            result.outcome = Outcome.AMBIGUOUS
+            result.error = (
+                f"deadline of {request.timeout:g}s passed waiting for the response; "
+                "the request may have arrived"
+            )
+        else:
+            result.outcome = Outcome.AMBIGUOUS
+            result.error = (
+                f"deadline of {request.timeout:g}s passed reading the response body after "
+                f"status {status}; the request may have arrived"
+            )
     except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
-        result.outcome = Outcome.AMBIGUOUS
-        result.error = "failed after sending, may have arrived: " + _describe(exc)
+        if progress.sending:
+            result.outcome = Outcome.AMBIGUOUS
+            result.error = "failed after sending, may have arrived: " + _describe(exc)
+        else:
+            result.outcome = Outcome.RETRYABLE
+            result.error = "failed before sending: " + _describe(exc)
     except httpx.HTTPError as exc:
         result.outcome = Outcome.RETRYABLE
         result.error = _describe(exc)

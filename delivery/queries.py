@@ -140,23 +140,84 @@ RELEASE_CLAIMS = text(
     """
 )
 
-# Re-schedule deliveries whose worker died (lease expired). The inner SELECT locks
-# with SKIP LOCKED; the outer WHERE re-checks, so a delivery that finished meanwhile
-# (no longer in_flight, or leased again) is never touched.
+# Re-schedule deliveries whose worker died (lease expired). The CTE locks with SKIP
+# LOCKED (a row a worker is writing right now is left alone) and remembers whose
+# lease it saw; the UPDATE re-checks state, holder and lease, so a delivery that
+# finished meanwhile, or was claimed again under a new lease, is never touched.
+# A rescue is not an attempt (nothing was recorded), but it is counted: the
+# :max_rescues-th rescue makes the delivery dead, so a delivery that crashes every
+# worker that tries it (a poison) cannot be rescued forever.
 RESCUE_EXPIRED_LEASES = text(
     """
-    UPDATE deliveries d
-    SET state = 'scheduled', locked_by = NULL, lease_expires_at = NULL,
-        next_attempt_at = :now, updated_at = :now,
-        last_error = 'lease expired: the worker stopped before recording an outcome'
-    WHERE d.id IN (
-        SELECT id FROM deliveries
+    WITH expired AS (
+        SELECT id, locked_by, lease_expires_at
+        FROM deliveries
         WHERE state = 'in_flight' AND lease_expires_at < :now
         ORDER BY lease_expires_at
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
-    ) AND d.state = 'in_flight' AND d.lease_expires_at < :now
-    RETURNING d.id
+    )
+    UPDATE deliveries d
+    SET state = CASE WHEN d.rescues + 1 >= :max_rescues THEN 'dead' ELSE 'scheduled' END,
+        rescues = d.rescues + 1,
+        locked_by = NULL, lease_expires_at = NULL,
+        next_attempt_at = :now, updated_at = :now,
+        last_error = 'lease of worker ' || expired.locked_by
+            || ' expired: it stopped before recording an outcome',
+        final_reason = CASE WHEN d.rescues + 1 >= :max_rescues THEN
+            'rescued ' || (d.rescues + 1) || ' times after its worker stopped mid-attempt '
+            || '(' || d.attempts || ' attempts recorded): it may be crashing workers; '
+            || 'inspect it before replaying' END,
+        completed_at = CASE WHEN d.rescues + 1 >= :max_rescues THEN :now END
+    FROM expired
+    WHERE d.id = expired.id AND d.state = 'in_flight'
+      AND d.locked_by = expired.locked_by AND d.lease_expires_at = expired.lease_expires_at
+    RETURNING d.id, d.state
+    """
+)
+
+# Per-endpoint status overrides of the endpoints in a claimed batch (read in the
+# claim's transaction, so a batch sees one consistent set of rules).
+SELECT_STATUS_OVERRIDES = text(
+    """
+    SELECT uid, status_overrides FROM endpoints
+    WHERE uid = ANY(CAST(:uids AS text[])) AND status_overrides IS NOT NULL
+    """
+)
+
+# When each delivery's first attempt started: the span in "8 attempts over 17 h".
+SELECT_FIRST_ATTEMPT_TIMES = text(
+    """
+    SELECT delivery_id, min(started_at) AS first_at
+    FROM delivery_attempts
+    WHERE delivery_id = ANY(CAST(:ids AS bigint[]))
+    GROUP BY delivery_id
+    """
+)
+
+# A 410 Gone disables its endpoint (guarded: only if still enabled, so the first
+# reason stays) and writes the audit entry in the same statement. The endpoint's
+# other deliveries stay scheduled: the claim skips disabled endpoints, and
+# re-enabling it lets them flow again. Nothing is dropped.
+DISABLE_GONE_ENDPOINTS = text(
+    """
+    WITH gone AS (
+        SELECT * FROM unnest(CAST(:uids AS text[]), CAST(:reasons AS text[]))
+            AS g(uid, reason)
+    ), disabled AS (
+        UPDATE endpoints e
+        SET enabled = false, disabled_reason = g.reason, disabled_at = :now, updated_at = :now
+        FROM gone g
+        WHERE e.uid = g.uid AND e.enabled
+        RETURNING e.uid, e.disabled_reason
+    ), audited AS (
+        INSERT INTO audit_log (at, actor, action, target_type, target_id, reason, details)
+        SELECT :now, 'worker:' || :worker_id, 'endpoint.disable', 'endpoint', uid,
+               disabled_reason, '{"automatic": true, "status": 410}'::jsonb
+        FROM disabled
+        RETURNING 1
+    )
+    SELECT uid FROM disabled
     """
 )
 

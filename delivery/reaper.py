@@ -1,8 +1,17 @@
 """The reaper: re-schedules deliveries whose worker died while holding the lease.
 
 A rescue does not count as an attempt: the attempt counter only moves when an
-outcome is recorded, and a dead worker recorded nothing. The receiver may still
-have received the request, which is why `webhook-id` stays the same.
+outcome is recorded, and a dead worker recorded nothing (a deploy that kills
+workers must not eat into a partner's attempts). The receiver may still have
+received the request, which is why `webhook-id` stays the same.
+
+Rescues are counted separately (`deliveries.rescues`), and the `max_rescues`-th
+one makes the delivery dead with a reason saying so: a delivery that crashes
+every worker that picks it up (a poison) is stopped instead of being rescued
+forever.
+
+The lease (OUTBOX_LEASE_SECONDS) always outlasts the attempt deadline plus a
+margin, so a slow but live attempt is never rescued while it runs.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ log = logging.getLogger(__name__)
 class ReaperConfig:
     batch_size: int = 500
     interval: float = 5.0
+    max_rescues: int = 3
 
 
 class Reaper:
@@ -33,15 +43,29 @@ class Reaper:
         self.config = config or ReaperConfig()
 
     async def run_once(self) -> list[int]:
-        """Rescue one batch of expired leases; returns the rescued delivery ids."""
+        """Rescue one batch of expired leases; returns the ids taken back (rescheduled or dead)."""
         async with self._engine.begin() as conn:
-            rows = await conn.execute(
-                queries.RESCUE_EXPIRED_LEASES,
-                {"now": self._clock.now(), "limit": self.config.batch_size},
-            )
-            rescued = [int(row.id) for row in rows]
+            rows = (
+                await conn.execute(
+                    queries.RESCUE_EXPIRED_LEASES,
+                    {
+                        "now": self._clock.now(),
+                        "limit": self.config.batch_size,
+                        "max_rescues": self.config.max_rescues,
+                    },
+                )
+            ).all()
+        rescued = [int(row.id) for row in rows]
+        dead = [int(row.id) for row in rows if row.state == "dead"]
         if rescued:
             log.warning("rescued %d deliveries whose lease expired", len(rescued))
+        if dead:
+            log.error(
+                "%d deliveries were rescued %d times and are now dead (possible poison): %s",
+                len(dead),
+                self.config.max_rescues,
+                dead[:20],
+            )
         return rescued
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -29,7 +29,9 @@ class Behaviour:
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
     delay: float = 0.0  # seconds before answering (a slow or hanging partner)
+    reset: bool = False  # read the request, then drop the connection without answering
     trickle_interval: float | None = None  # send the body one byte per interval
+    raw: bytes | None = None  # send exactly these bytes as the response, then close
 
 
 Handler = Callable[[ReceivedRequest], Awaitable[Behaviour] | Behaviour]
@@ -114,8 +116,15 @@ class Receiver:
                     break
                 self.requests.append(request)
                 behaviour = await self._behaviour_for(request)
+                if behaviour.reset:
+                    writer.transport.abort()
+                    break
                 if behaviour.delay:
                     await asyncio.sleep(behaviour.delay)
+                if behaviour.raw is not None:
+                    writer.write(behaviour.raw)
+                    await writer.drain()
+                    break
                 await _write_response(writer, behaviour)
                 if request.headers.get("connection", "").lower() == "close":
                     break
@@ -161,7 +170,12 @@ async def _write_response(writer: asyncio.StreamWriter, behaviour: Behaviour) ->
     head += [f"{name}: {value}" for name, value in behaviour.headers.items()]
     writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
     if behaviour.trickle_interval is None:
-        writer.write(behaviour.body)
+        # Large bodies go out in chunks, so a client that stops reading holds this
+        # server to one chunk of buffer instead of a copy of the whole body.
+        view = memoryview(behaviour.body)
+        for start in range(0, len(view), 64 * 1024):
+            writer.write(view[start : start + 64 * 1024])
+            await writer.drain()
         await writer.drain()
         return
     await writer.drain()

@@ -14,28 +14,37 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import datetime as dt
 import json
 import logging
 import random
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from delivery import health, queries
 from delivery.http import AttemptResult, OutgoingRequest, send_attempt
-from delivery.policy import Decision, RetryPolicy, decide
+from delivery.policy import (
+    DEFAULT_JITTER,
+    RETRY_AFTER_MAX_SECONDS,
+    Decision,
+    Outcome,
+    RetryPolicy,
+    decide,
+    exhausted_reason,
+    matching_rule,
+    parse_status_overrides,
+)
 from outbox.clock import Clock
 from outbox.crypto import SecretBox, secret_key_bytes
 from outbox.endpoints import secret_context
 from outbox.notify import wait_for_any
-from outbox.settings import DEFAULT_RETRY_SCHEDULE
+from outbox.settings import DEFAULT_RETRY_SCHEDULE, LEASE_MARGIN_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +65,10 @@ class WorkerConfig:
     response_body_cap: int = 64 * 1024
     response_excerpt_bytes: int = 2048
     shutdown_grace: float = 30.0
+    retry_jitter: float = DEFAULT_JITTER
+    retry_after_max: float = RETRY_AFTER_MAX_SECONDS
+    # Pattern -> schedule (OUTBOX_EVENT_TYPE_RETRY); an endpoint's own schedule wins.
+    retry_schedule_by_event_type: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     health: health.HealthConfig = field(default_factory=health.HealthConfig)
     # No endpoint may hold more than this share of this worker's slots, so a partner
     # that hangs until the deadline cannot take every slot before its breaker opens.
@@ -64,6 +77,11 @@ class WorkerConfig:
     @property
     def endpoint_slots(self) -> int:
         return max(1, int(self.max_in_flight * self.endpoint_share))
+
+    @property
+    def longest_deadline(self) -> float:
+        """Per-endpoint timeouts are cut to this, so an attempt never outlives its lease."""
+        return max(self.lease_seconds - LEASE_MARGIN_SECONDS, 0.1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +150,7 @@ class Worker:
         self._pending: list[tuple[ClaimedDelivery, AttemptResult]] = []
         self._results_ready = asyncio.Event()
         self._slot_free = asyncio.Event()
+        self._started: set[int] = set()  # deliveries whose request left the pool
         self.stats = BatchStats()
         self._slots_held: collections.Counter[int] = collections.Counter()
         self._health_rows: set[int] = set()
@@ -162,7 +181,17 @@ class Worker:
                 now=now,
                 config=self.config.health,
             )
-        return [self._prepare(row, now) for row in rows]
+            overrides = await self._status_overrides(conn, {row.endpoint_uid for row in rows})
+        return [self._prepare(row, now, overrides.get(row.endpoint_uid, {})) for row in rows]
+
+    async def _status_overrides(
+        self, conn: AsyncConnection, uids: set[str]
+    ) -> dict[str, dict[int, Outcome]]:
+        """The per-endpoint status overrides of a claimed batch (one query, only when claimed)."""
+        if not uids:
+            return {}
+        rows = await conn.execute(queries.SELECT_STATUS_OVERRIDES, {"uids": sorted(uids)})
+        return {row.uid: parse_status_overrides(row.status_overrides) for row in rows}
 
     def _slots_left(self) -> dict[int, int]:
         """Per endpoint with attempts running here: how many more slots it may take."""
@@ -179,15 +208,27 @@ class Worker:
             self._keys[stored] = key
         return key
 
-    def _prepare(self, row: Any, now: dt.datetime) -> ClaimedDelivery:
+    def _prepare(
+        self, row: Any, now: dt.datetime, status_overrides: Mapping[int, Outcome]
+    ) -> ClaimedDelivery:
         keys = [self._key(row.signing_secret, row.endpoint_uid)]
         if row.previous_signing_secret and (
             row.previous_secret_expires_at is None or row.previous_secret_expires_at > now
         ):
             keys.append(self._key(row.previous_signing_secret, row.endpoint_uid))
+        # The endpoint's schedule, else the event type's, else the global one. Max attempts
+        # were resolved the same way when the delivery was created (the relay).
+        schedule = row.retry_schedule or matching_rule(
+            self.config.retry_schedule_by_event_type, row.event_type
+        )
         policy = RetryPolicy(
-            schedule=tuple(row.retry_schedule or self.config.retry_schedule),
+            schedule=tuple(schedule or self.config.retry_schedule),
             max_attempts=row.max_attempts,
+            jitter=self.config.retry_jitter,
+            retry_after_max=self.config.retry_after_max,
+        )
+        timeout = min(
+            row.timeout_seconds or self.config.request_timeout, self.config.longest_deadline
         )
         return ClaimedDelivery(
             id=row.id,
@@ -202,7 +243,9 @@ class Worker:
                 message_id=row.message_id,
                 body=render_body(row.event_type, row.event_created_at, row.payload_json),
                 keys=keys,
-                timeout=row.timeout_seconds or self.config.request_timeout,
+                timeout=timeout,
+                status_overrides=status_overrides,
+                retry_after_max=self.config.retry_after_max,
             ),
         )
 
@@ -215,6 +258,7 @@ class Worker:
             self._clock,
             body_cap=self.config.response_body_cap,
             excerpt_bytes=self.config.response_excerpt_bytes,
+            on_start=lambda: self._started.add(claimed.id),
         )
 
     async def record(self, outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]]) -> BatchStats:
@@ -232,32 +276,17 @@ class Worker:
                 rng=self._rng,
                 last_error=result.error or "",
                 retry_after=result.retry_after,
+                disables_endpoint=result.disables_endpoint,
             )
             for claimed, result in outcomes
         ]
-        params = {
-            "now": now,
-            "worker_id": self.config.worker_id,
-            "ids": [claimed.id for claimed, _ in outcomes],
-            "states": [decision.state for decision in decisions],
-            "attempts": [claimed.attempts + 1 for claimed, _ in outcomes],
-            "next_attempt_at": [decision.next_attempt_at for decision in decisions],
-            "status_codes": [result.status_code for _, result in outcomes],
-            "errors": [result.error for _, result in outcomes],
-            "final_reasons": [decision.final_reason for decision in decisions],
-            "started_at": [result.started_at for _, result in outcomes],
-            "durations": [result.duration_ms for _, result in outcomes],
-            "outcomes": [str(result.outcome) for _, result in outcomes],
-            "excerpts": [result.response_excerpt for _, result in outcomes],
-            "request_headers": [
-                json.dumps(_headers_for_record(result.request_headers)) for _, result in outcomes
-            ],
-        }
         await health.ensure_health_rows(
             self._engine, (claimed.endpoint_id for claimed, _ in outcomes), self._health_rows
         )
         async with self._engine.begin() as conn:
-            kept = set((await conn.execute(queries.RECORD_OUTCOMES, params)).scalars())
+            decisions = await self._explain_exhausted(conn, outcomes, decisions)
+            kept = await self._write_outcome_rows(conn, now, outcomes, decisions)
+            await self._disable_gone_endpoints(conn, now, outcomes)
             # Every attempt that happened informs its endpoint's breaker, kept or not.
             await health.record_observations(
                 conn,
@@ -283,6 +312,98 @@ class Worker:
             lost,
         )
         return stats
+
+    async def _explain_exhausted(
+        self,
+        conn: AsyncConnection,
+        outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]],
+        decisions: list[Decision],
+    ) -> list[Decision]:
+        """Give deliveries that used up their attempts a reason like '8 attempts over 17 h'."""
+        exhausted = [
+            claimed.id
+            for decision, (claimed, _) in zip(decisions, outcomes, strict=True)
+            if decision.exhausted
+        ]
+        if not exhausted:
+            return decisions
+        rows = await conn.execute(queries.SELECT_FIRST_ATTEMPT_TIMES, {"ids": exhausted})
+        first_at = {int(row.delivery_id): row.first_at for row in rows}
+        explained = []
+        for decision, (claimed, result) in zip(decisions, outcomes, strict=True):
+            if decision.exhausted:
+                reason = exhausted_reason(
+                    claimed.attempts + 1,
+                    first_at.get(claimed.id, result.started_at),
+                    result.started_at,
+                    result.status_code,
+                    result.error or "",
+                )
+                decision = Decision(decision.state, None, reason, exhausted=True)
+            explained.append(decision)
+        return explained
+
+    async def _disable_gone_endpoints(
+        self,
+        conn: AsyncConnection,
+        now: dt.datetime,
+        outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]],
+    ) -> None:
+        """410 Gone: disable the endpoint (with a reason) so its other deliveries wait."""
+        gone = {
+            claimed.endpoint_uid: claimed.request.url
+            for claimed, result in outcomes
+            if result.disables_endpoint
+        }
+        if not gone:
+            return
+        stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        reasons = [
+            f"410 Gone from {url} at {stamp}: the receiver says this endpoint no longer "
+            "exists; fix or delete it, then enable it to deliver what is waiting"
+            for url in gone.values()
+        ]
+        disabled = (
+            await conn.execute(
+                queries.DISABLE_GONE_ENDPOINTS,
+                {
+                    "uids": list(gone),
+                    "reasons": reasons,
+                    "now": now,
+                    "worker_id": self.config.worker_id,
+                },
+            )
+        ).all()
+        for row in disabled:
+            log.warning("endpoint %s answered 410 Gone and was disabled", row.uid)
+
+    async def _write_outcome_rows(
+        self,
+        conn: AsyncConnection,
+        now: dt.datetime,
+        outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]],
+        decisions: Sequence[Decision],
+    ) -> set[int]:
+        """One statement for the whole batch; returns the ids whose lease was still ours."""
+        params = {
+            "now": now,
+            "worker_id": self.config.worker_id,
+            "ids": [claimed.id for claimed, _ in outcomes],
+            "states": [decision.state for decision in decisions],
+            "attempts": [claimed.attempts + 1 for claimed, _ in outcomes],
+            "next_attempt_at": [decision.next_attempt_at for decision in decisions],
+            "status_codes": [result.status_code for _, result in outcomes],
+            "errors": [result.error for _, result in outcomes],
+            "final_reasons": [decision.final_reason for decision in decisions],
+            "started_at": [result.started_at for _, result in outcomes],
+            "durations": [result.duration_ms for _, result in outcomes],
+            "outcomes": [str(result.outcome) for _, result in outcomes],
+            "excerpts": [result.response_excerpt for _, result in outcomes],
+            "request_headers": [
+                json.dumps(_headers_for_record(result.request_headers)) for _, result in outcomes
+            ],
+        }
+        return set((await conn.execute(queries.RECORD_OUTCOMES, params)).scalars())
 
     async def release(self, ids: Sequence[int]) -> int:
         """Hand claims back without spending an attempt (used at shutdown)."""
@@ -313,7 +434,8 @@ class Worker:
         """Keep up to max_in_flight attempts running until `stop`; then drain and exit."""
         wake = wakeup or asyncio.Event()
         in_flight: dict[asyncio.Task[None], ClaimedDelivery] = {}
-        writer = asyncio.create_task(self._write_outcomes_forever(), name="outcome-writer")
+        closing = asyncio.Event()
+        writer = asyncio.create_task(self._write_outcomes(closing), name="outcome-writer")
         try:
             while not stop.is_set():
                 free = self.config.max_in_flight - len(in_flight)
@@ -337,10 +459,10 @@ class Worker:
                     await wait_for_any(stop, wake, timeout=self.config.poll_interval)
         finally:
             await self._drain(in_flight)
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await writer
-            await self._flush_all()
+            # Never cancel the writer mid-write: tell it to finish what is buffered.
+            closing.set()
+            self._results_ready.set()
+            await writer
 
     def _finished(
         self, in_flight: dict[asyncio.Task[None], ClaimedDelivery], task: asyncio.Task[None]
@@ -353,15 +475,28 @@ class Worker:
         self._slot_free.set()
 
     async def _attempt_and_buffer(self, claimed: ClaimedDelivery) -> None:
-        result = await self.attempt(claimed)
+        try:
+            result = await self.attempt(claimed)
+        except Exception:
+            # A bug, not a delivery outcome (those are values). The claim is left to lease
+            # expiry and the reaper, whose rescue count stops a delivery that keeps doing this.
+            log.exception(
+                "attempt of delivery %d failed unexpectedly; left to the reaper", claimed.id
+            )
+            return
+        finally:
+            self._started.discard(claimed.id)
         self._pending.append((claimed, result))
         self._results_ready.set()
 
-    async def _write_outcomes_forever(self) -> None:
+    async def _write_outcomes(self, closing: asyncio.Event) -> None:
+        """Write outcomes as they arrive (batching whatever piled up meanwhile) until closing."""
         while True:
             await self._results_ready.wait()
             self._results_ready.clear()
             await self._flush_all()
+            if closing.is_set() and not self._pending:
+                return
 
     async def _flush_all(self) -> None:
         """Write every buffered outcome; on a database error keep them and try again."""
@@ -369,13 +504,32 @@ class Worker:
             batch, self._pending = self._pending, []
             try:
                 self.stats.merge(await self.record(batch))
+            except asyncio.CancelledError:
+                self._pending[:0] = batch
+                raise
             except Exception:
                 log.exception("recording %d outcomes failed; retrying", len(batch))
                 self._pending[:0] = batch
                 await asyncio.sleep(self.config.poll_interval)
 
     async def _drain(self, in_flight: dict[asyncio.Task[None], ClaimedDelivery]) -> None:
-        """Let running attempts finish (each is bounded by its deadline), then release the rest."""
+        """Hand back queued claims at once, let running attempts finish, release the rest.
+
+        A claim whose request has not left the connection pool yet sent nothing, so it
+        is cancelled and released immediately (no attempt spent, due again at once)
+        instead of waiting for the shutdown grace or its lease to run out. Running
+        attempts are bounded by their deadline.
+        """
+        if not in_flight:
+            return
+        queued = {task: item for task, item in in_flight.items() if item.id not in self._started}
+        for task in queued:
+            task.cancel()
+        await asyncio.gather(*queued, return_exceptions=True)
+        handed_back = [item.id for task, item in queued.items() if task.cancelled()]
+        if handed_back:
+            released = await self.release(handed_back)
+            log.info("shutdown: released %d claimed deliveries that had not started", released)
         if not in_flight:
             return
         _, unfinished = await asyncio.wait(list(in_flight), timeout=self.config.shutdown_grace)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection
@@ -32,5 +33,32 @@ def record_audit(
             "reason": reason,
             "details": json.dumps(details or {}),
             "request_id": request_id,
+        },
+    )
+
+
+def record_audit_many(
+    conn: Connection,
+    *,
+    actor: str,
+    action: str,
+    target_type: str,
+    targets: Sequence[tuple[str, dict[str, Any]]],
+    reason: str | None = None,
+    request_id: str | None = None,
+) -> None:
+    """One audit row per (target id, details), in one statement: bulk actions stay cheap."""
+    if not targets:
+        return
+    conn.execute(
+        queries.INSERT_AUDIT_MANY,
+        {
+            "actor": actor,
+            "action": action,
+            "target_type": target_type,
+            "reason": reason,
+            "request_id": request_id,
+            "target_ids": [target_id for target_id, _ in targets],
+            "details": [json.dumps(details) for _, details in targets],
         },
     )

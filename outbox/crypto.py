@@ -115,7 +115,10 @@ def secret_key_bytes(secret: str) -> bytes:
             "a signing secret is 'whsec_' followed by base64, e.g. from `outbox endpoints add`"
         ) from exc
     if not 24 <= len(key) <= 64:
-        raise InvalidSecretError(f"a signing secret must decode to 24-64 bytes, got {len(key)}")
+        raise InvalidSecretError(
+            f"a signing secret is 'whsec_' followed by base64 of 24-64 bytes; this one "
+            f"decodes to {len(key)} bytes"
+        )
     return key
 
 

@@ -12,9 +12,16 @@ from sqlalchemy import Connection
 
 from outbox import queries
 from outbox.audit import record_audit
-from outbox.crypto import InvalidSecretError, SecretBox, generate_secret, secret_key_bytes
-from outbox.errors import EndpointError
+from outbox.crypto import (
+    InvalidSecretError,
+    SecretBox,
+    generate_secret,
+    key_parts,
+    secret_key_bytes,
+)
+from outbox.errors import EndpointError, SecretKeyError
 from outbox.ids import new_endpoint_id
+from outbox.urls import validate_endpoint_url
 
 _PATTERN = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*(\.\*)?)$")
 
@@ -78,8 +85,10 @@ def create_endpoint(
     event_types: str | Iterable[str],
     secret: str | None = None,
     description: str = "",
+    https_only: bool = False,
 ) -> CreatedEndpoint:
-    """Insert an endpoint in the caller's transaction. `url` must already be validated."""
+    """Insert an endpoint in the caller's transaction; the secret is stored encrypted."""
+    url = validate_endpoint_url(url, https_only=https_only)
     patterns = parse_event_patterns(event_types)
     plain_secret = secret or generate_secret()
     try:
@@ -112,7 +121,13 @@ def list_endpoints(conn: Connection) -> list[Endpoint]:
 
 
 def set_enabled(
-    conn: Connection, uid: str, *, enabled: bool, reason: str | None = None, actor: str
+    conn: Connection,
+    uid: str,
+    *,
+    enabled: bool,
+    reason: str | None = None,
+    actor: str,
+    request_id: str | None = None,
 ) -> Endpoint:
     """Enable or disable an endpoint; disabling keeps its pending deliveries waiting."""
     if not enabled and not (reason and reason.strip()):
@@ -129,5 +144,75 @@ def set_enabled(
         target_type="endpoint",
         target_id=uid,
         reason=reason,
+        request_id=request_id,
     )
     return get_endpoint(conn, uid)
+
+
+def check_keys_cover_stored_secrets(conn: Connection, box: SecretBox) -> None:
+    """Refuse to start when a stored secret was encrypted with a key that is not configured."""
+    missing: dict[str, int] = {}
+    tried: set[str] = set()
+    for row in conn.execute(queries.SELECT_STORED_SECRETS):
+        for stored in (row.signing_secret, row.previous_signing_secret):
+            if not stored:
+                continue
+            kid = key_parts(stored)[1]
+            if kid not in box.key_ids:
+                missing[kid] = missing.get(kid, 0) + 1
+            elif kid not in tried:
+                # One trial decryption per key catches a key with the right id but
+                # the wrong bytes (say, a lost and regenerated local key file).
+                box.decrypt(stored, context=secret_context(row.uid))
+                tried.add(kid)
+    if missing:
+        listed = ", ".join(f"{kid!r} ({count} secrets)" for kid, count in sorted(missing.items()))
+        raise SecretKeyError(
+            f"endpoint secrets are encrypted with key ids {listed} that OUTBOX_SECRET_KEYS does "
+            "not hold: add those keys back (after the current one), then run `outbox keys rotate`"
+        )
+
+
+def reencrypt_secrets(conn: Connection, box: SecretBox, *, actor: str) -> int:
+    """Re-encrypt every stored secret under the current key (`outbox keys rotate`)."""
+    changed = 0
+    for row in conn.execute(queries.SELECT_STORED_SECRETS).all():
+        context = secret_context(row.uid)
+        current = box.encrypt(box.decrypt(row.signing_secret, context=context), context=context)
+        previous = (
+            box.encrypt(box.decrypt(row.previous_signing_secret, context=context), context=context)
+            if row.previous_signing_secret
+            else None
+        )
+        conn.execute(
+            queries.SET_ENDPOINT_SECRETS,
+            {"id": row.id, "signing_secret": current, "previous_signing_secret": previous},
+        )
+        changed += 1
+    record_audit(
+        conn,
+        actor=actor,
+        action="keys.rotate",
+        target_type="endpoint_secrets",
+        target_id=None,
+        details={"endpoints": changed, "key_id": box.current_key_id},
+    )
+    return changed
+
+
+def reveal_secret(conn: Connection, box: SecretBox, uid: str, *, actor: str, reason: str) -> str:
+    """Decrypt one endpoint's secret for a person; audited in the same transaction."""
+    if not reason.strip():
+        raise EndpointError("revealing a secret needs a reason (--reason)")
+    row = conn.execute(queries.SELECT_ENDPOINT_SECRET, {"uid": uid}).first()
+    if row is None:
+        raise EndpointError(f"no endpoint {uid!r}; `outbox endpoints list` shows the ids")
+    record_audit(
+        conn,
+        actor=actor,
+        action="endpoint.reveal_secret",
+        target_type="endpoint",
+        target_id=uid,
+        reason=reason,
+    )
+    return box.decrypt(row.signing_secret, context=secret_context(uid))

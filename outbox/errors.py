@@ -23,3 +23,15 @@ class DatabaseUnavailableError(OutboxError):
 
 class SecretKeyError(OutboxError):
     """Encrypted secrets cannot be read or written with the configured keys."""
+
+
+class InvalidEndpointURLError(EndpointError):
+    """An endpoint URL breaks a rule (scheme, host, credentials, length); says which and how."""
+
+
+class OperationError(OutboxError, ValueError):
+    """An operator action was refused (unknown row, wrong state, missing reason)."""
+
+
+class NotFoundError(OperationError):
+    """The delivery (or other row) an operator named does not exist."""

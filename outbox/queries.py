@@ -55,6 +55,19 @@ _PATTERN_MATCHES = """
     )
 """
 
+# Max attempts of the most specific per-event-type rule (OUTBOX_EVENT_TYPE_RETRY):
+# an exact type, then the longest 'prefix.*', then '*'. NULL when no rule matches.
+_EVENT_TYPE_MAX_ATTEMPTS = """
+    SELECT r.max_attempts
+    FROM unnest(CAST(:rule_patterns AS text[]), CAST(:rule_max_attempts AS int[]))
+         AS r(pattern, max_attempts)
+    WHERE r.pattern = '*'
+       OR r.pattern = b.event_type
+       OR (right(r.pattern, 2) = '.*' AND starts_with(b.event_type, left(r.pattern, -1)))
+    ORDER BY r.pattern = b.event_type DESC, length(r.pattern) DESC
+    LIMIT 1
+"""
+
 # Claim, fan out and mark one batch in one statement (and so one transaction).
 # SKIP LOCKED lets several relays share the work; the relayed_at IS NULL filter
 # (not an id watermark) means an event whose transaction commits after a later id
@@ -74,7 +87,8 @@ RELAY_BATCH = text(
         INSERT INTO deliveries
             (event_id, endpoint_id, state, max_attempts, next_attempt_at, priority,
              ordering_key, created_at, updated_at)
-        SELECT b.id, e.id, 'scheduled', COALESCE(e.max_attempts, :max_attempts), :now,
+        SELECT b.id, e.id, 'scheduled',
+               COALESCE(e.max_attempts, ({_EVENT_TYPE_MAX_ATTEMPTS}), :max_attempts), :now,
                b.priority, b.ordering_key, :now, :now
         FROM batch b
         JOIN endpoints e ON e.enabled AND {_PATTERN_MATCHES}
@@ -128,6 +142,25 @@ SET_ENDPOINT_ENABLED = text(
     """
 )
 
+# Per-endpoint delivery rules (NULL means "use the global default").
+SELECT_ENDPOINT_DELIVERY_RULES = text(
+    """
+    SELECT timeout_seconds, max_attempts, retry_schedule, status_overrides
+    FROM endpoints WHERE uid = :uid
+    """
+)
+
+SET_ENDPOINT_DELIVERY_RULES = text(
+    """
+    UPDATE endpoints
+    SET timeout_seconds = :timeout_seconds, max_attempts = :max_attempts,
+        retry_schedule = CAST(:retry_schedule AS double precision[]),
+        status_overrides = CAST(:status_overrides AS jsonb), updated_at = now()
+    WHERE uid = :uid
+    RETURNING id
+    """
+)
+
 SET_ENDPOINT_SIGNING_SECRET = text(
     "UPDATE endpoints SET signing_secret = :signing_secret, updated_at = now() WHERE id = :id"
 )
@@ -139,6 +172,465 @@ INSERT_AUDIT = text(
             :request_id)
     """
 )
+
+
+# --- operator tools (issue 5) ---------------------------------------------------------
+# Search takes every filter as an optional bind parameter, so one prepared statement
+# serves every combination. Paging is keyset on id (newest first): pass the last id seen.
+_DELIVERY_FILTER = """
+    (CAST(:states AS text[]) IS NULL OR d.state = ANY(CAST(:states AS text[])))
+    AND (CAST(:endpoint AS text) IS NULL OR e.uid = :endpoint)
+    AND (CAST(:event_type AS text) IS NULL OR ev.event_type = :event_type)
+    AND (CAST(:since AS timestamptz) IS NULL OR d.created_at >= :since)
+    AND (CAST(:until AS timestamptz) IS NULL OR d.created_at < :until)
+    AND (CAST(:before_id AS bigint) IS NULL OR d.id < :before_id)
+    AND (NOT CAST(:unreplayed AS boolean)
+         OR NOT EXISTS (SELECT 1 FROM deliveries r WHERE r.replay_of = d.id))
+    AND (CAST(:error AS text) IS NULL
+         OR strpos(lower(coalesce(d.last_error, '') || ' ' || coalesce(d.final_reason, '')),
+                   lower(:error)) > 0
+         OR EXISTS (SELECT 1 FROM delivery_attempts a
+                    WHERE a.delivery_id = d.id AND strpos(lower(a.error), lower(:error)) > 0))
+"""
+
+_DELIVERY_COLUMNS = """
+    d.id, d.state, d.attempts, d.max_attempts, d.next_attempt_at, d.last_status_code,
+    d.last_error, d.final_reason, d.replay_of, d.created_at, d.updated_at, d.completed_at,
+    e.uid AS endpoint_uid, e.url AS endpoint_url, ev.message_id, ev.event_type
+"""
+
+SEARCH_DELIVERIES = text(
+    f"""
+    SELECT {_DELIVERY_COLUMNS}
+    FROM deliveries d
+    JOIN endpoints e ON e.id = d.endpoint_id
+    JOIN outbox_events ev ON ev.id = d.event_id
+    WHERE {_DELIVERY_FILTER}
+    ORDER BY d.id DESC
+    LIMIT :limit
+    """
+)
+
+COUNT_DELIVERIES = text(
+    f"""
+    SELECT count(*)
+    FROM deliveries d
+    JOIN endpoints e ON e.id = d.endpoint_id
+    JOIN outbox_events ev ON ev.id = d.event_id
+    WHERE {_DELIVERY_FILTER}
+    """
+)
+
+SELECT_DELIVERY = text(
+    f"""
+    SELECT {_DELIVERY_COLUMNS}, ev.payload, ev.created_at AS event_created_at,
+           ev.relayed_at AS event_relayed_at, d.locked_by, d.lease_expires_at
+    FROM deliveries d
+    JOIN endpoints e ON e.id = d.endpoint_id
+    JOIN outbox_events ev ON ev.id = d.event_id
+    WHERE d.id = :id
+    """
+)
+
+SELECT_ATTEMPTS = text(
+    """
+    SELECT attempt_number, started_at, duration_ms, status_code, outcome, error,
+           response_excerpt, request_headers, worker_id
+    FROM delivery_attempts WHERE delivery_id = :id ORDER BY attempt_number, id
+    """
+)
+
+# Replays of a delivery, with who asked for each and why (from the audit row).
+SELECT_REPLAYS = text(
+    """
+    SELECT d.id, d.state, d.created_at, a.actor, a.reason
+    FROM deliveries d
+    LEFT JOIN audit_log a
+      ON a.action = 'delivery.replay' AND a.target_type = 'delivery'
+     AND a.target_id = CAST(d.replay_of AS text) AND a.details ->> 'replay_id' = CAST(d.id AS text)
+    WHERE d.replay_of = :id
+    ORDER BY d.id
+    """
+)
+
+SELECT_DELIVERY_STATES = text(
+    "SELECT id, state FROM deliveries WHERE id = ANY(CAST(:ids AS bigint[]))"
+)
+
+# A replay is a NEW row for the same event and endpoint (so the same webhook-id);
+# the old row is only read. Each replay gets its own start time so a bulk replay is
+# spread out (the rate cap). The WHERE re-checks the states under the same snapshot.
+INSERT_REPLAYS = text(
+    """
+    WITH wanted AS (
+        SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:due AS timestamptz[])) AS w(id, due)
+    ), inserted AS (
+        INSERT INTO deliveries
+            (event_id, endpoint_id, state, max_attempts, next_attempt_at, priority,
+             ordering_key, replay_of, created_at, updated_at)
+        SELECT d.event_id, d.endpoint_id, 'scheduled', COALESCE(e.max_attempts, d.max_attempts),
+               w.due, d.priority, d.ordering_key, d.id, :now, :now
+        FROM wanted w
+        JOIN deliveries d ON d.id = w.id
+        JOIN endpoints e ON e.id = d.endpoint_id
+        WHERE d.state = ANY(CAST(:allowed AS text[]))
+        ORDER BY w.due, d.id
+        RETURNING id, replay_of
+    ), woken AS (
+        SELECT pg_notify('outbox_deliveries', '') WHERE EXISTS (SELECT 1 FROM inserted)
+    )
+    SELECT id, replay_of FROM inserted LEFT JOIN woken ON true
+    """
+)
+
+# Discarding is terminal; in-flight rows are left alone (the attempt may be landing).
+DISCARD_DELIVERIES = text(
+    """
+    UPDATE deliveries
+    SET state = 'discarded', final_reason = :reason, locked_by = NULL, lease_expires_at = NULL,
+        updated_at = :now, completed_at = :now
+    WHERE id = ANY(CAST(:ids AS bigint[])) AND state IN ('scheduled', 'dead')
+    RETURNING id
+    """
+)
+
+# Many audit rows in one statement (bulk replay and discard).
+INSERT_AUDIT_MANY = text(
+    """
+    INSERT INTO audit_log (actor, action, target_type, target_id, reason, details, request_id)
+    SELECT :actor, :action, :target_type, t.target_id, :reason, CAST(t.details AS jsonb),
+           :request_id
+    FROM unnest(CAST(:target_ids AS text[]), CAST(:details AS text[])) AS t(target_id, details)
+    """
+)
+
+SELECT_AUDIT = text(
+    """
+    SELECT id, at, actor, action, target_type, target_id, reason, details, request_id
+    FROM audit_log
+    WHERE (CAST(:actor AS text) IS NULL OR actor = :actor)
+      AND (CAST(:action AS text) IS NULL OR action = :action OR starts_with(action, :action || '.'))
+      AND (CAST(:target_id AS text) IS NULL OR target_id = :target_id)
+      AND (CAST(:since AS timestamptz) IS NULL OR at >= :since)
+      AND (CAST(:before_id AS bigint) IS NULL OR id < :before_id)
+    ORDER BY id DESC
+    LIMIT :limit
+    """
+)
+
+UPDATE_ENDPOINT = text(
+    """
+    UPDATE endpoints
+    SET url = COALESCE(CAST(:url AS text), url),
+        description = COALESCE(CAST(:description AS text), description),
+        event_types = COALESCE(CAST(:event_types AS text[]), event_types),
+        timeout_seconds = CASE WHEN :set_timeout THEN CAST(:timeout_seconds AS float8)
+                               ELSE timeout_seconds END,
+        max_attempts = CASE WHEN :set_max_attempts THEN CAST(:max_attempts AS integer)
+                            ELSE max_attempts END,
+        updated_at = now()
+    WHERE uid = :uid
+    RETURNING id
+    """
+)
+
+# The current secret becomes the previous one until the grace period ends; the worker
+# signs with both meanwhile, so receivers can switch at their own pace.
+ROTATE_ENDPOINT_SECRET = text(
+    """
+    UPDATE endpoints
+    SET previous_signing_secret = signing_secret,
+        previous_secret_expires_at = :expires_at,
+        signing_secret = :signing_secret,
+        updated_at = now()
+    WHERE uid = :uid
+    RETURNING id
+    """
+)
+
+COUNT_ENDPOINT_DELIVERIES = text(
+    """
+    SELECT count(*) FILTER (WHERE d.state IN ('scheduled', 'in_flight')) AS pending,
+           count(*) AS total
+    FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id
+    WHERE e.uid = :uid
+    """
+)
+
+# Deleting an endpoint removes its history (ON DELETE CASCADE); the attempts go
+# through the same tally as retention so exported totals never go backwards.
+_TALLY_PRUNED_ATTEMPTS = """
+    tally AS (
+        INSERT INTO pruned_totals (name, value)
+        SELECT name, sum(value) FROM (
+            SELECT 'attempts:' || outcome AS name, 1::float8 AS value FROM gone_attempts
+            UNION ALL
+            SELECT 'attempt_seconds_sum', duration_ms / 1000.0 FROM gone_attempts
+            UNION ALL
+            SELECT 'attempt_seconds_le:' || b, 1 FROM gone_attempts,
+                   unnest(CAST(:buckets AS float8[])) AS b
+            WHERE duration_ms / 1000.0 <= b
+        ) AS t(name, value)
+        GROUP BY name
+        ON CONFLICT (name) DO UPDATE SET value = pruned_totals.value + excluded.value
+        RETURNING 1
+    )
+"""
+
+DELETE_ENDPOINT = text(
+    f"""
+    WITH target AS (
+        SELECT id FROM endpoints WHERE uid = :uid FOR UPDATE
+    ), gone_attempts AS (
+        DELETE FROM delivery_attempts a USING deliveries d, target t
+        WHERE a.delivery_id = d.id AND d.endpoint_id = t.id
+        RETURNING a.outcome, a.duration_ms
+    ), {_TALLY_PRUNED_ATTEMPTS}, gone AS (
+        DELETE FROM endpoints e USING target t WHERE e.id = t.id RETURNING e.id
+    )
+    SELECT (SELECT count(*) FROM gone) AS endpoints,
+           (SELECT count(*) FROM gone_attempts) AS attempts,
+           (SELECT count(*) FROM tally) AS tallied
+    """
+)
+
+# A group is one event's deliveries to one endpoint (the first delivery and its
+# replays); it is pruned whole, so a replay never outlives the row it points at and
+# no two replays can collide on the first-delivery unique index. A group goes when
+# every member finished before the cutoff and no member is a dead letter nobody
+# replayed, unless that dead letter is older than its own, longer, cutoff.
+# Seeds come from the completed_at index in age order; LIMIT keeps each batch small.
+_UNRESOLVED_DEAD = """
+    m.state = 'dead'
+    AND NOT EXISTS (SELECT 1 FROM deliveries r WHERE r.replay_of = m.id)
+    AND (CAST(:dead_before AS timestamptz) IS NULL OR m.completed_at >= :dead_before)
+"""
+
+PRUNE_DELIVERIES = text(
+    f"""
+    WITH seed AS (
+        SELECT s.event_id, s.endpoint_id
+        FROM deliveries s
+        WHERE s.state IN ('succeeded', 'dead', 'discarded') AND s.completed_at < :before
+          AND NOT EXISTS (
+              SELECT 1 FROM deliveries m
+              WHERE m.event_id = s.event_id AND m.endpoint_id = s.endpoint_id
+                AND (m.state IN ('scheduled', 'in_flight')
+                     OR m.completed_at IS NULL
+                     OR m.completed_at >= :before
+                     OR ({_UNRESOLVED_DEAD}))
+          )
+        ORDER BY s.completed_at
+        LIMIT :limit
+    ), groups AS (
+        SELECT DISTINCT event_id, endpoint_id FROM seed
+    ), doomed AS (
+        SELECT d.id FROM deliveries d JOIN groups g USING (event_id, endpoint_id)
+        FOR UPDATE OF d
+    ), gone_attempts AS (
+        DELETE FROM delivery_attempts a USING doomed WHERE a.delivery_id = doomed.id
+        RETURNING a.outcome, a.duration_ms
+    ), {_TALLY_PRUNED_ATTEMPTS}, gone AS (
+        DELETE FROM deliveries d USING doomed WHERE d.id = doomed.id RETURNING d.state
+    )
+    SELECT (SELECT count(*) FROM gone) AS deliveries,
+           (SELECT count(*) FROM gone_attempts) AS attempts,
+           (SELECT count(*) FROM tally) AS tallied
+    """
+)
+
+# Relayed events with no delivery left (all pruned, or nobody subscribed).
+PRUNE_EVENTS = text(
+    """
+    WITH doomed AS (
+        SELECT o.id FROM outbox_events o
+        WHERE o.relayed_at IS NOT NULL AND o.relayed_at < :before
+          AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = o.id)
+        ORDER BY o.relayed_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM outbox_events o USING doomed WHERE o.id = doomed.id RETURNING 1
+    ), tally AS (
+        INSERT INTO pruned_totals (name, value)
+        SELECT 'events', count(*) FROM gone HAVING count(*) > 0
+        ON CONFLICT (name) DO UPDATE SET value = pruned_totals.value + excluded.value
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM gone) AS events, (SELECT count(*) FROM tally) AS tallied
+    """
+)
+
+SELECT_PRUNED_TOTALS = text("SELECT name, value FROM pruned_totals")
+
+# Admin API tokens.
+INSERT_TOKEN = text(
+    """
+    INSERT INTO admin_tokens (token_id, name, role, secret_hash, created_by)
+    VALUES (:token_id, :name, :role, :secret_hash, :created_by)
+    RETURNING id, token_id, name, role, created_by, created_at, last_used_at, revoked_at
+    """
+)
+
+SELECT_TOKENS = text(
+    """
+    SELECT id, token_id, name, role, created_by, created_at, last_used_at, revoked_at
+    FROM admin_tokens
+    WHERE CAST(:include_revoked AS boolean) OR revoked_at IS NULL
+    ORDER BY id
+    """
+)
+
+SELECT_TOKEN_FOR_AUTH = text(
+    """
+    SELECT id, name, role, secret_hash FROM admin_tokens
+    WHERE token_id = :token_id AND revoked_at IS NULL
+    """
+)
+
+TOUCH_TOKEN = text("UPDATE admin_tokens SET last_used_at = :now WHERE id = :id")
+
+REVOKE_TOKEN = text(
+    """
+    UPDATE admin_tokens SET revoked_at = :now
+    WHERE (name = :name OR token_id = :name) AND revoked_at IS NULL
+    RETURNING token_id
+    """
+)
+
+
+# --- stats, alerts and metrics (issue 5) ---------------------------------------------
+
+STATS_COUNTS_BY_STATE = text("SELECT state, count(*) AS n FROM deliveries GROUP BY state")
+
+# Due deliveries of enabled endpoints only: a disabled endpoint's backlog waits on
+# purpose and has an alert of its own.
+STATS_OLDEST_DUE = text(
+    """
+    SELECT min(d.next_attempt_at) AS oldest_due, count(*) AS due
+    FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id
+    WHERE d.state = 'scheduled' AND d.next_attempt_at <= :now AND e.enabled
+    """
+)
+
+STATS_RELAY_LAG = text(
+    """
+    SELECT min(created_at) AS oldest_unrelayed, count(*) AS unrelayed
+    FROM outbox_events WHERE relayed_at IS NULL
+    """
+)
+
+STATS_WINDOW_RATES = text(
+    """
+    SELECT
+        (SELECT count(*) FROM delivery_attempts
+         WHERE started_at >= :since AND started_at <= :now) AS attempts,
+        (SELECT count(*) FROM delivery_attempts
+         WHERE started_at >= :since AND started_at <= :now AND outcome = 'succeeded')
+            AS attempts_succeeded,
+        (SELECT count(*) FROM deliveries
+         WHERE state = 'succeeded' AND completed_at >= :since AND completed_at <= :now)
+            AS succeeded,
+        (SELECT count(*) FROM deliveries
+         WHERE state = 'dead' AND completed_at >= :since AND completed_at <= :now) AS dead,
+        (SELECT count(*) FROM deliveries
+         WHERE state = 'dead' AND completed_at >= :previous AND completed_at < :since)
+            AS dead_previous_window,
+        (SELECT count(*) FROM outbox_events
+         WHERE created_at >= :since AND created_at <= :now) AS published
+    """
+)
+
+# Per endpoint: the window's attempts (success rate, latency percentiles) and the
+# current backlog. An endpoint counts as auto-disabled when no operator's
+# 'endpoint.disable' audit row explains its current disablement (rows by a worker,
+# by 'system', or with details.automatic = true are not an operator's).
+STATS_ENDPOINTS = text(
+    """
+    WITH recent AS (
+        SELECT d.endpoint_id, a.outcome, a.duration_ms
+        FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id
+        WHERE a.started_at >= :since AND a.started_at <= :now
+    ), per AS (
+        SELECT endpoint_id,
+               count(*) AS attempts,
+               count(*) FILTER (WHERE outcome = 'succeeded') AS succeeded,
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms) AS p50_ms,
+               percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ms) AS p99_ms
+        FROM recent GROUP BY endpoint_id
+    ), backlog AS (
+        SELECT endpoint_id,
+               count(*) FILTER (WHERE state IN ('scheduled', 'in_flight')) AS pending,
+               count(*) FILTER (WHERE state = 'dead') AS dead
+        FROM deliveries WHERE state IN ('scheduled', 'in_flight', 'dead')
+        GROUP BY endpoint_id
+    )
+    SELECT e.uid, e.url, e.enabled, e.disabled_reason, e.disabled_at,
+           COALESCE(per.attempts, 0) AS attempts, COALESCE(per.succeeded, 0) AS succeeded,
+           per.p50_ms, per.p99_ms,
+           COALESCE(backlog.pending, 0) AS pending, COALESCE(backlog.dead, 0) AS dead,
+           (NOT e.enabled AND NOT EXISTS (
+               SELECT 1 FROM audit_log al
+               WHERE al.action = 'endpoint.disable' AND al.target_id = e.uid
+                 AND al.at >= e.disabled_at
+                 AND NOT COALESCE((al.details ->> 'automatic')::boolean, false)
+                 AND NOT starts_with(al.actor, 'worker:')
+                 AND NOT starts_with(al.actor, 'system')
+           )) AS auto_disabled
+    FROM endpoints e
+    LEFT JOIN per ON per.endpoint_id = e.id
+    LEFT JOIN backlog ON backlog.endpoint_id = e.id
+    ORDER BY e.id
+    """
+)
+
+STATS_TOP_ERRORS = text(
+    """
+    SELECT a.error, count(DISTINCT a.delivery_id) AS deliveries, count(*) AS attempts,
+           count(DISTINCT d.endpoint_id) AS endpoints, max(a.started_at) AS last_seen
+    FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id
+    WHERE a.started_at >= :since AND a.started_at <= :now
+      AND a.outcome <> 'succeeded' AND a.error IS NOT NULL
+    GROUP BY a.error
+    ORDER BY deliveries DESC, attempts DESC, a.error
+    LIMIT :limit
+    """
+)
+
+# Totals for /metrics, in one scan each. `bucket` counts the histogram bounds below
+# an attempt's duration (width_bucket over bounds + 1 ms, durations being whole
+# milliseconds), i.e. the index of the smallest bound it fits under; the caller
+# accumulates the buckets.
+METRICS_EVENTS = text(
+    """
+    SELECT count(*) AS published, count(relayed_at) AS relayed FROM outbox_events
+    """
+)
+
+METRICS_ATTEMPTS = text(
+    """
+    SELECT outcome, width_bucket(duration_ms, CAST(:bounds_ms_plus_one AS int[])) AS bucket,
+           count(*) AS n, sum(duration_ms) / 1000.0 AS seconds
+    FROM delivery_attempts
+    GROUP BY 1, 2
+    """
+)
+
+SELECT_STORED_SECRETS = text(
+    "SELECT id, uid, signing_secret, previous_signing_secret FROM endpoints ORDER BY id"
+)
+
+SELECT_ENDPOINT_SECRET = text("SELECT uid, signing_secret FROM endpoints WHERE uid = :uid")
+
+SET_ENDPOINT_SECRETS = text(
+    """
+    UPDATE endpoints
+    SET signing_secret = :signing_secret, previous_signing_secret = :previous_signing_secret,
+        updated_at = now()
+    WHERE id = :id
+    """
+)
+
 
 # Default priorities per event type (`outbox priorities`).
 SET_EVENT_TYPE_PRIORITY = text(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -21,6 +21,8 @@ class RelayConfig:
     batch_size: int = 500
     poll_interval: float = 1.0
     default_max_attempts: int = 8
+    # Pattern -> max attempts (OUTBOX_EVENT_TYPE_RETRY); an endpoint's own value wins.
+    max_attempts_by_event_type: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,8 @@ class Relay:
                         "limit": self.config.batch_size,
                         "now": self._clock.now(),
                         "max_attempts": self.config.default_max_attempts,
+                        "rule_patterns": list(self.config.max_attempts_by_event_type),
+                        "rule_max_attempts": list(self.config.max_attempts_by_event_type.values()),
                     },
                 )
             ).one()

@@ -78,6 +78,12 @@ outbox_events = Table(
         "id",
         postgresql_where=text("relayed_at IS NULL AND ordering_key IS NOT NULL"),
     ),
+    # Retention prunes relayed events oldest first (migration 0005).
+    Index(
+        "ix_outbox_events_relayed_at",
+        "relayed_at",
+        postgresql_where=text("relayed_at IS NOT NULL"),
+    ),
 )
 
 endpoints = Table(
@@ -98,6 +104,8 @@ endpoints = Table(
     Column("timeout_seconds", Float),
     Column("max_attempts", Integer),
     Column("retry_schedule", ARRAY(Float)),
+    # {"404": "retryable"}: per-status outcomes that replace the default table.
+    Column("status_overrides", JSONB),
     _now_column("created_at"),
     _now_column("updated_at"),
     CheckConstraint("cardinality(event_types) > 0", name="has_event_types"),
@@ -122,6 +130,8 @@ deliveries = Table(
     ),
     Column("state", Text, nullable=False, server_default=text("'scheduled'")),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
+    # Times the reaper took it back from a worker that died mid-attempt (not attempts).
+    Column("rescues", Integer, nullable=False, server_default=text("0")),
     Column("max_attempts", Integer, nullable=False),
     Column("next_attempt_at", DateTime(timezone=True), nullable=False),
     Column("locked_by", Text),
@@ -179,6 +189,15 @@ deliveries = Table(
         "event_id",
         postgresql_where=text("ordering_key IS NOT NULL"),
     ),
+    # All deliveries of one event (first and replays): retention's group checks and
+    # the ON DELETE CASCADE from outbox_events need it (migration 0005).
+    Index("ix_deliveries_event_id_endpoint_id", "event_id", "endpoint_id"),
+    # Retention walks finished deliveries oldest first (migration 0005).
+    Index(
+        "ix_deliveries_completed_at",
+        "completed_at",
+        postgresql_where=text("state IN ('succeeded', 'dead', 'discarded')"),
+    ),
 )
 
 delivery_attempts = Table(
@@ -204,6 +223,8 @@ delivery_attempts = Table(
         "outcome IN ('succeeded', 'retryable', 'permanent', 'ambiguous')", name="known_outcome"
     ),
     Index("ix_delivery_attempts_delivery_id", "delivery_id"),
+    # Stats and metrics read the attempts of a recent window (migration 0005).
+    Index("ix_delivery_attempts_started_at", "started_at"),
 )
 
 audit_log = Table(
@@ -219,6 +240,39 @@ audit_log = Table(
     Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("request_id", Text),
     Index("ix_audit_log_at", "at"),
+)
+
+# Bearer tokens of the admin HTTP API (migration 0005). A token is
+# `obx_<token_id>_<secret>`: token_id finds the row, and only a SHA-256 of the
+# secret is stored, compared in constant time.
+admin_tokens = Table(
+    "admin_tokens",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("token_id", Text, nullable=False, unique=True),
+    Column("name", Text, nullable=False),
+    Column("role", Text, nullable=False),
+    Column("secret_hash", Text, nullable=False),
+    Column("created_by", Text, nullable=False),
+    _now_column("created_at"),
+    Column("last_used_at", DateTime(timezone=True)),
+    Column("revoked_at", DateTime(timezone=True)),
+    CheckConstraint("role IN ('viewer', 'operator')", name="known_role"),
+    Index(
+        "uq_admin_tokens_active_name",
+        "name",
+        unique=True,
+        postgresql_where=text("revoked_at IS NULL"),
+    ),
+)
+
+# What retention (and endpoint deletion) removed, by metric name, so the totals
+# exported on /metrics never go backwards when history is pruned (migration 0005).
+pruned_totals = Table(
+    "pruned_totals",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("value", Float, nullable=False, server_default=text("0")),
 )
 
 

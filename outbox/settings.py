@@ -7,16 +7,24 @@ never see this class: the CLI turns it into the plain config objects they take.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from outbox.errors import ConfigurationError
+from outbox.errors import ConfigurationError, EndpointError
 
 DEFAULT_RETRY_SCHEDULE = (5.0, 60.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0)
+# The longest single pause a schedule may ask for; beyond it a typo (an extra zero)
+# would silently park deliveries for months.
+MAX_RETRY_DELAY_SECONDS = 30 * 86400.0
+# A lease must outlast the attempt deadline by at least this much, so the outcome
+# can be written before the reaper could consider the worker dead.
+LEASE_MARGIN_SECONDS = 5.0
 
 
 def default_data_dir() -> Path:
@@ -29,6 +37,47 @@ def _split_csv(value: Any) -> Any:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+def check_retry_schedule(value: list[float]) -> list[float]:
+    """The rules every retry schedule obeys, global or per event type."""
+    if not value:
+        raise ValueError("must list at least one delay in seconds, e.g. '5,60,300'")
+    if any(not math.isfinite(delay) for delay in value):
+        raise ValueError("delays must be finite numbers of seconds")
+    if any(delay < 0 for delay in value):
+        raise ValueError("delays must be zero or positive seconds")
+    if any(delay > MAX_RETRY_DELAY_SECONDS for delay in value):
+        raise ValueError(
+            f"a delay longer than {MAX_RETRY_DELAY_SECONDS:g}s (30 days) is almost certainly "
+            "a typo; use fewer zeros"
+        )
+    return value
+
+
+class EventTypeRetry(BaseModel):
+    """A retry policy for the event types matching one pattern (see OUTBOX_EVENT_TYPE_RETRY)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schedule: list[float] | None = None
+    max_attempts: int | None = Field(default=None, gt=0, le=100)
+
+    @field_validator("schedule", mode="before")
+    @classmethod
+    def _csv(cls, value: Any) -> Any:
+        return _split_csv(value)
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule_sane(cls, value: list[float] | None) -> list[float] | None:
+        return None if value is None else check_retry_schedule(value)
+
+    @model_validator(mode="after")
+    def _says_something(self) -> EventTypeRetry:
+        if self.schedule is None and self.max_attempts is None:
+            raise ValueError("give 'schedule', 'max_attempts' or both")
+        return self
 
 
 class Settings(BaseSettings):
@@ -57,8 +106,31 @@ class Settings(BaseSettings):
     retry_schedule: Annotated[list[float], NoDecode] = Field(
         default_factory=lambda: list(DEFAULT_RETRY_SCHEDULE)
     )
+    retry_jitter: float = Field(
+        default=0.2, ge=0, lt=1, description="Each retry delay is scaled by 1 +- this fraction."
+    )
+    retry_after_max: float = Field(
+        default=3600.0, ge=1, le=86400, description="Longest Retry-After honoured, s."
+    )
+    event_type_retry: Annotated[dict[str, EventTypeRetry], NoDecode] = Field(
+        default_factory=dict,
+        description=(
+            'JSON: {"invoice.*": {"schedule": [60, 600], "max_attempts": 4}}; the most '
+            "specific pattern wins; an endpoint's own policy wins over it."
+        ),
+    )
+    max_rescues: int = Field(
+        default=3,
+        gt=0,
+        le=100,
+        description="Lease expiries a delivery survives before it is dead as a likely poison.",
+    )
     max_attempts: int = Field(default=8, gt=0, le=100)
-    allowed_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    allowed_networks: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="CIDRs the SSRF guard lets deliveries reach, e.g. '127.0.0.0/8'.",
+    )
+    https_only: bool = Field(default=False, description="Refuse http:// endpoints.")
     log_level: str = "INFO"
     # Endpoint health (delivery/health.py): circuit breaker, ramp, 429 pause, auto-disable.
     breaker_failure_threshold: int = Field(
@@ -89,6 +161,25 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="Disable an endpoint whose attempts all failed this long."
     )
 
+    # Operator tools (issue 5): retention, the admin HTTP API, alert thresholds.
+    retention_days: float = Field(
+        default=7.0, ge=0, description="Prune finished history older than this; 0 = never."
+    )
+    dead_retention_days: float = Field(
+        default=30.0, ge=0, description="Prune dead deliveries nobody replayed; 0 = never."
+    )
+    retention_batch_size: int = Field(default=500, gt=0, le=10_000)
+    retention_interval: float = Field(default=60.0, gt=0)
+    admin_host: str = "127.0.0.1"
+    admin_port: int = Field(default=8181, ge=0, le=65535)
+    admin_metrics_public: bool = False
+    stats_window_seconds: float = Field(default=3600.0, gt=0)
+    alert_dead_per_window: int = Field(default=10, gt=0)
+    alert_repeated_error_deliveries: int = Field(default=20, gt=0)
+    alert_oldest_due_seconds: float = Field(default=900.0, gt=0)
+    alert_relay_lag_seconds: float = Field(default=60.0, gt=0)
+    replay_rate_per_minute: float = Field(default=600.0, gt=0)
+
     @field_validator("retry_schedule", "allowed_networks", mode="before")
     @classmethod
     def _csv(cls, value: Any) -> Any:
@@ -97,18 +188,53 @@ class Settings(BaseSettings):
     @field_validator("retry_schedule")
     @classmethod
     def _schedule_sane(cls, value: list[float]) -> list[float]:
-        if not value:
-            raise ValueError("must list at least one delay in seconds, e.g. '5,60,300'")
-        if any(delay < 0 for delay in value):
-            raise ValueError("delays must be zero or positive seconds")
+        return check_retry_schedule(value)
+
+    @field_validator("event_type_retry", mode="before")
+    @classmethod
+    def _json_object(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        if not value.strip():
+            return {}
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise ValueError(
+                f"is not valid JSON ({exc}); expected an object such as "
+                '{"invoice.*": {"schedule": [60, 600], "max_attempts": 4}}'
+            ) from exc
+
+    @field_validator("event_type_retry")
+    @classmethod
+    def _patterns_valid(cls, value: dict[str, EventTypeRetry]) -> dict[str, EventTypeRetry]:
+        # Imported here: endpoints pulls in the database layer, settings must stay light.
+        from outbox.endpoints import parse_event_patterns
+
+        for pattern in value:
+            try:
+                parse_event_patterns([pattern])
+            except EndpointError as exc:
+                raise ValueError(str(exc)) from exc
         return value
 
     @model_validator(mode="after")
     def _lease_outlasts_deadline(self) -> Settings:
-        if self.lease_seconds <= self.request_timeout:
+        if self.lease_seconds < self.request_timeout + LEASE_MARGIN_SECONDS:
             raise ValueError(
-                f"lease_seconds ({self.lease_seconds}) must exceed request_timeout "
-                f"({self.request_timeout}) so a slow attempt is never rescued while running"
+                f"OUTBOX_LEASE_SECONDS ({self.lease_seconds:g}) must exceed "
+                f"OUTBOX_REQUEST_TIMEOUT ({self.request_timeout:g}) by at least "
+                f"{LEASE_MARGIN_SECONDS:g}s, so a slow attempt is never rescued while it runs; "
+                "raise the lease or lower the timeout"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _dead_kept_longer(self) -> Settings:
+        if self.dead_retention_days and self.dead_retention_days < self.retention_days:
+            raise ValueError(
+                f"dead_retention_days ({self.dead_retention_days}) must be 0 (keep) or at least "
+                f"retention_days ({self.retention_days}): dead letters are kept longer"
             )
         return self
 
@@ -123,7 +249,8 @@ def load_settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            field = ".".join(str(part) for part in err["loc"]) or "settings"
-            env = f"OUTBOX_{field.upper()}" if err["loc"] else "settings"
+            loc = [str(part) for part in err["loc"]]
+            # The variable in upper case, the path inside its value as written.
+            env = ".".join([f"OUTBOX_{loc[0].upper()}", *loc[1:]]) if loc else "settings"
             problems.append(f"{env}: {err['msg']}")
         raise ConfigurationError("invalid settings:\n  " + "\n  ".join(problems)) from exc

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine, make_url, text
@@ -29,17 +32,21 @@ def _with_database(url: str, name: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server_url() -> Iterator[str]:
     configured = os.environ.get("OUTBOX_TEST_DATABASE_URL")
     if configured:
         yield configured
         return
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("embedded-pg"), delete_on_stop=True)
+    # Not under pytest's basetemp: pytest prunes old basetemp folders, which would pull
+    # the data directory from under a server that another pytest run still uses.
+    data_dir = Path(tempfile.mkdtemp(prefix="outbox-test-pg-"))
+    server = EmbeddedPostgres(data_dir, delete_on_stop=True)
     url = server.start()
     try:
         yield url
     finally:
         server.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

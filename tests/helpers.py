@@ -9,6 +9,9 @@ from sqlalchemy import Engine, text
 from outbox.crypto import SecretBox
 from outbox.endpoints import CreatedEndpoint, create_endpoint, set_enabled
 
+# The SSRF guard refuses loopback unless allowed; test receivers live there.
+LOOPBACK = ("127.0.0.0/8",)
+
 
 def add_endpoint(
     engine: Engine, box: SecretBox, url: str, events: str = "*", **kwargs: Any

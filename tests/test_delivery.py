@@ -17,7 +17,7 @@ from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.relay import Relay, RelayConfig
-from tests.helpers import add_endpoint, disable, rows, scalar
+from tests.helpers import LOOPBACK, add_endpoint, disable, rows, scalar
 
 
 def make_worker(
@@ -47,7 +47,7 @@ async def test_committed_event_reaches_each_subscriber_once_signed_per_spec(
         publish(conn, "order.created", {"order_id": 43})
         transaction.rollback()
 
-    async with build_http_client(max_connections=10, timeout=5) as http:
+    async with build_http_client(max_connections=10, timeout=5, allowed_networks=LOOPBACK) as http:
         await Relay(async_engine, clock).run_until_idle()
         stats = await make_worker(async_engine, http, box, clock).run_once()
 
@@ -86,7 +86,7 @@ async def test_server_error_is_scheduled_again_with_the_same_webhook_id(
     add_endpoint(engine, box, url)
     with engine.begin() as conn:
         publish(conn, "order.created", {"id": 1})
-    async with build_http_client(max_connections=10, timeout=5) as http:
+    async with build_http_client(max_connections=10, timeout=5, allowed_networks=LOOPBACK) as http:
         worker = make_worker(async_engine, http, box, clock, retry_schedule=(10.0,))
         await Relay(async_engine, clock).run_until_idle()
         first = await worker.run_once()
@@ -150,7 +150,7 @@ async def test_no_lock_or_connection_is_held_while_a_request_is_in_flight(
     with engine.begin() as conn:
         for index in range(5):
             publish(conn, "order.created", {"i": index})
-    async with build_http_client(max_connections=10, timeout=5) as http:
+    async with build_http_client(max_connections=10, timeout=5, allowed_networks=LOOPBACK) as http:
         await Relay(async_engine, clock).run_until_idle()
         stats = await make_worker(async_engine, http, box, clock).run_once()
     assert stats.succeeded == 5
@@ -172,7 +172,7 @@ async def test_two_relays_and_two_workers_neither_duplicate_nor_lose(
         published = {publish(conn, "order.created", {"i": i}) for i in range(events)}
 
     stop = asyncio.Event()
-    async with build_http_client(max_connections=50, timeout=5) as http:
+    async with build_http_client(max_connections=50, timeout=5, allowed_networks=LOOPBACK) as http:
         relay_config = RelayConfig(batch_size=20, poll_interval=0.05)
         worker_config = {"batch_size": 15, "max_in_flight": 30, "poll_interval": 0.05}
         relays = [Relay(async_engine, clock, relay_config) for _ in range(2)]
@@ -207,10 +207,32 @@ async def test_body_is_the_standard_envelope(
     add_endpoint(engine, box, receiver.route("/x"))
     with engine.begin() as conn:
         publish(conn, "customer.updated", {"nested": {"list": [1, 2.5, None, True]}})
-    async with build_http_client(max_connections=10, timeout=5) as http:
+    async with build_http_client(max_connections=10, timeout=5, allowed_networks=LOOPBACK) as http:
         await Relay(async_engine, clock).run_until_idle()
         await make_worker(async_engine, http, box, clock).run_once()
     body = json.loads(receiver.requests[0].body)
     assert set(body) == {"type", "timestamp", "data"}
     assert body["type"] == "customer.updated"
     assert body["data"] == {"nested": {"list": [1, 2.5, None, True]}}
+
+
+async def test_address_refused_by_the_ssrf_guard_is_dead_at_once(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+) -> None:
+    add_endpoint(engine, box, receiver.route("/internal"))
+    with engine.begin() as conn:
+        publish(conn, "order.created", {"id": 1})
+    # No allowed networks: loopback is refused like any private address.
+    async with build_http_client(max_connections=10, timeout=5) as http:
+        await Relay(async_engine, clock).run_until_idle()
+        stats = await make_worker(async_engine, http, box, clock).run_once()
+    assert stats.dead == 1
+    assert receiver.requests == []
+    delivery = rows(engine, "SELECT state, attempts, last_error FROM deliveries")[0]
+    assert delivery["state"] == "dead"
+    assert delivery["attempts"] == 1
+    assert "127.0.0.1" in delivery["last_error"]

@@ -30,7 +30,7 @@ from outbox.crypto import SecretBox
 from outbox.db import make_async_engine
 from outbox.priorities import set_event_type_priority
 from outbox.relay import Relay, RelayConfig
-from tests.helpers import add_endpoint, rows, scalar
+from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
 
 HEALTH = HealthConfig(
     failure_threshold=3,
@@ -144,7 +144,7 @@ async def test_breakers_open_at_threshold_and_down_endpoints_get_only_probes(
     def count(path: str) -> int:
         return len(receiver.received(path))
 
-    async with build_http_client(max_connections=20, timeout=5) as http:
+    async with build_http_client(max_connections=20, timeout=5, allowed_networks=LOOPBACK) as http:
         with engine.begin() as conn:
             for i in range(2):
                 publish(conn, "throttle.ping", {"i": i})
@@ -223,7 +223,7 @@ async def test_after_recovery_the_backlog_drains_at_the_ramp_rate(
         for i in range(40):
             publish(conn, "order.created", {"i": i})
     await relay_all(async_engine, clock)
-    async with build_http_client(max_connections=50, timeout=5) as http:
+    async with build_http_client(max_connections=50, timeout=5, allowed_networks=LOOPBACK) as http:
         w = worker(async_engine, http, box, clock, batch_size=100)
         assert (await w.run_once()).scheduled == 40  # all failed: the breaker opens
         receiver.route("/p", status=200)
@@ -264,7 +264,9 @@ async def test_concurrency_limit_holds_across_two_worker_processes(
     engines = [make_async_engine(database_url) for _ in range(2)]
     try:
         await relay_all(engines[0], clock)
-        async with build_http_client(max_connections=50, timeout=5) as http:
+        async with build_http_client(
+            max_connections=50, timeout=5, allowed_networks=LOOPBACK
+        ) as http:
             workers = [
                 worker(e, http, box, clock, batch_size=10, max_in_flight=20, poll_interval=0.01)
                 for e in engines
@@ -297,7 +299,9 @@ async def test_rate_limit_holds_across_two_worker_processes(
     stop = asyncio.Event()
     try:
         await relay_all(engines[0], clock)
-        async with build_http_client(max_connections=50, timeout=5) as http:
+        async with build_http_client(
+            max_connections=50, timeout=5, allowed_networks=LOOPBACK
+        ) as http:
             workers = [
                 worker(e, http, box, clock, batch_size=10, poll_interval=0.01) for e in engines
             ]
@@ -353,7 +357,9 @@ async def test_per_key_order_holds_under_retries_with_two_workers(
     engines = [make_async_engine(database_url) for _ in range(2)]
     try:
         await relay_all(engines[0], clock)
-        async with build_http_client(max_connections=50, timeout=5) as http:
+        async with build_http_client(
+            max_connections=50, timeout=5, allowed_networks=LOOPBACK
+        ) as http:
             workers = [
                 worker(
                     e, http, box, clock, batch_size=10, poll_interval=0.01, retry_schedule=(0.0,)
@@ -402,7 +408,7 @@ async def test_a_dead_head_blocks_its_key_until_an_operator_acts_or_is_skipped(
     def names(path: str) -> list[str]:
         return [json.loads(r.body)["data"]["name"] for r in receiver.received(path)]
 
-    async with build_http_client(max_connections=20, timeout=5) as http:
+    async with build_http_client(max_connections=20, timeout=5, allowed_networks=LOOPBACK) as http:
         w = worker(async_engine, http, box, clock, batch_size=50)
         for _ in range(4):
             await w.run_once()
@@ -434,7 +440,7 @@ async def test_high_priority_events_overtake_a_10000_event_low_priority_backlog(
             publish(conn, "export.row", {"i": i})
     await relay_all(async_engine, clock)
     assert scalar(engine, "SELECT max(priority) FROM deliveries") == -10
-    async with build_http_client(max_connections=100, timeout=5) as http:
+    async with build_http_client(max_connections=100, timeout=5, allowed_networks=LOOPBACK) as http:
         w = worker(async_engine, http, box, clock, batch_size=100)
         await w.run_once()  # one batch of the backlog is under way
         with engine.begin() as conn:
@@ -464,7 +470,7 @@ async def test_one_endpoints_backlog_never_starves_the_others(
         for i in range(5):
             publish(conn, "order.created", {"i": i})
     await relay_all(async_engine, clock)
-    async with build_http_client(max_connections=50, timeout=5) as http:
+    async with build_http_client(max_connections=50, timeout=5, allowed_networks=LOOPBACK) as http:
         await worker(async_engine, http, box, clock, batch_size=20).run_once()
     assert len(receiver.received("/orders")) == 5
     assert len(receiver.received("/bulk")) == 15
@@ -482,7 +488,7 @@ async def test_an_endpoint_failing_for_five_days_is_disabled_with_a_reason(
         for i in range(3):
             publish(conn, "order.created", {"i": i})
     await relay_all(async_engine, clock, max_attempts=100)
-    async with build_http_client(max_connections=20, timeout=5) as http:
+    async with build_http_client(max_connections=20, timeout=5, allowed_networks=LOOPBACK) as http:
         w = worker(async_engine, http, box, clock, HealthConfig(), retry_schedule=(3600.0,))
         enabled = []
         for _ in range(7):
@@ -514,7 +520,7 @@ async def test_a_hanging_endpoint_cannot_take_every_worker_slot(
         for i in range(10):
             publish(conn, "order.created", {"i": i})
     await relay_all(async_engine, clock)
-    async with build_http_client(max_connections=20, timeout=5) as http:
+    async with build_http_client(max_connections=20, timeout=5, allowed_networks=LOOPBACK) as http:
         # 4 slots, at most half for one endpoint: the hanging one holds 2, never all 4.
         w = worker(
             async_engine, http, box, clock, max_in_flight=4, poll_interval=0.01, request_timeout=1.5
@@ -536,7 +542,7 @@ async def test_ordering_waits_for_an_earlier_event_the_relay_has_not_fanned_out(
     with engine.begin() as conn:
         for i in range(2):
             publish(conn, "order.updated", {"i": i}, ordering_key="order-1")
-    async with build_http_client(max_connections=10, timeout=5) as http:
+    async with build_http_client(max_connections=10, timeout=5, allowed_networks=LOOPBACK) as http:
         w = worker(async_engine, http, box, clock)
         # Another relay holds the first event (SKIP LOCKED): only the second is fanned out.
         with engine.connect() as holder, holder.begin():

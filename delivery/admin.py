@@ -1,0 +1,894 @@
+"""The admin HTTP API: the operator's CLI as JSON, behind bearer tokens, plus /metrics.
+
+Every route is declared once in `ROUTES` (method, path, role, parameters), and both
+the Starlette routing and the OpenAPI document are built from that table, so the
+document cannot drift from what is served.
+
+Roles: a viewer reads; an operator also replays, discards and changes endpoints.
+A refused call (401 without a valid token, 403 with too weak a role) is written
+to the audit log like any other action, with the request id. Mutations write
+their audit row in the same transaction as the change (see outbox.operations).
+
+The database work is the same synchronous code the CLI runs, executed on the
+service's async engine through `run_sync`, so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import uvicorn
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from delivery.metrics import render_metrics
+from outbox import operations as ops
+from outbox.audit import record_audit
+from outbox.clock import Clock, SystemClock
+from outbox.crypto import SecretBox
+from outbox.endpoints import get_endpoint, list_endpoints, set_enabled
+from outbox.errors import NotFoundError, OutboxError
+from outbox.migrate import VERSION_TABLE, head_revision
+from outbox.stats import AlertThresholds, EndpointHealth, collect_stats, read_totals
+from outbox.tokens import Principal, Role, authenticate, role_allows
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+REQUEST_ID_HEADER = "x-request-id"
+_SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+@dataclass(frozen=True, slots=True)
+class AdminConfig:
+    stats_window: dt.timedelta = dt.timedelta(hours=1)
+    thresholds: AlertThresholds = field(default_factory=AlertThresholds)
+    replay_rate_per_minute: float = 600.0
+    metrics_public: bool = False
+    default_rotation_grace: dt.timedelta = dt.timedelta(hours=24)
+    https_only: bool = False
+
+
+class ApiError(Exception):
+    """An HTTP error answer; raised inside handlers, rendered once by the dispatcher."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(slots=True)
+class Call:
+    """What a handler gets: the request, who is asking, and the shared pieces."""
+
+    request: Request
+    request_id: str
+    principal: Principal | None
+    api: AdminApi
+    _body: Any = None
+
+    @property
+    def actor(self) -> str:
+        return self.principal.actor if self.principal else "anonymous"
+
+    def query(self, name: str) -> str | None:
+        value = self.request.query_params.get(name)
+        return value if value not in (None, "") else None
+
+    def query_int(self, name: str, default: int | None = None) -> int | None:
+        value = self.query(name)
+        if value is None:
+            return default
+        try:
+            return int(value)
+        except ValueError as exc:
+            raise ApiError(400, f"query parameter {name} must be an integer") from exc
+
+    def query_time(self, name: str) -> dt.datetime | None:
+        value = self.query(name)
+        return None if value is None else parse_time(value, name)
+
+    def path_int(self, name: str) -> int:
+        try:
+            return int(self.request.path_params[name])
+        except ValueError as exc:
+            raise ApiError(404, f"{name} must be an integer id") from exc
+
+    async def body(self) -> dict[str, Any]:
+        if self._body is None:
+            raw = await self.request.body()
+            try:
+                self._body = json.loads(raw) if raw.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
+            if not isinstance(self._body, dict):
+                raise ApiError(400, "the request body must be a JSON object")
+        return dict(self._body)
+
+
+def parse_time(value: str, name: str) -> dt.datetime:
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ApiError(400, f"{name} must be an ISO 8601 time, e.g. 2026-11-29T10:00:00Z") from exc
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+Handler = Callable[[Call], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    name: str
+    description: str
+    kind: str = "string"  # OpenAPI type
+    where: str = "query"
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    method: str
+    path: str
+    role: Role | None  # None: no token needed
+    summary: str
+    handler: Handler
+    params: tuple[Param, ...] = ()
+    body: dict[str, Any] | None = None  # JSON schema of the request body
+    raw: bool = False  # the handler returns a Response itself
+
+
+# -- handlers ---------------------------------------------------------------------------
+
+
+def _filter_from_query(call: Call) -> ops.DeliveryFilter:
+    states = tuple(s.strip() for s in (call.query("state") or "").split(",") if s.strip())
+    return ops.DeliveryFilter(
+        states=states,
+        endpoint=call.query("endpoint"),
+        event_type=call.query("event_type"),
+        error=call.query("error"),
+        since=call.query_time("since"),
+        until=call.query_time("until"),
+        before_id=call.query_int("before"),
+        limit=call.query_int("limit", 50) or 50,
+    )
+
+
+def _filter_from_body(data: dict[str, Any]) -> ops.DeliveryFilter:
+    states = data.get("state") or []
+    return ops.DeliveryFilter(
+        states=tuple([states] if isinstance(states, str) else states),
+        endpoint=data.get("endpoint"),
+        event_type=data.get("event_type"),
+        error=data.get("error"),
+        since=parse_time(data["since"], "since") if data.get("since") else None,
+        until=parse_time(data["until"], "until") if data.get("until") else None,
+    )
+
+
+async def list_deliveries(call: Call) -> Any:
+    flt = _filter_from_query(call)
+    items = await call.api.read(lambda c: ops.search_deliveries(c, flt))
+    return {
+        "items": [item.as_json() for item in items],
+        "next_before": items[-1].id if len(items) == flt.limit else None,
+    }
+
+
+async def show_delivery(call: Call) -> Any:
+    delivery_id = call.path_int("id")
+    return (await call.api.read(lambda c: ops.get_delivery(c, delivery_id))).as_json()
+
+
+async def replay_one(call: Call) -> Any:
+    delivery_id, data = call.path_int("id"), await call.body()
+    now = call.api.clock.now()
+    result = await call.api.write(
+        lambda c: ops.replay(
+            c,
+            [delivery_id],
+            actor=call.actor,
+            reason=data.get("reason"),
+            now=now,
+            force=bool(data.get("force")),
+            request_id=call.request_id,
+        )
+    )
+    return result.as_json()
+
+
+async def replay_many(call: Call) -> Any:
+    data = await call.body()
+    now = call.api.clock.now()
+    rate = float(data.get("rate_per_minute") or call.api.config.replay_rate_per_minute)
+    if data.get("ids"):
+        ids = [int(i) for i in data["ids"]]
+        result = await call.api.write(
+            lambda c: ops.replay(
+                c,
+                ids,
+                actor=call.actor,
+                reason=data.get("reason"),
+                now=now,
+                force=bool(data.get("force")),
+                rate_per_minute=rate,
+                request_id=call.request_id,
+            )
+        )
+        return result.as_json()
+    flt = _filter_from_body(data.get("filter") or {})
+    result = await call.api.write(
+        lambda c: ops.bulk_replay(
+            c,
+            flt,
+            actor=call.actor,
+            reason=data.get("reason"),
+            now=now,
+            dry_run=bool(data.get("dry_run")),
+            force=bool(data.get("force")),
+            max_count=int(data.get("max_count") or ops.DEFAULT_BULK_LIMIT),
+            rate_per_minute=rate,
+            request_id=call.request_id,
+        )
+    )
+    return result.as_json()
+
+
+async def discard_one(call: Call) -> Any:
+    delivery_id, data = call.path_int("id"), await call.body()
+    return await _discard(call, [delivery_id], data.get("reason"))
+
+
+async def discard_many(call: Call) -> Any:
+    data = await call.body()
+    return await _discard(call, [int(i) for i in data.get("ids") or []], data.get("reason"))
+
+
+async def _discard(call: Call, ids: list[int], reason: str | None) -> Any:
+    now = call.api.clock.now()
+    done = await call.api.write(
+        lambda c: ops.discard(
+            c, ids, actor=call.actor, reason=reason, now=now, request_id=call.request_id
+        )
+    )
+    return {"discarded": done}
+
+
+def _endpoint_json(health: EndpointHealth | None, data: dict[str, Any]) -> dict[str, Any]:
+    if health is not None:
+        data["health"] = {
+            k: v for k, v in health.as_json().items() if k not in ("uid", "url", "enabled")
+        }
+    return data
+
+
+async def list_endpoints_route(call: Call) -> Any:
+    now = call.api.clock.now()
+
+    def read(conn: Connection) -> list[dict[str, Any]]:
+        stats = collect_stats(conn, now=now, window=call.api.config.stats_window)
+        health = {item.uid: item for item in stats.endpoints}
+        return [_endpoint_json(health.get(e.uid), e.as_json()) for e in list_endpoints(conn)]
+
+    return {"items": await call.api.read(read)}
+
+
+async def create_endpoint_route(call: Call) -> Any:
+    data = await call.body()
+
+    def create(conn: Connection) -> dict[str, Any]:
+        created = ops.add_endpoint(
+            conn,
+            call.api.box,
+            actor=call.actor,
+            url=str(data.get("url") or ""),
+            event_types=data.get("event_types") or "",
+            secret=data.get("secret"),
+            description=str(data.get("description") or ""),
+            request_id=call.request_id,
+            https_only=call.api.config.https_only,
+        )
+        return {**created.endpoint.as_json(), "secret": created.secret}
+
+    return await call.api.write(create)
+
+
+async def update_endpoint_route(call: Call) -> Any:
+    uid, data = call.request.path_params["uid"], await call.body()
+    updated = await call.api.write(
+        lambda c: ops.update_endpoint(
+            c,
+            uid,
+            actor=call.actor,
+            url=data.get("url"),
+            description=data.get("description"),
+            event_types=data.get("event_types"),
+            timeout_seconds=data.get("timeout_seconds"),
+            max_attempts=data.get("max_attempts"),
+            reason=data.get("reason"),
+            request_id=call.request_id,
+            https_only=call.api.config.https_only,
+        )
+    )
+    return updated.as_json()
+
+
+async def _set_enabled(call: Call, enabled: bool) -> Any:
+    uid, data = call.request.path_params["uid"], await call.body()
+
+    def change(conn: Connection) -> dict[str, Any]:
+        item = set_enabled(
+            conn,
+            uid,
+            enabled=enabled,
+            reason=data.get("reason"),
+            actor=call.actor,
+            request_id=call.request_id,
+        )
+        return item.as_json()
+
+    return await call.api.write(change)
+
+
+async def enable_endpoint(call: Call) -> Any:
+    return await _set_enabled(call, True)
+
+
+async def disable_endpoint(call: Call) -> Any:
+    return await _set_enabled(call, False)
+
+
+async def rotate_endpoint_secret(call: Call) -> Any:
+    uid, data = call.request.path_params["uid"], await call.body()
+    grace = (
+        dt.timedelta(seconds=float(data["grace_seconds"]))
+        if data.get("grace_seconds") is not None
+        else call.api.config.default_rotation_grace
+    )
+    now = call.api.clock.now()
+    rotated = await call.api.write(
+        lambda c: ops.rotate_secret(
+            c,
+            call.api.box,
+            uid,
+            actor=call.actor,
+            now=now,
+            grace=grace,
+            secret=data.get("secret"),
+            reason=data.get("reason"),
+            request_id=call.request_id,
+        )
+    )
+    return {
+        **rotated.endpoint.as_json(),
+        "secret": rotated.secret,
+        "previous_secret_expires_at": rotated.previous_expires_at.isoformat(),
+    }
+
+
+async def delete_endpoint_route(call: Call) -> Any:
+    uid = call.request.path_params["uid"]
+    force = (call.query("force") or "").lower() in ("1", "true", "yes")
+    reason = call.query("reason")
+
+    def delete(conn: Connection) -> dict[str, Any]:
+        get_endpoint(conn, uid)
+        return ops.delete_endpoint(
+            conn, uid, actor=call.actor, reason=reason, force=force, request_id=call.request_id
+        )
+
+    return {"deleted": uid, **(await call.api.write(delete))}
+
+
+async def stats_route(call: Call) -> Any:
+    seconds = call.query_int("window")
+    window = dt.timedelta(seconds=seconds) if seconds else call.api.config.stats_window
+    now = call.api.clock.now()
+    thresholds = call.api.config.thresholds
+    stats = await call.api.read(
+        lambda c: collect_stats(c, now=now, window=window, thresholds=thresholds)
+    )
+    return stats.as_json()
+
+
+async def audit_route(call: Call) -> Any:
+    actor, action, target = call.query("actor"), call.query("action"), call.query("target")
+    since, before = call.query_time("since"), call.query_int("before")
+    limit = call.query_int("limit", 50) or 50
+    entries = await call.api.read(
+        lambda c: ops.list_audit(
+            c,
+            actor=actor,
+            action=action,
+            target_id=target,
+            since=since,
+            before_id=before,
+            limit=limit,
+        )
+    )
+    return {"items": [entry.as_json() for entry in entries]}
+
+
+async def metrics_route(call: Call) -> Any:
+    now = call.api.clock.now()
+    config = call.api.config
+
+    def read(conn: Connection) -> bytes:
+        stats = collect_stats(
+            conn, now=now, window=config.stats_window, thresholds=config.thresholds
+        )
+        return render_metrics(read_totals(conn, ops.LATENCY_BUCKETS), stats)
+
+    body = await call.api.read(read)
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def healthz(call: Call) -> Any:
+    return {"status": "ok"}
+
+
+async def readyz(call: Call) -> Any:
+    def check(conn: Connection) -> str | None:
+        conn.execute(text("SELECT 1"))
+        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        return context.get_current_revision()
+
+    try:
+        revision = await call.api.read(check)
+    except Exception as exc:
+        log.warning("readiness check failed: %s", exc)
+        return JSONResponse({"status": "unavailable", "error": "database unreachable"}, 503)
+    if revision != call.api.head:
+        return JSONResponse(
+            {
+                "status": "unavailable",
+                "error": f"schema at {revision}, needs {call.api.head}: run `outbox migrate`",
+            },
+            503,
+        )
+    return {"status": "ready", "schema": revision}
+
+
+async def openapi_route(call: Call) -> Any:
+    return openapi_document()
+
+
+_ID = Param("id", "Delivery id.", "integer", "path")
+_UID = Param("uid", "Endpoint id (ep_...).", where="path")
+_REASON = {"reason": {"type": "string", "description": "Why; goes in the audit log."}}
+_FILTER_PARAMS = (
+    Param("state", "Comma-separated states: scheduled, in_flight, succeeded, dead, discarded."),
+    Param("endpoint", "Endpoint id."),
+    Param("event_type", "Exact event type."),
+    Param("error", "Text contained in the last error or any attempt's error (any case)."),
+    Param("since", "Created at or after (ISO 8601)."),
+    Param("until", "Created before (ISO 8601)."),
+    Param("before", "Paging: only ids below this (pass next_before).", "integer"),
+    Param("limit", "Page size, 1..1000 (default 50).", "integer"),
+)
+_FILTER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "state": {"type": "array", "items": {"type": "string"}},
+        "endpoint": {"type": "string"},
+        "event_type": {"type": "string"},
+        "error": {"type": "string"},
+        "since": {"type": "string", "format": "date-time"},
+        "until": {"type": "string", "format": "date-time"},
+    },
+}
+
+ROUTES: tuple[Operation, ...] = (
+    Operation("GET", "/healthz", None, "The process is alive.", healthz),
+    Operation("GET", "/readyz", None, "The database is reachable and migrated.", readyz),
+    Operation("GET", "/openapi.json", None, "This document.", openapi_route),
+    Operation("GET", "/metrics", "viewer", "Prometheus metrics.", metrics_route, raw=True),
+    Operation(
+        "GET", "/v1/deliveries", "viewer", "Search deliveries.", list_deliveries, _FILTER_PARAMS
+    ),
+    Operation(
+        "GET",
+        "/v1/deliveries/{id}",
+        "viewer",
+        "A delivery with its event, attempt history and replays.",
+        show_delivery,
+        (_ID,),
+    ),
+    Operation(
+        "POST",
+        "/v1/deliveries/{id}/replay",
+        "operator",
+        "Replay one delivery as a new delivery (same webhook-id).",
+        replay_one,
+        (_ID,),
+        {
+            "type": "object",
+            "required": ["reason"],
+            "properties": {**_REASON, "force": {"type": "boolean"}},
+        },
+    ),
+    Operation(
+        "POST",
+        "/v1/replays",
+        "operator",
+        "Replay listed ids, or what a filter matches (dead by default), rate-capped.",
+        replay_many,
+        (),
+        {
+            "type": "object",
+            "required": ["reason"],
+            "properties": {
+                **_REASON,
+                "ids": {"type": "array", "items": {"type": "integer"}},
+                "filter": _FILTER_SCHEMA,
+                "dry_run": {"type": "boolean"},
+                "force": {"type": "boolean"},
+                "max_count": {"type": "integer"},
+                "rate_per_minute": {"type": "number"},
+            },
+        },
+    ),
+    Operation(
+        "POST",
+        "/v1/deliveries/{id}/discard",
+        "operator",
+        "Discard a scheduled or dead delivery.",
+        discard_one,
+        (_ID,),
+        {"type": "object", "required": ["reason"], "properties": _REASON},
+    ),
+    Operation(
+        "POST",
+        "/v1/discards",
+        "operator",
+        "Discard several deliveries (all or nothing).",
+        discard_many,
+        (),
+        {
+            "type": "object",
+            "required": ["ids", "reason"],
+            "properties": {**_REASON, "ids": {"type": "array", "items": {"type": "integer"}}},
+        },
+    ),
+    Operation(
+        "GET",
+        "/v1/endpoints",
+        "viewer",
+        "Endpoints with their recent success rate, latency and backlog.",
+        list_endpoints_route,
+    ),
+    Operation(
+        "POST",
+        "/v1/endpoints",
+        "operator",
+        "Add an endpoint; the answer holds its secret, shown only once.",
+        create_endpoint_route,
+        (),
+        {
+            "type": "object",
+            "required": ["url", "event_types"],
+            "properties": {
+                "url": {"type": "string"},
+                "event_types": {"type": "array", "items": {"type": "string"}},
+                "description": {"type": "string"},
+                "secret": {"type": "string"},
+            },
+        },
+    ),
+    Operation(
+        "PATCH",
+        "/v1/endpoints/{uid}",
+        "operator",
+        "Change an endpoint's URL, events, description, timeout or max attempts.",
+        update_endpoint_route,
+        (_UID,),
+        {
+            "type": "object",
+            "properties": {
+                **_REASON,
+                "url": {"type": "string"},
+                "event_types": {"type": "array", "items": {"type": "string"}},
+                "description": {"type": "string"},
+                "timeout_seconds": {"type": "number"},
+                "max_attempts": {"type": "integer"},
+            },
+        },
+    ),
+    Operation(
+        "DELETE",
+        "/v1/endpoints/{uid}",
+        "operator",
+        "Delete an endpoint and its history (refused while deliveries are pending).",
+        delete_endpoint_route,
+        (_UID, Param("reason", "Why (required)."), Param("force", "Delete pending ones too.")),
+    ),
+    Operation(
+        "POST",
+        "/v1/endpoints/{uid}/enable",
+        "operator",
+        "Enable an endpoint.",
+        enable_endpoint,
+        (_UID,),
+    ),
+    Operation(
+        "POST",
+        "/v1/endpoints/{uid}/disable",
+        "operator",
+        "Disable an endpoint; its deliveries wait.",
+        disable_endpoint,
+        (_UID,),
+        {"type": "object", "required": ["reason"], "properties": _REASON},
+    ),
+    Operation(
+        "POST",
+        "/v1/endpoints/{uid}/rotate-secret",
+        "operator",
+        "New signing secret; the old one also signs until the grace period ends.",
+        rotate_endpoint_secret,
+        (_UID,),
+        {
+            "type": "object",
+            "properties": {
+                **_REASON,
+                "grace_seconds": {"type": "number"},
+                "secret": {"type": "string"},
+            },
+        },
+    ),
+    Operation(
+        "GET",
+        "/v1/stats",
+        "viewer",
+        "Backlog, lag, rates, per-endpoint health, top errors and alert signals.",
+        stats_route,
+        (Param("window", "Window in seconds (default from settings).", "integer"),),
+    ),
+    Operation(
+        "GET",
+        "/v1/audit",
+        "viewer",
+        "The audit log, newest first.",
+        audit_route,
+        (
+            Param("actor", "Exact actor."),
+            Param("action", "Action or prefix (delivery, endpoint.update, api.refused)."),
+            Param("target", "Target id."),
+            Param("since", "At or after (ISO 8601)."),
+            Param("before", "Paging: only ids below this.", "integer"),
+            Param("limit", "Page size (default 50).", "integer"),
+        ),
+    ),
+)
+
+
+def openapi_document() -> dict[str, Any]:
+    paths: dict[str, dict[str, Any]] = {}
+    for op in ROUTES:
+        spec: dict[str, Any] = {
+            "summary": op.summary,
+            "operationId": f"{op.method.lower()}_{op.handler.__name__}",
+            "parameters": [
+                {
+                    "name": p.name,
+                    "in": p.where,
+                    "required": p.where == "path",
+                    "description": p.description,
+                    "schema": {"type": p.kind},
+                }
+                for p in op.params
+            ],
+            "responses": {
+                "200": {"description": "OK"},
+                "400": {"description": "Refused: the error message says why"},
+            },
+        }
+        if op.role is not None:
+            spec["security"] = [{"bearer": []}]
+            spec["x-required-role"] = op.role
+            spec["responses"]["401"] = {"description": "No valid bearer token"}
+            spec["responses"]["403"] = {"description": f"Needs the {op.role} role"}
+        if op.body is not None:
+            spec["requestBody"] = {
+                "required": bool(op.body.get("required")),
+                "content": {"application/json": {"schema": op.body}},
+            }
+        paths.setdefault(op.path, {})[op.method.lower()] = spec
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "webhook-outbox admin API",
+            "version": "1",
+            "description": "Viewer tokens read; operator tokens also act. "
+            "Create tokens with `outbox tokens create NAME --role viewer|operator`.",
+        },
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "paths": paths,
+    }
+
+
+# -- the application --------------------------------------------------------------------
+
+
+class AdminApi:
+    """Shared state of one app: engine, secret box, clock and settings."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        box: SecretBox,
+        *,
+        clock: Clock | None = None,
+        config: AdminConfig | None = None,
+    ) -> None:
+        self.engine = engine
+        self.box = box
+        self.clock = clock or SystemClock()
+        self.config = config or AdminConfig()
+        self.head = head_revision()
+
+    async def read(self, func: Callable[[Connection], T]) -> T:
+        async with self.engine.connect() as conn:
+            return await conn.run_sync(func)
+
+    async def write(self, func: Callable[[Connection], T]) -> T:
+        """Run `func` in one transaction: the change and its audit row commit together."""
+        async with self.engine.begin() as conn:
+            return await conn.run_sync(func)
+
+    async def authorize(self, call: Call, needed: Role) -> Response | None:
+        """None when allowed; otherwise the 401/403 answer, after auditing the refusal."""
+        header = call.request.headers.get("authorization", "")
+        scheme, _, presented = header.partition(" ")
+        now = self.clock.now()
+        principal = None
+        if scheme.lower() == "bearer" and presented:
+            principal = await self.write(lambda c: authenticate(c, presented, now=now))
+        if principal is None:
+            why = "no bearer token" if not header else "invalid or revoked bearer token"
+            await self._refuse(call, 401, why, "anonymous")
+            return JSONResponse(
+                {"error": f"{why}: send 'Authorization: Bearer obx_...' "
+                 "(create one with `outbox tokens create`)"},
+                401,
+                headers={"www-authenticate": "Bearer"},
+            )  # fmt: skip
+        call.principal = principal
+        if not role_allows(principal.role, needed):
+            why = f"role {principal.role} cannot do this; it needs {needed}"
+            await self._refuse(call, 403, why, principal.actor)
+            return JSONResponse({"error": why}, 403)
+        return None
+
+    async def _refuse(self, call: Call, status: int, why: str, actor: str) -> None:
+        request = call.request
+        target = f"{request.method} {request.url.path}"
+        client = request.client.host if request.client else None
+
+        def audit(conn: Connection) -> None:
+            record_audit(
+                conn,
+                actor=actor,
+                action="api.refused",
+                target_type="http",
+                target_id=target,
+                reason=why,
+                details={"status": status, "client": client},
+                request_id=call.request_id,
+            )
+
+        await self.write(audit)
+
+    def endpoint(self, op: Operation) -> Callable[[Request], Awaitable[Response]]:
+        async def dispatch(request: Request) -> Response:
+            incoming = request.headers.get(REQUEST_ID_HEADER, "")
+            request_id = incoming if _SAFE_REQUEST_ID.match(incoming) else uuid.uuid4().hex
+            call = Call(request=request, request_id=request_id, principal=None, api=self)
+            response = await self._answer(call, op)
+            response.headers[REQUEST_ID_HEADER] = request_id
+            return response
+
+        return dispatch
+
+    async def _answer(self, call: Call, op: Operation) -> Response:
+        needed = op.role
+        if op.path == "/metrics" and self.config.metrics_public:
+            needed = None
+        if needed is not None:
+            refused = await self.authorize(call, needed)
+            if refused is not None:
+                return refused
+        try:
+            result = await op.handler(call)
+        except ApiError as exc:
+            return JSONResponse({"error": exc.message}, exc.status)
+        except NotFoundError as exc:
+            return JSONResponse({"error": str(exc)}, 404)
+        except (OutboxError, ValueError, TypeError) as exc:
+            # Refused input such as a wrong JSON type (the transaction rolled back): say
+            # why, never a stack trace.
+            return JSONResponse({"error": str(exc) or type(exc).__name__}, 400)
+        if isinstance(result, Response):
+            return result
+        return JSONResponse(json.loads(json.dumps(result, default=str)))
+
+    def routes(self) -> list[Route]:
+        grouped: dict[str, list[Operation]] = {}
+        for op in ROUTES:
+            grouped.setdefault(op.path, []).append(op)
+        routes = []
+        for path, ops_for_path in grouped.items():
+            by_method = {op.method: self.endpoint(op) for op in ops_for_path}
+            routes.append(Route(path, _by_method(by_method), methods=list(by_method)))
+        return routes
+
+
+def _by_method(
+    handlers: dict[str, Callable[[Request], Awaitable[Response]]],
+) -> Callable[[Request], Awaitable[Response]]:
+    async def route(request: Request) -> Response:
+        return await handlers[request.method](request)
+
+    return route
+
+
+def create_app(
+    engine: AsyncEngine,
+    box: SecretBox,
+    *,
+    clock: Clock | None = None,
+    config: AdminConfig | None = None,
+) -> Starlette:
+    api = AdminApi(engine, box, clock=clock, config=config)
+    app = Starlette(routes=api.routes())
+    app.state.api = api
+    return app
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the host process owns SIGINT/SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def serve(
+    app: Starlette,
+    *,
+    host: str,
+    port: int,
+    stop: asyncio.Event,
+    on_started: Callable[[int], None] | None = None,
+) -> None:
+    """Serve `app` until `stop` is set; `on_started` gets the bound port (port 0 picks one)."""
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    server = _EmbeddedServer(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                await task  # surfaces the bind error
+                raise OSError(f"the admin API could not listen on {host}:{port}")
+            await asyncio.sleep(0.01)
+        if on_started is not None:
+            bound = server.servers[0].sockets[0].getsockname()[1]
+            on_started(int(bound))
+        await stop.wait()
+    finally:
+        server.should_exit = True
+        await task

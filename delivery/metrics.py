@@ -1,0 +1,110 @@
+"""/metrics in the Prometheus text format, with every number read from the database.
+
+Reading from the database (not from in-process counters) means every replica
+reports the same truth and nothing resets on restart. Totals stay monotonic across
+retention because pruned rows are tallied in `pruned_totals`. A fresh registry is
+built per scrape, so there is no global state to leak between apps or tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from outbox.stats import Stats, Totals
+
+
+class _Snapshot(Collector):
+    def __init__(self, totals: Totals, stats: Stats) -> None:
+        self._totals = totals
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        totals, stats = self._totals, self._stats
+        yield CounterMetricFamily(
+            "outbox_events_published", "Events written to the outbox.", totals.events_published
+        )
+        yield CounterMetricFamily(
+            "outbox_events_relayed",
+            "Events fanned out into deliveries.",
+            totals.events_relayed,
+        )
+        attempts = CounterMetricFamily(
+            "outbox_delivery_attempts", "HTTP delivery attempts by outcome.", labels=["outcome"]
+        )
+        for outcome, count in sorted(totals.attempts_by_outcome.items()):
+            attempts.add_metric([outcome], count)
+        yield attempts
+        yield HistogramMetricFamily(
+            "outbox_delivery_attempt_duration_seconds",
+            "Duration of delivery attempts (connect, send and capped body read).",
+            buckets=[(f"{bound:g}", count) for bound, count in totals.latency_buckets]
+            + [("+Inf", totals.latency_count)],
+            sum_value=totals.latency_sum_seconds,
+        )
+        backlog = GaugeMetricFamily("outbox_deliveries", "Deliveries by state.", labels=["state"])
+        for state, count in stats.counts_by_state.items():
+            backlog.add_metric([state], count)
+        yield backlog
+        yield GaugeMetricFamily(
+            "outbox_due_deliveries", "Deliveries due now on enabled endpoints.", stats.due_now
+        )
+        yield GaugeMetricFamily(
+            "outbox_oldest_due_delivery_age_seconds",
+            "How long the oldest due delivery has waited (0 when none is due).",
+            stats.oldest_due_age_seconds or 0.0,
+        )
+        yield GaugeMetricFamily(
+            "outbox_unrelayed_events", "Events not yet relayed.", stats.unrelayed_events
+        )
+        yield GaugeMetricFamily(
+            "outbox_relay_lag_seconds",
+            "Age of the oldest unrelayed event (0 when none).",
+            stats.relay_lag_seconds or 0.0,
+        )
+        enabled = GaugeMetricFamily(
+            "outbox_endpoint_enabled", "1 if the endpoint is enabled.", labels=["endpoint"]
+        )
+        pending = GaugeMetricFamily(
+            "outbox_endpoint_pending_deliveries",
+            "Scheduled and in-flight deliveries per endpoint.",
+            labels=["endpoint"],
+        )
+        success = GaugeMetricFamily(
+            "outbox_endpoint_success_ratio",
+            "Share of the stats window's attempts that succeeded (absent without attempts).",
+            labels=["endpoint"],
+        )
+        for endpoint in stats.endpoints:
+            enabled.add_metric([endpoint.uid], 1.0 if endpoint.enabled else 0.0)
+            pending.add_metric([endpoint.uid], endpoint.pending)
+            if endpoint.success_rate is not None:
+                success.add_metric([endpoint.uid], endpoint.success_rate)
+        yield enabled
+        yield pending
+        yield success
+        alerts = GaugeMetricFamily(
+            "outbox_alert_firing", "1 while an alert signal fires.", labels=["alert"]
+        )
+        values = GaugeMetricFamily(
+            "outbox_alert_value", "The value each alert signal compares.", labels=["alert"]
+        )
+        for alert in stats.alerts:
+            alerts.add_metric([alert.name], 1.0 if alert.firing else 0.0)
+            values.add_metric([alert.name], alert.value)
+        yield alerts
+        yield values
+
+
+def render_metrics(totals: Totals, stats: Stats) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(totals, stats))
+    return generate_latest(registry)

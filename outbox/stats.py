@@ -1,0 +1,273 @@
+"""Numbers an operator (or an alert rule) needs: backlog, lag, rates, per-endpoint health.
+
+Everything is read from the database, so every process and every replica report
+the same figures, and they survive restarts. `now` is passed in (an injected
+clock), which keeps windows and ages testable without sleeping.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from sqlalchemy import Connection
+
+from outbox import queries
+from outbox.schema import ATTEMPT_OUTCOMES as OUTCOMES
+from outbox.schema import DELIVERY_STATES
+
+TOP_ERRORS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class AlertThresholds:
+    """When an alert signal fires. Defaults suit a small service; tune them in settings."""
+
+    dead_per_window: int = 10
+    repeated_error_deliveries: int = 20
+    oldest_due_seconds: float = 900.0
+    relay_lag_seconds: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointHealth:
+    uid: str
+    url: str
+    enabled: bool
+    disabled_reason: str | None
+    auto_disabled: bool
+    attempts: int
+    succeeded: int
+    p50_ms: float | None
+    p99_ms: float | None
+    pending: int
+    dead: int
+
+    @property
+    def success_rate(self) -> float | None:
+        return self.succeeded / self.attempts if self.attempts else None
+
+    @property
+    def error_rate(self) -> float | None:
+        return 1 - self.succeeded / self.attempts if self.attempts else None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "success_rate": self.success_rate,
+            "error_rate": self.error_rate,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorCount:
+    error: str
+    deliveries: int
+    attempts: int
+    endpoints: int
+    last_seen: dt.datetime
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "last_seen": self.last_seen.isoformat()}
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    name: str
+    firing: bool
+    value: float
+    threshold: float
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    at: dt.datetime
+    window_seconds: float
+    counts_by_state: dict[str, int]
+    due_now: int
+    oldest_due_age_seconds: float | None
+    unrelayed_events: int
+    relay_lag_seconds: float | None
+    window: dict[str, int]
+    per_minute: dict[str, float]
+    endpoints: list[EndpointHealth] = field(default_factory=list)
+    top_errors: list[ErrorCount] = field(default_factory=list)
+    alerts: list[Alert] = field(default_factory=list)
+
+    @property
+    def firing(self) -> list[Alert]:
+        return [alert for alert in self.alerts if alert.firing]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "at": self.at.isoformat(),
+            "window_seconds": self.window_seconds,
+            "counts_by_state": self.counts_by_state,
+            "due_now": self.due_now,
+            "oldest_due_age_seconds": self.oldest_due_age_seconds,
+            "unrelayed_events": self.unrelayed_events,
+            "relay_lag_seconds": self.relay_lag_seconds,
+            "window": self.window,
+            "per_minute": self.per_minute,
+            "endpoints": [item.as_json() for item in self.endpoints],
+            "top_errors": [item.as_json() for item in self.top_errors],
+            "alerts": [asdict(alert) for alert in self.alerts],
+        }
+
+
+def _age(now: dt.datetime, since: dt.datetime | None) -> float | None:
+    return max((now - since).total_seconds(), 0.0) if since is not None else None
+
+
+def collect_stats(
+    conn: Connection,
+    *,
+    now: dt.datetime,
+    window: dt.timedelta = dt.timedelta(hours=1),
+    thresholds: AlertThresholds | None = None,
+) -> Stats:
+    """One consistent-enough snapshot (a handful of cheap queries, no locks taken)."""
+    limits = thresholds or AlertThresholds()
+    since = now - window
+    counts = {state: 0 for state in DELIVERY_STATES}
+    counts.update(
+        {str(row.state): int(row.n) for row in conn.execute(queries.STATS_COUNTS_BY_STATE)}
+    )
+    due = conn.execute(queries.STATS_OLDEST_DUE, {"now": now}).one()
+    lag = conn.execute(queries.STATS_RELAY_LAG).one()
+    rates = (
+        conn.execute(
+            queries.STATS_WINDOW_RATES, {"now": now, "since": since, "previous": since - window}
+        )
+        .mappings()
+        .one()
+    )
+    params = {"now": now, "since": since}
+    endpoints = [
+        EndpointHealth(**{name: row[name] for name in EndpointHealth.__dataclass_fields__})
+        for row in conn.execute(queries.STATS_ENDPOINTS, params).mappings()
+    ]
+    errors = [
+        ErrorCount(**row)
+        for row in conn.execute(
+            queries.STATS_TOP_ERRORS, {**params, "limit": TOP_ERRORS}
+        ).mappings()
+    ]
+    minutes = window.total_seconds() / 60.0
+    window_counts = {key: int(value) for key, value in rates.items()}
+    stats = Stats(
+        at=now,
+        window_seconds=window.total_seconds(),
+        counts_by_state=counts,
+        due_now=int(due.due),
+        oldest_due_age_seconds=_age(now, due.oldest_due),
+        unrelayed_events=int(lag.unrelayed),
+        relay_lag_seconds=_age(now, lag.oldest_unrelayed),
+        window=window_counts,
+        per_minute={
+            key: round(window_counts[key] / minutes, 3)
+            for key in ("published", "attempts", "succeeded", "dead")
+        },
+        endpoints=endpoints,
+        top_errors=errors,
+    )
+    return replace(stats, alerts=evaluate_alerts(stats, limits))
+
+
+def evaluate_alerts(stats: Stats, limits: AlertThresholds) -> list[Alert]:
+    """The alert signals, each with its value and threshold so a human can judge it."""
+    dead = stats.window["dead"]
+    top = stats.top_errors[0] if stats.top_errors else None
+    oldest = stats.oldest_due_age_seconds or 0.0
+    lag = stats.relay_lag_seconds or 0.0
+    auto_disabled = [e.uid for e in stats.endpoints if e.auto_disabled]
+    window = f"{stats.window_seconds / 60:g} min"
+    return [
+        Alert(
+            "dead_letters_rising",
+            dead >= limits.dead_per_window,
+            dead,
+            limits.dead_per_window,
+            f"{dead} deliveries went dead in the last {window} "
+            f"({stats.window['dead_previous_window']} the window before); "
+            "`outbox deliveries list --state dead` shows them",
+        ),
+        Alert(
+            "repeated_error",
+            top is not None and top.deliveries >= limits.repeated_error_deliveries,
+            top.deliveries if top else 0,
+            limits.repeated_error_deliveries,
+            f"{top.error!r} hit {top.deliveries} deliveries on {top.endpoints} endpoint(s)"
+            if top
+            else "no failed attempts in the window",
+        ),
+        Alert(
+            "oldest_due_delivery",
+            oldest >= limits.oldest_due_seconds,
+            oldest,
+            limits.oldest_due_seconds,
+            f"the oldest due delivery has waited {oldest:.0f}s: workers are behind or stopped",
+        ),
+        Alert(
+            "endpoint_auto_disabled",
+            bool(auto_disabled),
+            len(auto_disabled),
+            1,
+            "auto-disabled: " + ", ".join(auto_disabled)
+            if auto_disabled
+            else "no endpoint was disabled automatically",
+        ),
+        Alert(
+            "relay_lag",
+            lag >= limits.relay_lag_seconds,
+            lag,
+            limits.relay_lag_seconds,
+            f"the oldest unrelayed event is {lag:.0f}s old: is the relay running?",
+        ),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """Monotonic totals for /metrics: rows stored now plus rows retention has pruned."""
+
+    events_published: int
+    events_relayed: int
+    attempts_by_outcome: dict[str, int]
+    latency_buckets: list[tuple[float, int]]  # (upper bound in s, cumulative count)
+    latency_count: int
+    latency_sum_seconds: float
+
+
+def read_totals(conn: Connection, buckets: tuple[float, ...]) -> Totals:
+    """Bucket bounds are seconds in whole milliseconds (0.05, 0.25, 1, ...)."""
+    pruned = {str(r.name): float(r.value) for r in conn.execute(queries.SELECT_PRUNED_TOTALS)}
+    events = conn.execute(queries.METRICS_EVENTS).one()
+    by_outcome = {outcome: int(pruned.get(f"attempts:{outcome}", 0)) for outcome in OUTCOMES}
+    bounds = sorted(buckets)
+    per_bucket = [0] * (len(bounds) + 1)  # the last one: above every bound (+Inf only)
+    count = 0
+    seconds = pruned.get("attempt_seconds_sum", 0.0)
+    params = {"bounds_ms_plus_one": [round(bound * 1000) + 1 for bound in bounds]}
+    for row in conn.execute(queries.METRICS_ATTEMPTS, params):
+        by_outcome[str(row.outcome)] = by_outcome.get(str(row.outcome), 0) + int(row.n)
+        count += int(row.n)
+        seconds += float(row.seconds)
+        per_bucket[int(row.bucket)] += int(row.n)
+    cumulative: list[tuple[float, int]] = []
+    running = 0
+    for index, bound in enumerate(bounds):
+        running += per_bucket[index]
+        # The tally keys are written by SQL, which prints 1.0 as "1": so does :g.
+        cumulative.append((bound, running + int(pruned.get(f"attempt_seconds_le:{bound:g}", 0))))
+    pruned_attempts = sum(int(v) for k, v in pruned.items() if k.startswith("attempts:"))
+    return Totals(
+        events_published=int(events.published) + int(pruned.get("events", 0)),
+        events_relayed=int(events.relayed) + int(pruned.get("events", 0)),
+        attempts_by_outcome=by_outcome,
+        latency_buckets=cumulative,
+        latency_count=count + pruned_attempts,
+        latency_sum_seconds=seconds,
+    )

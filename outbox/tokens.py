@@ -1,0 +1,147 @@
+"""Bearer tokens of the admin HTTP API, with a role each: viewer (read) or operator (act).
+
+A token reads `obx_<token_id>_<secret>`. The token id is public and finds the row;
+only a SHA-256 of the secret is stored, and the presented secret's hash is compared
+with `hmac.compare_digest`, so neither the database nor response timing reveals it.
+The secret has 256 bits of entropy, so a fast hash is enough (no password stretching).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import Connection
+
+from outbox import queries
+from outbox.audit import record_audit
+from outbox.errors import OperationError
+
+Role = Literal["viewer", "operator"]
+ROLES: tuple[Role, ...] = ("viewer", "operator")
+PREFIX = "obx_"
+_TOKEN = re.compile(r"^obx_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def role_allows(role: str, needed: Role) -> bool:
+    """An operator may do everything a viewer may."""
+    return role == "operator" or needed == "viewer"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    token_id: str
+    name: str
+    role: str
+    created_by: str
+    created_at: dt.datetime
+    last_used_at: dt.datetime | None
+    revoked_at: dt.datetime | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "token_id": self.token_id,
+            "name": self.name,
+            "role": self.role,
+            "created_by": self.created_by,
+            "created_at": self.created_at.isoformat(),
+            "last_used_at": self.last_used_at.isoformat() if self.last_used_at else None,
+            "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
+        }
+
+
+def _info(row: Any) -> TokenInfo:
+    return TokenInfo(**{name: row[name] for name in TokenInfo.__dataclass_fields__})
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who an authenticated request acts as."""
+
+    token_row: int
+    name: str
+    role: str
+
+    @property
+    def actor(self) -> str:
+        return f"token:{self.name}"
+
+
+def create_token(conn: Connection, *, name: str, role: str, actor: str) -> tuple[TokenInfo, str]:
+    """Store a new token and return it in clear text: the only time it is ever shown."""
+    if role not in ROLES:
+        raise OperationError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+    name = name.strip()
+    if not name:
+        raise OperationError("give the token a name that says who or what uses it")
+    active = [t for t in list_tokens(conn) if t.name == name]
+    if active:
+        raise OperationError(f"a token named {name!r} exists; revoke it first or pick another name")
+    token_id = secrets.token_hex(8)
+    secret = secrets.token_urlsafe(32)
+    row = (
+        conn.execute(
+            queries.INSERT_TOKEN,
+            {
+                "token_id": token_id,
+                "name": name,
+                "role": role,
+                "secret_hash": _hash(secret),
+                "created_by": actor,
+            },
+        )
+        .mappings()
+        .one()
+    )
+    record_audit(
+        conn,
+        actor=actor,
+        action="token.create",
+        target_type="token",
+        target_id=token_id,
+        details={"name": name, "role": role},
+    )
+    return _info(row), f"{PREFIX}{token_id}_{secret}"
+
+
+def list_tokens(conn: Connection, *, include_revoked: bool = False) -> list[TokenInfo]:
+    rows = conn.execute(queries.SELECT_TOKENS, {"include_revoked": include_revoked}).mappings()
+    return [_info(row) for row in rows]
+
+
+def revoke_token(conn: Connection, name: str, *, actor: str, now: dt.datetime) -> str:
+    """Revoke by name or token id; returns the token id. The row stays for the record."""
+    row = conn.execute(queries.REVOKE_TOKEN, {"name": name, "now": now}).first()
+    if row is None:
+        raise OperationError(f"no active token {name!r}; `outbox tokens list` shows them")
+    record_audit(
+        conn,
+        actor=actor,
+        action="token.revoke",
+        target_type="token",
+        target_id=str(row.token_id),
+        details={"name": name},
+    )
+    return str(row.token_id)
+
+
+def authenticate(conn: Connection, presented: str, *, now: dt.datetime) -> Principal | None:
+    """The principal of a presented token, or None when it is malformed, unknown or revoked."""
+    match = _TOKEN.match(presented.strip())
+    if match is None:
+        return None
+    token_id, secret = match.groups()
+    row = conn.execute(queries.SELECT_TOKEN_FOR_AUTH, {"token_id": token_id}).first()
+    if row is None or not hmac.compare_digest(_hash(secret), str(row.secret_hash)):
+        return None
+    conn.execute(queries.TOUCH_TOKEN, {"id": row.id, "now": now})
+    return Principal(token_row=int(row.id), name=str(row.name), role=str(row.role))

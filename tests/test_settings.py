@@ -1,0 +1,75 @@
+"""Settings are validated once, with errors that name the variable to fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from outbox.crypto import SecretBox, generate_key
+from outbox.errors import ConfigurationError
+from outbox.settings import DEFAULT_RETRY_SCHEDULE, load_settings
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "config" / "outbox.example.env"
+
+
+def test_example_file_is_valid_and_matches_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOX_ENV_FILE", str(EXAMPLE))
+    settings = load_settings()
+    assert settings.retry_schedule == list(DEFAULT_RETRY_SCHEDULE)
+    assert settings.max_attempts == 8
+    assert settings.database_url is None
+
+
+def test_csv_settings_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOX_RETRY_SCHEDULE", "1, 2.5,30")
+    monkeypatch.setenv("OUTBOX_ALLOWED_NETWORKS", "127.0.0.0/8, 10.0.0.0/8")
+    settings = load_settings()
+    assert settings.retry_schedule == [1.0, 2.5, 30.0]
+    assert settings.allowed_networks == ["127.0.0.0/8", "10.0.0.0/8"]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"OUTBOX_RETRY_SCHEDULE": ""}, "OUTBOX_RETRY_SCHEDULE"),
+        ({"OUTBOX_RETRY_SCHEDULE": "5,-1"}, "OUTBOX_RETRY_SCHEDULE"),
+        ({"OUTBOX_RETRY_SCHEDULE": "5,soon"}, "OUTBOX_RETRY_SCHEDULE"),
+        ({"OUTBOX_MAX_ATTEMPTS": "0"}, "OUTBOX_MAX_ATTEMPTS"),
+        ({"OUTBOX_REQUEST_TIMEOUT": "30", "OUTBOX_LEASE_SECONDS": "20"}, "must exceed"),
+        ({"OUTBOX_WORKER_MAX_IN_FLIGHT": "many"}, "OUTBOX_WORKER_MAX_IN_FLIGHT"),
+    ],
+)
+def test_bad_settings_name_the_variable(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError, match=message):
+        load_settings()
+
+
+def test_missing_env_file_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOX_ENV_FILE", "/nonexistent/outbox.env")
+    with pytest.raises(ConfigurationError, match="OUTBOX_ENV_FILE"):
+        load_settings()
+
+
+@pytest.mark.parametrize(
+    "value", ["", "nokey", "k1:not-base64!", "k1:c2hvcnQ=", "bad id:" + "A" * 44]
+)
+def test_bad_secret_keys_are_explained(value: str) -> None:
+    with pytest.raises(ConfigurationError, match="OUTBOX_SECRET_KEYS"):
+        SecretBox.from_setting(value)
+
+
+def test_secret_box_round_trip_and_rotation() -> None:
+    old = generate_key("old")
+    new = generate_key("new")
+    sealed = SecretBox.from_setting(old).encrypt("whsec_x", context="endpoint:ep_1")
+    both = SecretBox.from_setting(f"{new},{old}")
+    assert both.decrypt(sealed, context="endpoint:ep_1") == "whsec_x"
+    assert both.encrypt("whsec_x", context="endpoint:ep_1").startswith("v1:new:")
+    # A ciphertext copied onto another endpoint row does not decrypt.
+    with pytest.raises(Exception, match="did not decrypt"):
+        both.decrypt(sealed, context="endpoint:ep_2")

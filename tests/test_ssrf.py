@@ -1,0 +1,672 @@
+"""The SSRF guard, against real sockets on loopback only.
+
+Safety: every transport in these tests dials through `LoopbackOnlyBackend`, which
+fails the test instead of connecting anywhere outside 127.0.0.0/8, so even a broken
+guard cannot send traffic off this machine. Names such as `hook.test` are answered
+by injected resolvers; the system resolver only ever sees numeric hosts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import ipaddress
+import socket
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpcore
+import httpx
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from delivery.errors import (
+    AddressRefusedError,
+    DeliveryConfigurationError,
+    DeliveryError,
+    InvalidEndpointURLError,
+)
+from delivery.ssrf import (
+    AddressPolicy,
+    GuardedNetworkBackend,
+    build_guarded_transport,
+    normalise_address,
+    system_resolver,
+    validate_endpoint_url,
+)
+from outbox.errors import ConfigurationError, EndpointError
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@dataclass
+class Request:
+    method: str
+    target: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Receiver:
+    """A tiny HTTP/1.1 server: records each request, answers with a fixed response."""
+
+    host: str
+    port: int = 0
+    status: int = 200
+    response_headers: dict[str, str] = field(default_factory=dict)
+    requests: list[Request] = field(default_factory=list)
+    server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/hook"
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            request_line, *lines = head.decode("latin-1").split("\r\n")
+            method, target, _ = request_line.split(" ", 2)
+            headers = {}
+            for line in lines:
+                if line:
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+            length = int(headers.get("content-length", "0"))
+            body = await reader.readexactly(length) if length else b""
+            self.requests.append(Request(method, target, headers, body))
+            extra = "".join(f"{k}: {v}\r\n" for k, v in self.response_headers.items())
+            writer.write(
+                f"HTTP/1.1 {self.status} X\r\ncontent-length: 2\r\nconnection: close\r\n"
+                f"{extra}\r\nok".encode()
+            )
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError, ssl.SSLError):
+                await writer.wait_closed()
+
+
+StartReceiver = Callable[..., Awaitable[Receiver]]
+
+
+@pytest.fixture
+async def start_receiver() -> AsyncIterator[StartReceiver]:
+    started: list[Receiver] = []
+
+    async def start(
+        host: str = "127.0.0.1", port: int = 0, tls: ssl.SSLContext | None = None, **kw: object
+    ) -> Receiver:
+        receiver = Receiver(host=host, **kw)  # type: ignore[arg-type]
+        receiver.server = await asyncio.start_server(receiver.handle, host, port, ssl=tls)
+        receiver.port = receiver.server.sockets[0].getsockname()[1]
+        started.append(receiver)
+        return receiver
+
+    yield start
+    for receiver in started:
+        assert receiver.server is not None
+        receiver.server.close()
+        await receiver.server.wait_closed()
+
+
+class LoopbackOnlyBackend(httpcore.AsyncNetworkBackend):
+    """Records what the guard dials; refuses (fails the test) to dial off loopback."""
+
+    def __init__(self) -> None:
+        self.inner = httpcore.AnyIOBackend()
+        self.dialled: list[str] = []
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        self.dialled.append(host)
+        if not ipaddress.ip_address(host).is_loopback:
+            pytest.fail(f"test safety: the guard tried to dial {host}, off loopback")
+        return await self.inner.connect_tcp(host, port, timeout, local_address, socket_options)
+
+    async def sleep(self, seconds: float) -> None:
+        await self.inner.sleep(seconds)
+
+
+def answers(*rounds: Sequence[str]) -> tuple[Callable[[str, int], Awaitable[list[str]]], list[str]]:
+    """A resolver giving the n-th answer on the n-th call (the last one repeats)."""
+    asked: list[str] = []
+
+    async def resolve(host: str, port: int) -> list[str]:
+        asked.append(host)
+        return list(rounds[min(len(asked), len(rounds)) - 1])
+
+    return resolve, asked
+
+
+def client(
+    allowed: Sequence[str] = (),
+    resolver: Callable[[str, int], Awaitable[Sequence[str]]] | None = None,
+    **kw: object,
+) -> tuple[httpx.AsyncClient, LoopbackOnlyBackend]:
+    backend = LoopbackOnlyBackend()
+    verify = kw.pop("verify", True)
+    https_only = bool(kw.pop("https_only", False))
+    transport = build_guarded_transport(
+        AddressPolicy(allowed),
+        resolver=resolver,
+        backend=backend,
+        verify=verify,  # type: ignore[arg-type]
+        https_only=https_only,
+    )
+    return httpx.AsyncClient(transport=transport, timeout=5.0, **kw), backend  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- the policy
+
+REFUSED = [
+    ("127.0.0.1", "loopback"),
+    ("127.255.255.254", "loopback"),
+    ("10.1.2.3", "private"),
+    ("172.16.0.1", "private"),
+    ("172.31.255.255", "private"),
+    ("192.168.1.1", "private"),
+    ("169.254.169.254", "metadata"),
+    ("169.254.1.1", "link-local"),
+    ("100.64.0.1", "carrier-grade NAT"),
+    ("100.127.255.255", "carrier-grade NAT"),
+    ("224.0.0.1", "multicast"),
+    ("239.255.255.250", "multicast"),
+    ("240.0.0.1", "reserved"),
+    ("255.255.255.255", "broadcast"),
+    ("0.0.0.0", "unspecified"),
+    ("0.1.2.3", "this network"),
+    ("192.0.2.1", "documentation"),
+    ("198.51.100.7", "documentation"),
+    ("203.0.113.9", "documentation"),
+    ("198.18.0.1", "benchmarking"),
+    ("198.19.255.255", "benchmarking"),
+    ("192.0.0.170", "IETF protocol"),
+    ("::", "unspecified"),
+    ("::1", "loopback"),
+    ("fc00::1", "unique local"),
+    ("fd12:3456::1", "unique local"),
+    ("fe80::1", "link-local"),
+    ("fe80::1%eth0", "link-local"),
+    ("fd00:ec2::254", "AWS instance metadata"),
+    ("fec0::1", "site-local"),
+    ("ff02::1", "multicast"),
+    ("2001:db8::1", "documentation"),
+    ("3fff::1", "documentation"),
+    ("100::1", "discard"),
+    ("64:ff9b:1::1", "local-use NAT64"),
+    ("4000::1", "reserved IPv6"),
+    ("::127.0.0.1", "reserved IPv6"),  # deprecated IPv4-compatible form
+    # IPv4-mapped IPv6 is judged as the IPv4 address it reaches
+    ("::ffff:127.0.0.1", "loopback"),
+    ("::ffff:10.0.0.1", "private"),
+    ("::ffff:169.254.169.254", "metadata"),
+    # transition mechanisms that embed a refused IPv4 address
+    ("2002:7f00:1::1", "6to4 address that embeds 127.0.0.1"),
+    ("2002:a9fe:a9fe::1", "6to4 address that embeds 169.254.169.254"),
+    ("64:ff9b::a9fe:a9fe", "NAT64 address that embeds 169.254.169.254"),
+    ("64:ff9b::10.0.0.1", "NAT64 address that embeds 10.0.0.1"),
+    ("2001:0:4136:e378:8000:63bf:80ff:fffe", "Teredo address that embeds 127.0.0.1"),
+]
+
+
+@pytest.mark.parametrize(("ip", "reason"), REFUSED)
+def test_special_purpose_addresses_are_refused(ip: str, reason: str) -> None:
+    with pytest.raises(AddressRefusedError) as caught:
+        AddressPolicy([]).check(ip)
+    assert reason in caught.value.reason
+    assert isinstance(caught.value, DeliveryError)
+    assert not isinstance(caught.value, httpx.HTTPError)
+
+
+@pytest.mark.parametrize(
+    "ip",
+    [
+        "93.184.216.34",
+        "8.8.8.8",
+        "100.63.255.255",  # just below CGNAT
+        "100.128.0.0",  # just above CGNAT
+        "172.15.255.255",
+        "172.32.0.0",
+        "198.17.255.255",
+        "198.20.0.0",
+        "2606:4700:4700::1111",
+        "2002:808:808::1",  # 6to4 of a public address
+        "64:ff9b::8.8.8.8",  # NAT64 of a public address
+        "::ffff:8.8.8.8",
+    ],
+)
+def test_public_addresses_pass(ip: str) -> None:
+    AddressPolicy([]).check(ip)  # pure check: nothing is dialled
+
+
+def test_refusal_names_the_address_and_what_to_do() -> None:
+    with pytest.raises(AddressRefusedError) as caught:
+        AddressPolicy([]).check("::ffff:169.254.169.254")
+    assert caught.value.address == "169.254.169.254"
+    message = str(caught.value)
+    assert "169.254.169.254" in message
+    assert "OUTBOX_ALLOWED_NETWORKS" in message
+
+
+def test_allowed_networks_open_only_their_range() -> None:
+    policy = AddressPolicy(["127.0.0.0/8", " 10.20.0.0/16 ", "fd12::/16", "127.0.0.2"])
+    for ip in ["127.0.0.1", "::ffff:127.0.0.1", "10.20.3.4", "fd12::1", "127.0.0.2"]:
+        policy.check(ip)
+    for ip in ["::1", "10.21.0.1", "fd13::1", "169.254.169.254"]:
+        with pytest.raises(AddressRefusedError):
+            policy.check(ip)
+
+
+def test_allowed_network_also_covers_addresses_that_embed_it() -> None:
+    AddressPolicy(["10.0.0.0/8"]).check("2002:a00:1::1")  # 6to4 of 10.0.0.1
+
+
+def test_policy_takes_address_objects_and_refuses_names() -> None:
+    AddressPolicy([]).check(ipaddress.ip_address("8.8.8.8"))
+    with pytest.raises(AddressRefusedError, match="not an IP address"):
+        AddressPolicy([]).check("localhost")
+
+
+@pytest.mark.parametrize(
+    ("entry", "hint"),
+    [
+        ("10.0.0.1/8", "did you mean 10.0.0.0/8"),
+        ("not-a-network", "CIDR form"),
+        ("10.0.0.0/33", "CIDR form"),
+        ("", "CIDR form"),
+        ("::ffff:127.0.0.0/104", "write the IPv4 network"),
+    ],
+)
+def test_bad_allowed_networks_fail_at_start_up(entry: str, hint: str) -> None:
+    with pytest.raises(DeliveryConfigurationError, match=hint) as caught:
+        AddressPolicy(["127.0.0.0/8", entry])
+    assert "OUTBOX_ALLOWED_NETWORKS" in str(caught.value)
+    assert isinstance(caught.value, ConfigurationError)  # the CLI's existing handler
+
+
+def test_mapped_addresses_normalise_to_ipv4() -> None:
+    assert normalise_address("::ffff:127.0.0.1") == ipaddress.IPv4Address("127.0.0.1")
+    assert normalise_address("::1") == ipaddress.IPv6Address("::1")
+
+
+# ----------------------------------------------------------- numeric spellings of hosts
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["2130706433", "0x7f000001", "127.1", "017700000001", "0177.0.0.1", "::ffff:127.0.0.1"],
+)
+async def test_system_resolver_normalises_numeric_hosts(host: str) -> None:
+    # getaddrinfo parses these itself (inet_aton rules); no DNS query is made.
+    resolved = await system_resolver(host, 80)
+    assert [normalise_address(a) for a in resolved] == [ipaddress.IPv4Address("127.0.0.1")]
+
+
+@pytest.mark.parametrize("host", ["2130706433", "0x7f000001", "127.1", "017700000001"])
+async def test_numeric_hosts_are_refused_at_connect(
+    host: str, start_receiver: StartReceiver
+) -> None:
+    receiver = await start_receiver("127.0.0.1")
+    http, backend = client(allowed=[])  # the real system resolver
+    async with http:
+        with pytest.raises(AddressRefusedError) as caught:
+            await http.post(f"http://{host}:{receiver.port}/hook", content=b"{}")
+    assert caught.value.address == "127.0.0.1"
+    assert caught.value.host == host
+    assert backend.dialled == []
+    assert receiver.requests == []
+
+
+# ------------------------------------------------------------ connecting through httpx
+
+
+async def test_allowed_loopback_receiver_is_reachable(start_receiver: StartReceiver) -> None:
+    receiver = await start_receiver("127.0.0.1")
+    http, backend = client(allowed=["127.0.0.0/8"])
+    async with http:
+        response = await http.post(receiver.url, content=b'{"a":1}')
+        numeric = await http.post(f"http://2130706433:{receiver.port}/n", content=b"x")
+    assert response.status_code == 200
+    assert numeric.status_code == 200
+    assert [r.body for r in receiver.requests] == [b'{"a":1}', b"x"]
+    assert receiver.requests[1].headers["host"] == f"2130706433:{receiver.port}"
+    assert backend.dialled == ["127.0.0.1", "127.0.0.1"]
+
+
+async def test_refusal_reaches_the_caller_as_address_refused_error(
+    start_receiver: StartReceiver,
+) -> None:
+    """httpx only maps httpcore's exceptions, so ours passes through unchanged."""
+    receiver = await start_receiver("127.0.0.1")
+    http, backend = client(allowed=[])
+    async with http:
+        with pytest.raises(AddressRefusedError) as caught:
+            await http.post(receiver.url, content=b"{}")
+    assert type(caught.value) is AddressRefusedError
+    assert caught.value.reason == "a loopback address"
+    assert backend.dialled == []
+    assert receiver.requests == []
+
+
+async def test_hostname_resolving_to_a_private_address_is_refused() -> None:
+    resolve, asked = answers(["10.0.0.5"])
+    http, backend = client(allowed=[], resolver=resolve)
+    async with http:
+        with pytest.raises(AddressRefusedError) as caught:
+            await http.get("http://hook.test/")
+    assert asked == ["hook.test"]
+    assert "'hook.test' (10.0.0.5)" in str(caught.value)
+    assert backend.dialled == []
+
+
+async def test_one_refused_answer_refuses_the_connection(start_receiver: StartReceiver) -> None:
+    receiver = await start_receiver("127.0.0.2")
+    resolve, _ = answers(["127.0.0.2", "127.0.0.1"])
+    http, backend = client(allowed=["127.0.0.2/32"], resolver=resolve)
+    async with http:
+        with pytest.raises(AddressRefusedError) as caught:
+            await http.get(f"http://hook.test:{receiver.port}/")
+    assert caught.value.address == "127.0.0.1"
+    assert backend.dialled == []
+    assert receiver.requests == []
+
+
+async def test_rebinding_answer_is_refused_and_only_checked_literals_are_dialled(
+    start_receiver: StartReceiver,
+) -> None:
+    """First answer allowed, second (rebound) answer refused; the name is never re-resolved."""
+    allowed = await start_receiver("127.0.0.2")
+    try:
+        rebound_target = await start_receiver("127.0.0.1", port=allowed.port)
+    except OSError:  # pragma: no cover - the port is taken on 127.0.0.1 by chance
+        rebound_target = None
+    resolve, asked = answers(["127.0.0.2"], ["127.0.0.1"])
+    http, backend = client(allowed=["127.0.0.2/32"], resolver=resolve)
+    url = f"http://hook.test:{allowed.port}/hook"
+    async with http:
+        first = await http.post(url, content=b"1")
+        with pytest.raises(AddressRefusedError) as caught:
+            await http.post(url, content=b"2")
+    assert first.status_code == 200
+    assert caught.value.address == "127.0.0.1"
+    assert caught.value.host == "hook.test"
+    assert asked == ["hook.test", "hook.test"]  # one resolution per connection
+    assert backend.dialled == ["127.0.0.2"]  # the checked literal, never the name
+    assert [r.body for r in allowed.requests] == [b"1"]
+    assert allowed.requests[0].headers["host"] == f"hook.test:{allowed.port}"
+    if rebound_target is not None:
+        assert rebound_target.requests == []
+
+
+async def test_mapped_answer_is_dialled_as_ipv4(start_receiver: StartReceiver) -> None:
+    receiver = await start_receiver("127.0.0.2")
+    resolve, _ = answers(["::ffff:127.0.0.2"])
+    http, backend = client(allowed=["127.0.0.2/32"], resolver=resolve)
+    async with http:
+        response = await http.get(f"http://hook.test:{receiver.port}/")
+    assert response.status_code == 200
+    assert backend.dialled == ["127.0.0.2"]
+
+
+async def test_next_checked_address_is_tried_when_one_does_not_answer(
+    start_receiver: StartReceiver,
+) -> None:
+    receiver = await start_receiver("127.0.0.2")
+    with socket.socket() as probe:  # make sure nothing listens on 127.0.0.3:<port>
+        if probe.connect_ex(("127.0.0.3", receiver.port)) == 0:  # pragma: no cover
+            pytest.skip("something listens on 127.0.0.3 at this port")
+    resolve, _ = answers(["127.0.0.3", "127.0.0.2"])
+    http, backend = client(allowed=["127.0.0.2/32", "127.0.0.3/32"], resolver=resolve)
+    async with http:
+        response = await http.get(f"http://hook.test:{receiver.port}/")
+    assert response.status_code == 200
+    assert backend.dialled == ["127.0.0.3", "127.0.0.2"]
+
+
+async def test_dns_failure_is_a_retryable_connect_error() -> None:
+    async def fail(host: str, port: int) -> list[str]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    http, _ = client(resolver=fail)
+    async with http:
+        with pytest.raises(httpx.ConnectError, match=r"could not resolve 'hook\.test'"):
+            await http.get("http://hook.test/")
+
+    empty, _ = answers([])
+    http, _ = client(resolver=empty)
+    async with http:
+        with pytest.raises(httpx.ConnectError, match="no addresses"):
+            await http.get("http://hook.test/")
+
+
+async def test_resolution_counts_against_the_connect_timeout() -> None:
+    never = asyncio.Event()
+
+    async def hang(host: str, port: int) -> list[str]:
+        await never.wait()
+        raise AssertionError("unreachable")
+
+    http, backend = client(resolver=hang)
+    async with http:
+        with pytest.raises(httpx.ConnectTimeout, match=r"resolving 'hook\.test'"):
+            await http.get("http://hook.test/", timeout=httpx.Timeout(5.0, connect=0.01))
+    assert backend.dialled == []
+
+
+async def test_unix_sockets_are_refused() -> None:
+    backend = GuardedNetworkBackend(AddressPolicy(["0.0.0.0/0"]))
+    with pytest.raises(AddressRefusedError, match="Unix socket"):
+        await backend.connect_unix_socket("/run/docker.sock")
+
+
+async def test_https_only_transport_refuses_plain_http(start_receiver: StartReceiver) -> None:
+    receiver = await start_receiver("127.0.0.1")
+    http, backend = client(allowed=["127.0.0.0/8"], https_only=True)
+    async with http:
+        with pytest.raises(InvalidEndpointURLError, match="only https"):
+            await http.get(receiver.url)
+    assert backend.dialled == []
+    assert receiver.requests == []
+
+
+# ------------------------------------------------------------------------- redirects
+
+
+@pytest.mark.parametrize("location", ["http://169.254.169.254/latest/meta-data/", "second"])
+async def test_redirect_is_returned_not_followed(
+    location: str, start_receiver: StartReceiver
+) -> None:
+    second = await start_receiver("127.0.0.3")
+    target = second.url if location == "second" else location
+    first = await start_receiver("127.0.0.1", status=302, response_headers={"location": target})
+    http, backend = client(allowed=["127.0.0.0/8"])
+    async with http:
+        response = await http.post(first.url, content=b"{}")
+    assert response.status_code == 302
+    assert response.headers["location"] == target
+    assert backend.dialled == ["127.0.0.1"]
+    assert len(first.requests) == 1
+    assert second.requests == []
+
+
+async def test_followed_redirect_would_still_be_guarded(start_receiver: StartReceiver) -> None:
+    """Defence in depth: even a client that follows redirects cannot reach a refused hop."""
+    second = await start_receiver("127.0.0.3")
+    first = await start_receiver("127.0.0.1", status=302, response_headers={"location": second.url})
+    http, backend = client(allowed=["127.0.0.1/32"], follow_redirects=True)
+    async with http:
+        with pytest.raises(AddressRefusedError) as caught:
+            await http.get(first.url)
+    assert caught.value.address == "127.0.0.3"
+    assert backend.dialled == ["127.0.0.1"]
+    assert second.requests == []
+
+
+# ----------------------------------------------------------------------------- TLS
+
+
+def _tls_contexts(hostname: str, directory: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server, client) contexts: a throwaway CA and a leaf valid only for `hostname`."""
+    now = dt.datetime.now(dt.UTC)
+
+    def build(
+        subject: str, key: ec.EllipticCurvePrivateKey, issuer: str
+    ) -> x509.CertificateBuilder:
+        return (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(hours=1))
+        )
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        build("test CA", ca_key, "test CA")
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False),
+            critical=True,
+        )
+        .add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    leaf_key = ec.generate_private_key(ec.SECP256R1())
+    leaf = (
+        build(hostname, leaf_key, "test CA")
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(hostname)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        leaf_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    server.load_cert_chain(cert_path, key_path)
+    client_ctx = ssl.create_default_context(
+        cadata=ca.public_bytes(serialization.Encoding.PEM).decode()
+    )
+    return server, client_ctx
+
+
+async def test_tls_verifies_and_sends_sni_for_the_hostname_not_the_dialled_ip(
+    start_receiver: StartReceiver, tmp_path: Path
+) -> None:
+    server_ctx, client_ctx = _tls_contexts("hook.test", tmp_path)
+    sni: list[str | None] = []
+
+    def record_sni(_obj: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
+        sni.append(name)
+
+    server_ctx.sni_callback = record_sni
+    receiver = await start_receiver("127.0.0.2", tls=server_ctx)
+    resolve, _ = answers(["127.0.0.2"])
+    http, backend = client(allowed=["127.0.0.2/32"], resolver=resolve, verify=client_ctx)
+    async with http:
+        response = await http.post(f"https://hook.test:{receiver.port}/hook", content=b"{}")
+    assert response.status_code == 200
+    assert sni == ["hook.test"]
+    assert backend.dialled == ["127.0.0.2"]
+    assert receiver.requests[0].headers["host"] == f"hook.test:{receiver.port}"
+
+
+# ------------------------------------------------------------------ URL validation
+
+
+@pytest.mark.parametrize(
+    ("url", "normalised"),
+    [
+        ("https://example.com/hook", "https://example.com/hook"),
+        ("HTTPS://Example.COM:443/a?b=1", "https://example.com/a?b=1"),
+        ("http://example.com", "http://example.com/"),
+        ("http://example.com:8080/x?u=a@b", "http://example.com:8080/x?u=a@b"),
+        ("http://例え.jp/p", "http://xn--r8jz45g.jp/p"),
+        ("http://[2001:DB8:0::1]:81/", "http://[2001:db8::1]:81/"),
+        ("http://2130706433:8080/x", "http://127.0.0.1:8080/x"),
+        ("http://0x7f000001/", "http://127.0.0.1/"),
+        ("http://127.1/", "http://127.0.0.1/"),
+        ("http://017700000001/", "http://127.0.0.1/"),
+        ("http://[::ffff:169.254.169.254]/", "http://169.254.169.254/"),
+        ("https://my_host.internal./", "https://my_host.internal./"),
+    ],
+)
+def test_valid_urls_are_normalised(url: str, normalised: str) -> None:
+    assert validate_endpoint_url(url) == normalised
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("", "empty"),
+        ("ftp://example.com/", "must start with http:// or https://"),
+        ("javascript:alert(1)", "must start with http"),
+        ("example.com/hook", "must start with http"),
+        ("http:///hook", "no host"),
+        ("http://user:pw@example.com/", "credentials"),
+        ("http://@example.com/", "credentials"),
+        ("http://example.com/#frag", "fragment"),
+        ("http://example.com/#", "fragment"),
+        ("http://example.com:0/", "port 0 is out of range"),
+        ("http://example.com:65536/", "port 65536 is out of range"),
+        ("http://example.com:abc/", "not a valid URL"),
+        ("http://exa mple.com/", "whitespace or a control character"),
+        (" http://example.com/", "whitespace"),
+        ("http://example.com/\r\nX-Injected: 1", "control character"),
+        ("http://example.com/\x00", "control character"),
+        ("http://example.com/\u2028", "control character"),
+        ("http://exa%41mple.com/", "'%'"),
+        ("http://[fe80::1%25eth0]/", "zone ids"),
+        ("http://1.2.3.4.5/", "looks like an IPv4 address"),
+        ("http://999.1.1.1/", "IPv4 address"),
+        ("http://foo.0x1ff/", "looks like an IPv4 address"),
+        ("http://a..b/", "not a valid host name"),
+        ("http://-a.example/", "not a valid host name"),
+        ("http://" + "a" * 64 + ".example/", "not a valid host name"),
+        ("https://example.com/" + "a" * 2048, "the limit is 2048"),
+    ],
+)
+def test_invalid_urls_are_refused_with_a_reason(url: str, message: str) -> None:
+    with pytest.raises(InvalidEndpointURLError, match=message) as caught:
+        validate_endpoint_url(url)
+    assert isinstance(caught.value, EndpointError)
+
+
+def test_https_only_refuses_http() -> None:
+    assert validate_endpoint_url("https://example.com/", https_only=True) == "https://example.com/"
+    with pytest.raises(InvalidEndpointURLError, match="only sends over https"):
+        validate_endpoint_url("http://example.com/", https_only=True)
+
+
+def test_length_cap_is_inclusive() -> None:
+    base = "https://example.com/"
+    url = base + "a" * (2048 - len(base))
+    assert validate_endpoint_url(url) == url
