@@ -648,3 +648,16 @@ DELETE_EVENT_TYPE_PRIORITY = text(
 SELECT_EVENT_TYPE_PRIORITIES = text(
     "SELECT event_type, priority FROM event_type_priorities ORDER BY priority DESC, event_type"
 )
+
+# An operator enabled the endpoint: forget the failure streak (auto-disable starts over)
+# and let the breaker send one probe first; its success closes it and starts the ramp.
+RESET_ENDPOINT_HEALTH_ON_ENABLE = text(
+    """
+    UPDATE endpoint_health
+    SET breaker_state = 'open', open_until = NULL, probe_until = NULL, opened_at = now(),
+        consecutive_failures = 0, window_started_at = NULL, window_attempts = 0,
+        window_failures = 0, trips = 0, failing_since = NULL, paused_until = NULL,
+        tokens = NULL, tokens_at = NULL, updated_at = now()
+    WHERE endpoint_id = :id
+    """
+)

@@ -28,6 +28,8 @@ from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.db import make_async_engine
+from outbox.endpoints import set_enabled
+from outbox.operations import discard, replay
 from outbox.priorities import set_event_type_priority
 from outbox.relay import Relay, RelayConfig
 from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
@@ -393,36 +395,60 @@ async def test_a_dead_head_blocks_its_key_until_an_operator_acts_or_is_skipped(
     box: SecretBox,
     receiver: Receiver,
 ) -> None:
+    rejected: set[tuple[str, str]] = set()
+
     def rejecting(request: ReceivedRequest) -> Behaviour:
-        return Behaviour(status=400 if json.loads(request.body)["data"]["name"] == "a0" else 200)
+        # c0 is always refused; a0 only the first time (a replay of it then succeeds).
+        name = json.loads(request.body)["data"]["name"]
+        if name == "c0" or (name == "a0" and (request.path, name) not in rejected):
+            rejected.add((request.path, name))
+            return Behaviour(status=400)
+        return Behaviour(status=200)
 
     blocking = add_endpoint(engine, box, receiver.route("/block", rejecting)).endpoint
     skipping = add_endpoint(engine, box, receiver.route("/skip", rejecting)).endpoint
     limit(engine, blocking.uid, ordered=True, dead_head="block")
     limit(engine, skipping.uid, ordered=True, dead_head="skip")
     with engine.begin() as conn:
-        for name in ("a0", "b0", "a1", "b1", "a2"):
+        for name in ("a0", "b0", "c0", "a1", "b1", "c1", "a2"):
             publish(conn, "order.updated", {"name": name}, ordering_key=name[0])
     await relay_all(async_engine, clock)
 
-    def names(path: str) -> list[str]:
-        return [json.loads(r.body)["data"]["name"] for r in receiver.received(path)]
+    def per_key(path: str) -> dict[str, list[str]]:
+        keys: dict[str, list[str]] = collections.defaultdict(list)
+        for request in receiver.received(path):
+            name = json.loads(request.body)["data"]["name"]
+            keys[name[0]].append(name)
+        return dict(keys)
 
     async with build_http_client(max_connections=20, timeout=5, allowed_networks=LOOPBACK) as http:
         w = worker(async_engine, http, box, clock, batch_size=50)
         for _ in range(4):
             await w.run_once()
-        assert names("/block") == ["a0", "b0", "b1"]  # key a waits behind its dead head
-        assert names("/skip") == ["a0", "b0", "a1", "b1", "a2"]
-        # The operator discards the dead head: key a moves on, in order.
-        with engine.begin() as conn:
-            conn.exec_driver_sql(
-                "UPDATE deliveries SET state = 'discarded', final_reason = 'operator'"
-                f" WHERE state = 'dead' AND endpoint_id = {blocking.id}"
+        # Keys a and c wait behind their dead heads; key b is not held up.
+        assert per_key("/block") == {"a": ["a0"], "b": ["b0", "b1"], "c": ["c0"]}
+        assert per_key("/skip") == {"a": ["a0", "a1", "a2"], "b": ["b0", "b1"], "c": ["c0", "c1"]}
+        # The operator replays a's dead head (it goes first) and discards c's.
+        dead = {
+            row["name"]: row["id"]
+            for row in rows(
+                engine,
+                "SELECT d.id, ev.payload->>'name' AS name FROM deliveries d"
+                " JOIN outbox_events ev ON ev.id = d.event_id"
+                " WHERE d.state = 'dead' AND d.endpoint_id = :endpoint",
+                endpoint=blocking.id,
             )
-        for _ in range(3):
+        }
+        with engine.begin() as conn:
+            replay(conn, [dead["a0"]], actor="test", reason="fixed", now=clock.now())
+            discard(conn, [dead["c0"]], actor="test", reason="obsolete", now=clock.now())
+        for _ in range(4):
             await w.run_once()
-    assert names("/block") == ["a0", "b0", "b1", "a1", "a2"]
+    assert per_key("/block") == {
+        "a": ["a0", "a0", "a1", "a2"],
+        "b": ["b0", "b1"],
+        "c": ["c0", "c1"],
+    }
 
 
 async def test_high_priority_events_overtake_a_10000_event_low_priority_backlog(
@@ -505,6 +531,17 @@ async def test_an_endpoint_failing_for_five_days_is_disabled_with_a_reason(
     assert scalar(engine, "SELECT count(*) FROM deliveries WHERE state = 'scheduled'") == 3
     audit = rows(engine, "SELECT * FROM audit_log WHERE action = 'endpoint.auto_disable'")
     assert [(a["actor"], a["target_id"]) for a in audit] == [("system:breaker", down.uid)]
+
+    # The operator fixes the partner and enables it: one probe first, then the ramp.
+    receiver.route("/down", status=200)
+    with engine.begin() as conn:
+        set_enabled(conn, down.uid, enabled=True, actor="test")
+    async with build_http_client(max_connections=20, timeout=5, allowed_networks=LOOPBACK) as http:
+        w = worker(async_engine, http, box, clock, HealthConfig(), retry_schedule=(3600.0,))
+        assert [(await w.run_once()).succeeded for _ in range(3)] == [1, 1, 0]
+        clock.advance(1)
+        assert (await w.run_once()).succeeded == 1  # the ramp: 1/s at first
+    assert breaker(engine, down.uid) == "closed"
 
 
 async def test_a_hanging_endpoint_cannot_take_every_worker_slot(
