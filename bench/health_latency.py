@@ -51,6 +51,7 @@ TABLES = (
     " event_type_priorities"
 )
 REQUEST_TIMEOUT = 5.0
+SETTLED_AFTER = 2 * REQUEST_TIMEOUT  # seconds into the run
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Result:
     delivered: int
     p50_ms: float
     p99_ms: float
+    p99_settled_ms: float
     max_ms: float
     others: str
 
@@ -147,12 +149,17 @@ async def run_scenario(
         finally:
             stop.set()
             await runner
-        latencies = []
+        latencies, settled = [], []
+        first = committed_at[0] if committed_at else 0.0
         for request in receiver.received("/healthy"):
             n = int(request.body.split(b'"n":')[1].split(b"}")[0])
-            latencies.append((request.received_at - committed_at[n]) * 1000)
+            latency = (request.received_at - committed_at[n]) * 1000
+            latencies.append(latency)
+            # Events published once the first deadline could have tripped the breakers.
+            if committed_at[n] - first >= SETTLED_AFTER:
+                settled.append(latency)
         with engine.connect() as conn:
-            attempts = dict(
+            attempts: dict[str, int] = dict(
                 conn.execute(
                     text(
                         "SELECT e.uid, count(a.id) FROM endpoints e"
@@ -167,12 +174,14 @@ async def run_scenario(
             if name != "healthy"
         )
     quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
+    later = statistics.quantiles(settled, n=100) if len(settled) > 1 else [0.0] * 99
     return Result(
         scenario,
         published,
         len(latencies),
         quantiles[49],
         quantiles[98],
+        later[98],
         max(latencies, default=0.0),
         others or "-",
     )
@@ -206,12 +215,15 @@ async def main() -> int:
         f"\n{args.rate:g} events/s for {args.seconds:g}s, deadline {REQUEST_TIMEOUT:g}s;"
         f" {os.cpu_count()} CPUs, load average after the run {load}\n"
     )
-    print("| scenario | published | delivered to healthy | p50 ms | p99 ms | max ms | others |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| scenario | published | delivered to healthy | p50 ms | p99 ms"
+        f" | p99 ms after {SETTLED_AFTER:g} s | max ms | others |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         print(
             f"| {r.scenario} | {r.published} | {r.delivered} | {r.p50_ms:.1f} | {r.p99_ms:.1f}"
-            f" | {r.max_ms:.1f} | {r.others} |"
+            f" | {r.p99_settled_ms:.1f} | {r.max_ms:.1f} | {r.others} |"
         )
     return 0
 
