@@ -197,6 +197,11 @@ def is_failure(observation: Observation) -> bool:
     )
 
 
+def is_good_news(observation: Observation) -> bool:
+    """An answer (not a failure, not a 429): for a spotless endpoint it changes nothing."""
+    return not is_failure(observation) and observation.status_code != THROTTLE_STATUS
+
+
 def summarize(observations: Iterable[Observation], config: HealthConfig) -> dict[int, Summary]:
     summaries: dict[int, Summary] = {}
     for item in observations:
@@ -307,9 +312,14 @@ def after_outcomes(
     if window_started_at is None or (now - window_started_at).total_seconds() >= (
         config.ratio_window_seconds
     ):
+        # A window opens with a failure: answers while nothing fails are not written
+        # at all (the worker skips them), so the ratio counts from the first failure.
         window_started_at, window_attempts, window_failures = now, 0, 0
-    window_attempts += attempts
-    window_failures += summary.failures
+        if not summary.failures:
+            window_started_at = None
+    if window_started_at is not None:
+        window_attempts += attempts
+        window_failures += summary.failures
     consecutive = (
         summary.trailing_failures if summary.answered else h.consecutive_failures + summary.failures
     )

@@ -74,7 +74,7 @@ CLAIM_DUE_DELIVERIES = text(
     UPDATE deliveries d
     SET state = 'in_flight', locked_by = :worker_id, lease_expires_at = :lease_expires_at,
         updated_at = :now
-    FROM due, outbox_events ev, endpoints e
+    FROM due, outbox_events ev, endpoints e LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
     WHERE d.id = due.id AND ev.id = d.event_id AND e.id = d.endpoint_id
       AND d.state = 'scheduled'
     RETURNING d.id, d.attempts, d.max_attempts,
@@ -82,7 +82,11 @@ CLAIM_DUE_DELIVERIES = text(
               e.previous_secret_expires_at, e.timeout_seconds, e.retry_schedule,
               ev.message_id, ev.event_type, ev.payload::text AS payload_json,
               ev.created_at AS event_created_at,
-              d.endpoint_id
+              d.endpoint_id,
+              -- a spotless breaker: its successes need no health write (delivery/health.py)
+              COALESCE(h.breaker_state = 'closed' AND h.consecutive_failures = 0
+                       AND h.window_failures = 0 AND h.failing_since IS NULL
+                       AND h.paused_until IS NULL, true) AS endpoint_spotless
     """
 )
 

@@ -93,6 +93,7 @@ class ClaimedDelivery:
     policy: RetryPolicy
     request: OutgoingRequest
     endpoint_id: int = 0
+    endpoint_spotless: bool = False  # at claim time: closed breaker, no recent failure
 
 
 @dataclass(slots=True)
@@ -236,6 +237,7 @@ class Worker:
             max_attempts=row.max_attempts,
             endpoint_uid=row.endpoint_uid,
             endpoint_id=row.endpoint_id,
+            endpoint_spotless=row.endpoint_spotless,
             policy=policy,
             request=OutgoingRequest(
                 delivery_id=row.id,
@@ -280,29 +282,31 @@ class Worker:
             )
             for claimed, result in outcomes
         ]
+        # Successes of spotless endpoints change nothing: no health write on the happy path.
+        observations = [
+            health.Observation(
+                claimed.endpoint_id,
+                result.outcome,
+                result.status_code,
+                result.retry_after,
+                result.error,
+            )
+            for claimed, result in outcomes
+        ]
+        observations = [
+            item
+            for item, (claimed, _) in zip(observations, outcomes, strict=True)
+            if not (claimed.endpoint_spotless and health.is_good_news(item))
+        ]
         await health.ensure_health_rows(
-            self._engine, (claimed.endpoint_id for claimed, _ in outcomes), self._health_rows
+            self._engine, (item.endpoint_id for item in observations), self._health_rows
         )
         async with self._engine.begin() as conn:
             decisions = await self._explain_exhausted(conn, outcomes, decisions)
             kept = await self._write_outcome_rows(conn, now, outcomes, decisions)
             await self._disable_gone_endpoints(conn, now, outcomes)
             # Every attempt that happened informs its endpoint's breaker, kept or not.
-            await health.record_observations(
-                conn,
-                [
-                    health.Observation(
-                        claimed.endpoint_id,
-                        result.outcome,
-                        result.status_code,
-                        result.retry_after,
-                        result.error,
-                    )
-                    for claimed, result in outcomes
-                ],
-                now=now,
-                config=self.config.health,
-            )
+            await health.record_observations(conn, observations, now=now, config=self.config.health)
         lost = len(outcomes) - len(kept)
         if lost:
             log.warning("%d outcomes arrived after their lease was rescued; kept as history", lost)

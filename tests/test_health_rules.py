@@ -162,3 +162,17 @@ def test_auto_disable_after_an_unbroken_run_of_failures() -> None:
     healed = apply(dataclasses.replace(health), ok(), now=at(86000))
     assert healed.failing_since is None
     assert disable_reason(healed, now=at(90000), config=CONFIG) is None
+
+
+def test_answers_alone_leave_a_spotless_row_untouched() -> None:
+    # The worker skips writing them, so they must not matter to the rules either.
+    assert apply(Health(1), ok(), ok(), now=at(0)) == Health(1)
+    # The ratio window opens with the first failure and counts answers from then on.
+    health = apply(Health(1), fail(), ok(), ok(), now=at(0))
+    assert (health.window_started_at, health.window_attempts, health.window_failures) == (
+        at(0),
+        3,
+        1,
+    )
+    expired = apply(health, ok(), now=at(61))
+    assert (expired.window_started_at, expired.window_attempts) == (None, 0)
