@@ -86,7 +86,7 @@ CLAIM_DUE_DELIVERIES = text(
               -- a spotless breaker: its successes need no health write (delivery/health.py)
               COALESCE(h.breaker_state = 'closed' AND h.consecutive_failures = 0
                        AND h.window_failures = 0 AND h.failing_since IS NULL
-                       AND h.paused_until IS NULL, true) AS endpoint_spotless
+                       AND h.paused_until IS NULL AND h.trips = 0, true) AS endpoint_spotless
     """
 )
 

@@ -238,6 +238,8 @@ async def test_after_recovery_the_backlog_drains_at_the_ramp_rate(
         claimed.append((await w.run_once()).claimed)
     # Probe, then 1 + t per second during the 5 s ramp, then the rest at once.
     assert claimed == [1, 1, 2, 3, 4, 5, 24]
+    # Healthy through the whole ramp: the trip is forgiven (the next cooldown starts short).
+    assert scalar(engine, "SELECT trips FROM endpoint_health") == 0
     assert scalar(engine, "SELECT count(*) FROM deliveries WHERE state = 'succeeded'") == 40
 
 
