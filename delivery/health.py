@@ -19,6 +19,12 @@ limits set, a ramp or a pause running) with SKIP LOCKED: a second worker claimin
 at the same moment skips those endpoints instead of overrunning their limits. The
 limits count what is in flight in the database, so they hold across processes.
 
+Outcomes update the rows in the transaction that records them, locked in id order.
+The happy path writes nothing: the claim reports whether an endpoint is spotless
+(closed, no failure in its window, no streak, no past trips), and answers from a
+spotless endpoint change nothing, so the worker skips them. That is also why the
+ratio window opens with a failure and counts the answers from then on.
+
 The decisions are pure functions of a `Health` value, a clock reading and the
 config (unit-tested without a database); the SQL only loads, locks and saves.
 """
