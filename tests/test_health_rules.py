@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+import pytest
+
+from delivery.app import worker_config
 from delivery.health import (
     CLOSED,
     HALF_OPEN,
@@ -20,6 +23,8 @@ from delivery.health import (
     summarize,
 )
 from delivery.policy import Outcome
+from outbox.errors import ConfigurationError
+from outbox.settings import load_settings
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 CONFIG = HealthConfig(
@@ -176,3 +181,22 @@ def test_answers_alone_leave_a_spotless_row_untouched() -> None:
     )
     expired = apply(health, ok(), now=at(61))
     assert (expired.window_started_at, expired.window_attempts) == (None, 0)
+
+
+def test_settings_reach_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOX_BREAKER_FAILURE_THRESHOLD", "7")
+    monkeypatch.setenv("OUTBOX_AUTO_DISABLE_AFTER_DAYS", "0.5")
+    monkeypatch.setenv("OUTBOX_WORKER_ENDPOINT_SHARE", "0.25")
+    monkeypatch.setenv("OUTBOX_LEASE_SECONDS", "90")
+    config = worker_config(load_settings())
+    assert config.health.failure_threshold == 7
+    assert config.health.auto_disable_after_seconds == 43200
+    assert config.health.probe_lease_seconds == 90
+    assert config.endpoint_slots == 50  # a quarter of the default 200
+    assert HealthConfig().auto_disable_after_seconds == 5 * 86400  # the documented default
+
+
+def test_health_settings_are_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOX_WORKER_ENDPOINT_SHARE", "1.5")
+    with pytest.raises(ConfigurationError, match="OUTBOX_WORKER_ENDPOINT_SHARE"):
+        load_settings()
