@@ -179,6 +179,7 @@ class Service:
         self._allowed_networks = allowed_networks
         self._https_only = https_only
         self.engine: AsyncEngine | None = None
+        self.listener: Listener | None = None
         self.worker: Worker | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -192,6 +193,7 @@ class Service:
             https_only=self._https_only,
         )
         listener = Listener(self.url, [EVENTS_CHANNEL, DELIVERIES_CHANNEL])
+        self.listener = listener
         await listener.start()
         deliveries_due = listener.events[DELIVERIES_CHANNEL]
         relay = Relay(engine, self._clock, self._relay_config, on_deliveries=deliveries_due.set)
