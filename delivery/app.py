@@ -66,10 +66,15 @@ def open_database(settings: Settings, *, auto_migrate: bool | None = None) -> It
 
 def secret_box(settings: Settings, database: Database) -> SecretBox:
     """The keys for endpoint secrets; the embedded demo gets a generated local key."""
+    return SecretBox.from_setting(secret_keys_setting(settings, database))
+
+
+def secret_keys_setting(settings: Settings, database: Database) -> str:
+    """The OUTBOX_SECRET_KEYS value in force (worker processes are handed this string)."""
     if settings.secret_keys:
-        return SecretBox.from_setting(settings.secret_keys)
+        return settings.secret_keys
     if database.embedded:
-        return SecretBox.from_setting(load_or_create_local_key(settings.data_dir))
+        return load_or_create_local_key(settings.data_dir)
     raise ConfigurationError(
         "OUTBOX_SECRET_KEYS is not set: endpoint secrets are encrypted at rest and need a key. "
         "Generate one with `outbox keys generate` and keep it in your secret store."
@@ -108,6 +113,7 @@ class Service:
         reaper: ReaperConfig | None = None,
         clock: Clock | None = None,
         http: httpx.AsyncClient | None = None,
+        http_transport: str = "httpx",
     ) -> None:
         self.url = url
         self._box = box
@@ -116,6 +122,7 @@ class Service:
         self._reaper_config = reaper or ReaperConfig()
         self._clock = clock or SystemClock()
         self._http = http
+        self._http_transport = http_transport
         self.engine: AsyncEngine | None = None
         self.worker: Worker | None = None
 
@@ -126,6 +133,7 @@ class Service:
         http = self._http or build_http_client(
             max_connections=self._worker_config.max_in_flight,
             timeout=self._worker_config.request_timeout,
+            transport=self._http_transport,
         )
         listener = Listener(self.url, [EVENTS_CHANNEL, DELIVERIES_CHANNEL])
         await listener.start()

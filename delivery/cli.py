@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import click
 
 from delivery import app
+from delivery.reaper import ReaperConfig
 from outbox import migrate as migrations
 from outbox.crypto import generate_key
 from outbox.endpoints import Endpoint, create_endpoint, list_endpoints, set_enabled
@@ -221,13 +222,44 @@ def endpoints_disable(endpoint_id: str, reason: str, actor: str | None, as_json:
 
 
 @main.command()
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    envvar="OUTBOX_PROCESSES",
+    help="Service processes on this host (one per core is a good start); env OUTBOX_PROCESSES.",
+)
 @friendly_errors
-def run() -> None:
+def run(processes: int) -> None:
     """Run the relay, the delivery workers and the reaper until SIGINT or SIGTERM."""
     with database() as (current, db):
+        if processes > 1:
+            from delivery.supervisor import ProcessSpec, run_supervised
+
+            spec = ProcessSpec(
+                url=db.url,
+                secret_keys=app.secret_keys_setting(current, db),
+                relay=app.relay_config(current),
+                worker=app.worker_config(current),
+                reaper=ReaperConfig(),
+                http_transport=current.http_transport,
+                log_level=current.log_level,
+            )
+            click.echo(
+                f"outbox running {processes} processes; Ctrl-C (SIGINT) or SIGTERM stops them",
+                err=True,
+            )
+            status = run_supervised(spec, processes, grace=spec.worker.shutdown_grace + 5)
+            click.echo("outbox stopped", err=True)
+            sys.exit(status)
         box = app.secret_box(current, db)
         service = app.Service(
-            db.url, box, relay=app.relay_config(current), worker=app.worker_config(current)
+            db.url,
+            box,
+            relay=app.relay_config(current),
+            worker=app.worker_config(current),
+            http_transport=current.http_transport,
         )
         click.echo("outbox running; Ctrl-C (SIGINT) or SIGTERM stops it cleanly", err=True)
         asyncio.run(_run_until_signalled(service))

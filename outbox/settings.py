@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -57,6 +57,10 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=8, gt=0, le=100)
     allowed_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
     log_level: str = "INFO"
+    http_transport: Literal["aiohttp", "httpx"] = Field(
+        default="aiohttp",
+        description="Wire under httpx: 'aiohttp' (fast) or 'httpx' (httpcore's own pool).",
+    )
 
     @field_validator("retry_schedule", "allowed_networks", mode="before")
     @classmethod
