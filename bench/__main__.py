@@ -1,4 +1,4 @@
-"""`python -m bench [--quick] [--out results.json]`: run the benchmark, print a table, write JSON."""
+"""`python -m bench [--quick] [--out FILE]`: run the benchmark, print a table, write JSON."""
 
 from __future__ import annotations
 

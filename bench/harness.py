@@ -712,7 +712,9 @@ async def transports(receiver: ReceiverProcess, plan: Plan) -> dict[str, Any]:
             done = 0
             stop_at = time.perf_counter() + plan.transport_seconds
 
-            async def one(client: httpx.AsyncClient = client, url: str = url) -> None:
+            async def one(
+                client: httpx.AsyncClient = client, url: str = url, stop_at: float = stop_at
+            ) -> None:
                 nonlocal done
                 while time.perf_counter() < stop_at:
                     response = await client.post(url, content=b'{"a":1}')

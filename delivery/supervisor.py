@@ -63,6 +63,8 @@ def _child_main(spec: ProcessSpec) -> None:
     logging.basicConfig(
         level=spec.log_level, format="%(asctime)s %(levelname)s %(processName)s: %(message)s"
     )
+    # httpx logs every request at INFO: far too much for a busy worker.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     service = Service(
         spec.url,
         SecretBox.from_setting(spec.secret_keys),

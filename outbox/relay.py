@@ -21,6 +21,10 @@ class RelayConfig:
     batch_size: int = 500
     poll_interval: float = 1.0
     default_max_attempts: int = 8
+    # After a pass that found work and one that found none, look once more this soon:
+    # publish() only wakes an idle relay (see queries.INSERT_EVENT), so this catches
+    # an event whose transaction committed while the relay was finishing its backlog.
+    linger: float = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +80,7 @@ class Relay:
     async def run(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None) -> None:
         """Relay until `stop` is set; a wake-up (NOTIFY) cuts the poll wait short."""
         wake = wakeup or asyncio.Event()
+        busy = False
         while not stop.is_set():
             wake.clear()
             try:
@@ -83,6 +88,10 @@ class Relay:
             except Exception:
                 log.exception("relay batch failed; retrying after the poll interval")
                 result = RelayResult(0, 0)
-            if result.events >= self.config.batch_size:
+            if result.events:
+                # Keep going while there is a backlog: publishers do not notify then.
+                busy = True
                 continue
-            await wait_for_any(stop, wake, timeout=self.config.poll_interval)
+            timeout = self.config.linger if busy else self.config.poll_interval
+            busy = False
+            await wait_for_any(stop, wake, timeout=timeout)
