@@ -196,6 +196,8 @@ class ReceiverProcess:
         if self._process is not None:
             self._process.terminate()
             self._process.wait(10)
+            if self._process.stdout is not None:
+                self._process.stdout.close()
             self._process = None
 
     def url(self, path: str) -> str:
@@ -704,28 +706,35 @@ async def claim_and_complete(cluster: Cluster, plan: Plan, batch_size: int) -> d
 
 
 async def transports(receiver: ReceiverProcess, plan: Plan) -> dict[str, Any]:
-    """Requests/s from this process to the receiver through each wire, 100 concurrent."""
+    """Requests/s from this process to the receiver through each wire, 10 and 100 concurrent."""
     results: dict[str, Any] = {}
-    for name in ("httpx", "aiohttp"):
-        async with build_http_client(max_connections=100, timeout=10, transport=name) as client:
-            url = receiver.url("/transport")
-            done = 0
-            stop_at = time.perf_counter() + plan.transport_seconds
-
-            async def one(
-                client: httpx.AsyncClient = client, url: str = url, stop_at: float = stop_at
-            ) -> None:
-                nonlocal done
-                while time.perf_counter() < stop_at:
-                    response = await client.post(url, content=b'{"a":1}')
-                    response.raise_for_status()
-                    done += 1
-
-            began = time.perf_counter()
-            await asyncio.gather(*(one() for _ in range(100)))
-            results[name] = round(done / (time.perf_counter() - began))
-    results["aiohttp_over_httpx"] = round(results["aiohttp"] / max(results["httpx"], 1), 2)
+    for concurrency in (10, 100):
+        for name in ("httpx", "aiohttp"):
+            results[f"{name}_{concurrency}"] = await _requests_per_s(
+                receiver.url("/transport"), name, concurrency, plan.transport_seconds
+            )
+        results[f"aiohttp_over_httpx_{concurrency}"] = round(
+            results[f"aiohttp_{concurrency}"] / max(results[f"httpx_{concurrency}"], 1), 1
+        )
     return results
+
+
+async def _requests_per_s(url: str, transport: str, concurrency: int, seconds: float) -> int:
+    async with build_http_client(max_connections=100, timeout=10, transport=transport) as client:
+        await asyncio.gather(*(client.post(url, content=b"{}") for _ in range(concurrency)))
+        done = 0
+        stop_at = time.perf_counter() + seconds
+
+        async def one() -> None:
+            nonlocal done
+            while time.perf_counter() < stop_at:
+                response = await client.post(url, content=b'{"a":1}')
+                response.raise_for_status()
+                done += 1
+
+        began = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(concurrency)))
+        return round(done / (time.perf_counter() - began))
 
 
 async def rss_in_flight(
@@ -838,6 +847,7 @@ async def _run(
         results["transports"] = await transports(receiver, plan)
         progress("relay alone")
         results["relay"] = await relay_alone(cluster, plan, batch_size=RelayConfig().batch_size)
+        results["relay_batch_2000"] = await relay_alone(cluster, plan, batch_size=2000)
         progress("claim and complete without HTTP")
         results["claim_complete"] = await claim_and_complete(cluster, plan, batch_size=500)
         runs: list[dict[str, Any]] = [
