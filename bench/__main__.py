@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from bench.harness import Plan, run
+from bench.harness import Plan, run, sustained_median
 
 TARGETS = {
     "end_to_end": 2000,
@@ -52,13 +52,20 @@ def _table(rows: list[list[str]], headers: list[str]) -> str:
 def targets(results: dict[str, Any]) -> list[list[str]]:
     """Each target of issue 7: measured value, goal, met or by how much it is missed."""
     ours = [r for r in results["end_to_end"] if r["system"] == "ours"]
-    best = max((r["sustained_deliveries_per_s"] for r in ours), default=0)
+    configurations = {(r["fanout"], r["processes"], r["publish_batch"]) for r in ours}
+    best = max(
+        (
+            sustained_median(ours, fanout=f, processes=p, publish_batch=b) or 0
+            for f, p, b in configurations
+        ),
+        default=0,
+    )
     baseline = next((r for r in ours if r["fanout"] == 1 and r["publish_batch"] == 1), None)
     step = _step_at(baseline, 500) if baseline else None
     p99 = step["latency_ms"].get("p99") if step and step["latency_ms"] else None
     ratio_values = [v for v in results["ratios"].values() if v is not None]
     checks: list[tuple[str, float | None, float, bool]] = [
-        ("end to end deliveries/s (best run)", best, TARGETS["end_to_end"], True),
+        ("end to end deliveries/s (best median)", best, TARGETS["end_to_end"], True),
         ("p99 ms at 500 events/s (fan-out 1)", p99, TARGETS["p99_ms_at_500"], False),
         (
             "relay delivery rows/s (best batch size)",
@@ -129,7 +136,7 @@ def report(results: dict[str, Any]) -> str:
             ],
         ),
         "",
-        f"ours / pgqueuer: {results['ratios']}",
+        f"ours / pgqueuer (median sustained rates, 1 process each): {results['ratios']}",
         f"relay alone: {relay['events']} events -> {relay['deliveries']} rows (fan-out "
         f"{relay['fanout']}) in {relay['seconds']} s: {relay['events_per_s']} events/s, "
         f"{relay['delivery_rows_per_s']} rows/s, {relay['wal_bytes_per_delivery']} WAL B/row "
@@ -162,11 +169,14 @@ def report(results: dict[str, Any]) -> str:
     help="Where to write the JSON results.",
 )
 @click.option("--no-peer", is_flag=True, help="Skip the pgqueuer runs.")
-def main(quick: bool, out: Path, no_peer: bool) -> None:
+@click.option("--repeat", type=click.IntRange(min=1), default=None, help="Repeat each run N times.")
+def main(quick: bool, out: Path, no_peer: bool, repeat: int | None) -> None:
     """Benchmark webhook-outbox end to end (and pgqueuer on the same workload)."""
     plan = Plan.quick() if quick else Plan()
     if no_peer:
         plan = dataclasses.replace(plan, peer=False)
+    if repeat:
+        plan = dataclasses.replace(plan, repeat=repeat)
     started = time.monotonic()
 
     def progress(message: str) -> None:

@@ -55,6 +55,8 @@ class WorkerConfig:
     response_body_cap: int = 64 * 1024
     response_excerpt_bytes: int = 2048
     shutdown_grace: float = 30.0
+    # Outcomes that finish within this window are written in one statement (issue 7).
+    flush_gather: float = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +310,7 @@ class Worker:
     async def _write_outcomes_forever(self) -> None:
         while True:
             await self._results_ready.wait()
+            await asyncio.sleep(self.config.flush_gather)  # let a batch build up
             self._results_ready.clear()
             await self._flush_all()
 
