@@ -68,10 +68,10 @@ def targets(results: dict[str, Any]) -> list[list[str]]:
         ("end to end deliveries/s (best median)", best, TARGETS["end_to_end"], True),
         ("p99 ms at 500 events/s (fan-out 1)", p99, TARGETS["p99_ms_at_500"], False),
         (
-            "relay delivery rows/s (best batch size)",
+            "relay delivery rows/s (best of the three)",
             max(
-                results["relay"]["delivery_rows_per_s"],
-                results["relay_batch_2000"]["delivery_rows_per_s"],
+                results[key]["delivery_rows_per_s"]
+                for key in ("relay", "relay_batch_2000", "relay_fanout")
             ),
             30_000,
             True,
@@ -141,7 +141,9 @@ def report(results: dict[str, Any]) -> str:
         f"{relay['fanout']}) in {relay['seconds']} s: {relay['events_per_s']} events/s, "
         f"{relay['delivery_rows_per_s']} rows/s, {relay['wal_bytes_per_delivery']} WAL B/row "
         f"(batch {relay['batch_size']}); batch 2000: "
-        f"{results['relay_batch_2000']['delivery_rows_per_s']} rows/s",
+        f"{results['relay_batch_2000']['delivery_rows_per_s']} rows/s; fan-out "
+        f"{results['relay_fanout']['fanout']}: {results['relay_fanout']['events_per_s']} "
+        f"events/s, {results['relay_fanout']['delivery_rows_per_s']} rows/s",
         f"claim+complete without HTTP: {claim['deliveries']} in {claim['seconds']} s: "
         f"{claim['deliveries_per_s']}/s (batch {claim['batch_size']}, "
         f"{claim['concurrent_loops']} loops, {claim['commits_per_delivery']} commits/delivery)",

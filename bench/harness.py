@@ -77,7 +77,6 @@ class Plan:
     producer_connections: int = 16
     drain_seconds: float = 8.0
     relay_events: int = 100_000
-    relay_fanout: int = 1
     claim_deliveries: int = 50_000
     claim_loops: int = 4
     transport_seconds: float = 3.0
@@ -100,7 +99,6 @@ class Plan:
             producer_connections=4,
             drain_seconds=15.0,
             relay_events=2_000,
-            relay_fanout=2,
             claim_deliveries=2_000,
             claim_loops=2,
             transport_seconds=0.5,
@@ -627,10 +625,10 @@ def _vacuum(url: str) -> None:
     engine.dispose()
 
 
-async def relay_alone(cluster: Cluster, plan: Plan, batch_size: int) -> dict[str, Any]:
+async def relay_alone(cluster: Cluster, plan: Plan, batch_size: int, fanout: int) -> dict[str, Any]:
     database = cluster.new_database("relay")
     url = cluster.database_url(database)
-    _preload_events(url, plan.relay_events, plan.relay_fanout, "http://127.0.0.1:9/unused")
+    _preload_events(url, plan.relay_events, fanout, "http://127.0.0.1:9/unused")
     commits_before, wal_before = cluster.counters(database)
     engine = make_async_engine(url, pool_pre_ping=False)
     relay = Relay(engine, SystemClock(), RelayConfig(batch_size=batch_size))
@@ -642,7 +640,7 @@ async def relay_alone(cluster: Cluster, plan: Plan, batch_size: int) -> dict[str
     return {
         "events": done.events,
         "deliveries": done.deliveries,
-        "fanout": plan.relay_fanout,
+        "fanout": fanout,
         "batch_size": batch_size,
         "seconds": round(elapsed, 2),
         "events_per_s": round(done.events / elapsed),
@@ -851,8 +849,12 @@ async def _run(
         progress("transports: httpx default pool vs aiohttp transport")
         results["transports"] = await transports(receiver, plan)
         progress("relay alone")
-        results["relay"] = await relay_alone(cluster, plan, batch_size=RelayConfig().batch_size)
-        results["relay_batch_2000"] = await relay_alone(cluster, plan, batch_size=2000)
+        default_batch = RelayConfig().batch_size
+        results["relay"] = await relay_alone(cluster, plan, default_batch, fanout=1)
+        results["relay_batch_2000"] = await relay_alone(cluster, plan, 2000, fanout=1)
+        results["relay_fanout"] = await relay_alone(
+            cluster, plan, default_batch, fanout=max(plan.fanouts)
+        )
         progress("claim and complete without HTTP")
         results["claim_complete"] = await claim_and_complete(cluster, plan, batch_size=500)
         # Ours and the peer alternate so that background noise hits both alike.
