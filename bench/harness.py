@@ -21,9 +21,11 @@ peer alternate, and each is repeated (`Plan.repeat`), because the box is shared.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
+import multiprocessing
 import os
 import signal
 import statistics
@@ -662,24 +664,79 @@ def _succeeded(claimed: ClaimedDelivery, now: Any) -> AttemptResult:
     )
 
 
-async def claim_and_complete(cluster: Cluster, plan: Plan, batch_size: int) -> dict[str, Any]:
-    """The worker's own claim and record paths, with the HTTP attempt replaced by success."""
+async def claim_and_complete(
+    cluster: Cluster, plan: Plan, batch_size: int, processes: int = 1
+) -> dict[str, Any]:
+    """The worker's own claim and record paths, with the HTTP attempt replaced by success.
+
+    With `processes` > 1 the loops run in that many spawned processes (each with
+    `plan.claim_loops` loops), the way `outbox run --processes N` would; the rate is
+    taken from the first loop's start to the last loop's end, across processes.
+    """
     database = cluster.new_database("claim")
     url = cluster.database_url(database)
-    box = SecretBox.from_setting(generate_key("bench"))
+    key_setting = generate_key("bench")
+    box = SecretBox.from_setting(key_setting)
     _preload_events(url, plan.claim_deliveries, 1, "http://127.0.0.1:9/unused", box)
-    engine = make_async_engine(url, pool_size=plan.claim_loops + 1, pool_pre_ping=False)
-    clock = SystemClock()
-    await Relay(engine, clock, RelayConfig(batch_size=2000)).run_until_idle()
+    engine = make_async_engine(url, pool_pre_ping=False)
+    await Relay(engine, SystemClock(), RelayConfig(batch_size=2000)).run_until_idle()
+    await engine.dispose()
     _vacuum(url)
+    commits_before, wal_before = cluster.counters(database)
+    if processes == 1:
+        spans = [await claim_loops(url, key_setting, batch_size, plan.claim_loops, "bench.0")]
+    else:
+        loop = asyncio.get_running_loop()
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
+            spans = await asyncio.gather(
+                *(
+                    loop.run_in_executor(
+                        pool,
+                        _claim_loops_in_process,
+                        url,
+                        key_setting,
+                        batch_size,
+                        plan.claim_loops,
+                        f"bench.{index}",
+                    )
+                    for index in range(processes)
+                )
+            )
+    done = sum(count for count, _, _ in spans)
+    elapsed = max(end for _, _, end in spans) - min(start for _, start, _ in spans)
+    commits_after, wal_after = cluster.counters(database)
+    return {
+        "deliveries": done,
+        "batch_size": batch_size,
+        "processes": processes,
+        "concurrent_loops": plan.claim_loops,
+        "seconds": round(elapsed, 2),
+        "deliveries_per_s": round(done / elapsed),
+        "commits_per_delivery": round((commits_after - commits_before) / max(done, 1), 4),
+        "wal_bytes_per_delivery": round((wal_after - wal_before) / max(done, 1)),
+    }
+
+
+def _claim_loops_in_process(
+    url: str, key_setting: str, batch_size: int, loops: int, worker_id: str
+) -> tuple[int, float, float]:
+    return asyncio.run(claim_loops(url, key_setting, batch_size, loops, worker_id))
+
+
+async def claim_loops(
+    url: str, key_setting: str, batch_size: int, loops: int, worker_id: str
+) -> tuple[int, float, float]:
+    """Claim and record until nothing is due; returns (succeeded, start, end) wall times."""
+    engine = make_async_engine(url, pool_size=loops + 1, pool_pre_ping=False)
+    clock = SystemClock()
     worker = Worker(
         engine,
         httpx.AsyncClient(),  # never used: the attempt is replaced by a success
-        box,
+        SecretBox.from_setting(key_setting),
         clock,
-        WorkerConfig(worker_id="bench-claim", batch_size=batch_size),
+        WorkerConfig(worker_id=worker_id, batch_size=batch_size),
     )
-    commits_before, wal_before = cluster.counters(database)
     done = 0
 
     async def loop() -> None:
@@ -692,20 +749,13 @@ async def claim_and_complete(cluster: Cluster, plan: Plan, batch_size: int) -> d
             stats = await worker.record([(c, _succeeded(c, now)) for c in claimed])
             done += stats.succeeded
 
-    began = time.perf_counter()
-    await asyncio.gather(*(loop() for _ in range(plan.claim_loops)))
-    elapsed = time.perf_counter() - began
+    async with engine.connect():  # open the pool before the clock starts
+        pass
+    began = time.time()
+    await asyncio.gather(*(loop() for _ in range(loops)))
+    ended = time.time()
     await engine.dispose()
-    commits_after, wal_after = cluster.counters(database)
-    return {
-        "deliveries": done,
-        "batch_size": batch_size,
-        "concurrent_loops": plan.claim_loops,
-        "seconds": round(elapsed, 2),
-        "deliveries_per_s": round(done / elapsed),
-        "commits_per_delivery": round((commits_after - commits_before) / max(done, 1), 4),
-        "wal_bytes_per_delivery": round((wal_after - wal_before) / max(done, 1)),
-    }
+    return done, began, ended
 
 
 async def transports(receiver: ReceiverProcess, plan: Plan) -> dict[str, Any]:
@@ -857,6 +907,9 @@ async def _run(
         )
         progress("claim and complete without HTTP")
         results["claim_complete"] = await claim_and_complete(cluster, plan, batch_size=500)
+        results["claim_complete_2"] = await claim_and_complete(
+            cluster, plan, batch_size=500, processes=2
+        )
         # Ours and the peer alternate so that background noise hits both alike.
         paired: list[dict[str, Any]] = []
         for fanout in plan.fanouts:

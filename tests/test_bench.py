@@ -48,6 +48,7 @@ def test_quick_benchmark_measures_every_figure() -> None:
     assert results["relay"]["deliveries"] == 300
     assert results["relay_fanout"]["deliveries"] == 600  # fan-out 2
     assert results["claim_complete"]["deliveries"] == 300
+    assert results["claim_complete_2"]["deliveries"] == 300  # two processes, none twice
     assert all(
         results["transports"][f"{t}_{c}"] > 0 for t in ("httpx", "aiohttp") for c in (10, 100)
     )
