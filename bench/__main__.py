@@ -108,6 +108,8 @@ def report(results: dict[str, Any]) -> str:
                 f"{r['commits_per_delivery']:.2f}",
                 f"{r['wal_bytes_per_delivery']:.0f}",
                 f"{r['worker_peak_rss_mb']:.0f}",
+                f"{r['worker_cpu_ms_per_delivery']:.2f}",
+                f"{r['producer_cpu_ms_per_event']:.2f}",
             ]
         )
     relay = results["relay"]
@@ -133,6 +135,8 @@ def report(results: dict[str, Any]) -> str:
                 "commits/deliv",
                 "WAL B/deliv",
                 "peak RSS MB",
+                "worker CPU ms/deliv",
+                "producer CPU ms/event",
             ],
         ),
         "",

@@ -248,6 +248,16 @@ def peak_rss_mb(pid: int) -> float:
     return round(max(peaks, default=0.0), 1)
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of `pid` and its live descendants (from /proc/<pid>/stat)."""
+    ticks = 0
+    for proc in _tree(pid):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{proc}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _tree(pid: int) -> list[int]:
     found = [pid]
     with contextlib.suppress(OSError):
@@ -276,6 +286,10 @@ class WorkerProcesses:
 
     def peak_rss_mb(self) -> float:
         return max((peak_rss_mb(p.pid) for p in self._processes), default=0.0)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU used so far by the worker processes and their children."""
+        return sum(cpu_seconds(p.pid) for p in self._processes)
 
     def stop(self) -> None:
         for process in self._processes:
@@ -494,6 +508,11 @@ class EndToEnd:
     commits_per_delivery: float = 0.0
     wal_bytes_per_delivery: float = 0.0
     worker_peak_rss_mb: float = 0.0
+    # CPU per delivery of the worker processes over the whole run (idle polling and
+    # start-up included), and of this process per published event during the steps
+    # (almost all of it is the producer): contention-proof measures of efficiency.
+    worker_cpu_ms_per_delivery: float = 0.0
+    producer_cpu_ms_per_event: float = 0.0
     unsigned_requests: int = 0
     seconds: float = 0.0
 
@@ -555,6 +574,7 @@ async def end_to_end(
     await producer.start()
     try:
         await _warm_up(receiver, producer, fanout)
+        producer_cpu = time.process_time()
         for rate in rates:
             step = await run_step(
                 receiver,
@@ -568,8 +588,13 @@ async def end_to_end(
             if not step.sustained:
                 break
             result.sustained_deliveries_per_s = rate
+        published = sum(round(step.events_per_s * plan.step_seconds) for step in result.steps)
+        result.producer_cpu_ms_per_event = round(
+            (time.process_time() - producer_cpu) * 1000 / max(published, 1), 3
+        )
     finally:
         result.worker_peak_rss_mb = workers.peak_rss_mb()
+        worker_cpu = workers.cpu_seconds()
         workers.stop()
         await producer.close()
     result.deliveries = await receiver.count() - received_before
@@ -577,6 +602,7 @@ async def end_to_end(
     await receiver.arrivals()
     commits_after, wal_after = cluster.counters(database)
     if result.deliveries:
+        result.worker_cpu_ms_per_delivery = round(worker_cpu * 1000 / result.deliveries, 3)
         result.commits_per_delivery = round((commits_after - commits_before) / result.deliveries, 3)
         result.wal_bytes_per_delivery = round((wal_after - wal_before) / result.deliveries)
     result.seconds = round(time.perf_counter() - began, 1)

@@ -78,6 +78,8 @@ def test_quick_benchmark_measures_every_figure() -> None:
         assert outcome["commits_per_delivery"] > 0
         assert outcome["wal_bytes_per_delivery"] > 0
         assert outcome["worker_peak_rss_mb"] > 0
+        assert outcome["worker_cpu_ms_per_delivery"] > 0
+        assert outcome["producer_cpu_ms_per_event"] > 0
         assert outcome["unsigned_requests"] == 0
     assert set(results["ratios"]) == {"fanout_1", "fanout_2"}
 
