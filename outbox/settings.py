@@ -11,7 +11,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -129,6 +129,10 @@ class Settings(BaseSettings):
     )
     https_only: bool = Field(default=False, description="Refuse http:// endpoints.")
     log_level: str = "INFO"
+    http_transport: Literal["aiohttp", "httpx"] = Field(
+        default="aiohttp",
+        description="Wire under httpx: 'aiohttp' (fast) or 'httpx' (httpcore's own pool).",
+    )
 
     # Operator tools (issue 5): retention, the admin HTTP API, alert thresholds.
     retention_days: float = Field(
