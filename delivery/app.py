@@ -71,19 +71,23 @@ def open_database(settings: Settings, *, auto_migrate: bool | None = None) -> It
 
 
 def secret_box(settings: Settings, database: Database) -> SecretBox:
-    """The keys for endpoint secrets; the embedded demo gets a generated local key."""
-    if settings.secret_keys:
-        box = SecretBox.from_setting(settings.secret_keys)
-    elif database.embedded:
-        box = SecretBox.from_setting(load_or_create_local_key(settings.data_dir))
-    else:
-        raise ConfigurationError(
-            "OUTBOX_SECRET_KEYS is not set: endpoint secrets are encrypted at rest and need a "
-            "key. Generate one with `outbox keys generate` and keep it in your secret store."
-        )
+    """The keys for endpoint secrets; refuses to start if a stored secret would not decrypt."""
+    box = SecretBox.from_setting(secret_keys_setting(settings, database))
     with database.engine.connect() as conn:
         check_keys_cover_stored_secrets(conn, box)
     return box
+
+
+def secret_keys_setting(settings: Settings, database: Database) -> str:
+    """The OUTBOX_SECRET_KEYS value in force (worker processes are handed this string)."""
+    if settings.secret_keys:
+        return settings.secret_keys
+    if database.embedded:
+        return load_or_create_local_key(settings.data_dir)
+    raise ConfigurationError(
+        "OUTBOX_SECRET_KEYS is not set: endpoint secrets are encrypted at rest and need a key. "
+        "Generate one with `outbox keys generate` and keep it in your secret store."
+    )
 
 
 def relay_config(settings: Settings) -> RelayConfig:
@@ -188,6 +192,7 @@ class Service:
         http: httpx.AsyncClient | None = None,
         allowed_networks: tuple[str, ...] = (),
         https_only: bool = False,
+        http_transport: str = "httpx",
     ) -> None:
         self.url = url
         self._box = box
@@ -199,7 +204,9 @@ class Service:
         self._http = http
         self._allowed_networks = allowed_networks
         self._https_only = https_only
+        self._http_transport = http_transport
         self.engine: AsyncEngine | None = None
+        self.listener: Listener | None = None
         self.worker: Worker | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -211,8 +218,10 @@ class Service:
             timeout=self._worker_config.request_timeout,
             allowed_networks=self._allowed_networks,
             https_only=self._https_only,
+            transport=self._http_transport,
         )
         listener = Listener(self.url, [EVENTS_CHANNEL, DELIVERIES_CHANNEL])
+        self.listener = listener
         await listener.start()
         deliveries_due = listener.events[DELIVERIES_CHANNEL]
         relay = Relay(engine, self._clock, self._relay_config, on_deliveries=deliveries_due.set)

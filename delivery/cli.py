@@ -345,11 +345,46 @@ def endpoints_rules(
 @click.option(
     "--admin", is_flag=True, help="Also serve the admin HTTP API (OUTBOX_ADMIN_HOST/PORT)."
 )
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    envvar="OUTBOX_PROCESSES",
+    help="Service processes on this host (one per core is a good start); env OUTBOX_PROCESSES.",
+)
 @friendly_errors
-def run(admin: bool) -> None:
+def run(admin: bool, processes: int) -> None:
     """Run the relay, the delivery workers and the reaper until SIGINT or SIGTERM."""
+    if admin and processes > 1:
+        raise click.UsageError(
+            "--admin serves from one process: with --processes > 1 run `outbox serve` beside it"
+        )
     with database() as (current, db):
         configure_logging(current.log_level)
+        if processes > 1:
+            from delivery.supervisor import ProcessSpec, run_supervised
+
+            spec = ProcessSpec(
+                url=db.url,
+                secret_keys=app.secret_keys_setting(current, db),
+                relay=app.relay_config(current),
+                worker=app.worker_config(current),
+                reaper=app.reaper_config(current),
+                retention=app.retention_config(current),
+                allowed_networks=tuple(current.allowed_networks),
+                https_only=current.https_only,
+                http_transport=current.http_transport,
+                log_level=current.log_level,
+            )
+            app.secret_box(current, db)  # refuse to start children that could not sign
+            click.echo(
+                f"outbox running {processes} processes; Ctrl-C (SIGINT) or SIGTERM stops them",
+                err=True,
+            )
+            status = run_supervised(spec, processes, grace=spec.worker.shutdown_grace + 5)
+            click.echo("outbox stopped", err=True)
+            sys.exit(status)
         box = app.secret_box(current, db)
         service = app.Service(
             db.url,
@@ -360,6 +395,7 @@ def run(admin: bool) -> None:
             https_only=current.https_only,
             retention=app.retention_config(current),
             reaper=app.reaper_config(current),
+            http_transport=current.http_transport,
         )
         click.echo("outbox running; Ctrl-C (SIGINT) or SIGTERM stops it cleanly", err=True)
         if admin:

@@ -35,6 +35,8 @@ import ssl
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Final
 
+import aiohttp
+import aiohttp.abc
 import httpcore
 import httpx
 
@@ -374,3 +376,52 @@ def build_guarded_transport(
         resolver=resolver,
         backend=backend,
     )
+
+
+class GuardedResolver(aiohttp.abc.AbstractResolver):
+    """The SSRF guard for aiohttp: a host is refused if any of its addresses is refused.
+
+    aiohttp dials exactly the addresses its resolver returns, so checking them here
+    checks the address actually dialled, as the httpcore backend above does. IP
+    literals never reach a resolver; `check_literal_host` covers those.
+    """
+
+    def __init__(self, policy: AddressPolicy, resolver: Resolver | None = None) -> None:
+        self._policy = policy
+        self._resolve = resolver or system_resolver
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[aiohttp.abc.ResolveResult]:
+        answers = [normalise_address(answer) for answer in await self._resolve(host, port)]
+        if not answers:
+            raise OSError(f"{host} has no addresses")
+        for address in answers:
+            try:
+                self._policy.check(address)
+            except AddressRefusedError as exc:
+                raise AddressRefusedError(exc.address, exc.reason, host=host) from None
+        return [
+            {
+                "hostname": host,
+                "host": str(address),
+                "port": port,
+                "family": socket.AF_INET6 if address.version == 6 else socket.AF_INET,
+                "proto": 0,
+                "flags": socket.AI_NUMERICHOST,
+            }
+            for address in answers
+        ]
+
+    async def close(self) -> None:
+        return None
+
+
+def check_literal_host(policy: AddressPolicy, host: str) -> None:
+    """Apply the guard to a URL whose host is an IP literal (no resolver sees those)."""
+    literal = host.strip("[]")
+    try:
+        ipaddress.ip_address(literal)
+    except ValueError:
+        return  # a name: the resolver checks every address it resolves to
+    policy.check(literal)

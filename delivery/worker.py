@@ -83,6 +83,9 @@ class WorkerConfig:
         """Per-endpoint timeouts are cut to this, so an attempt never outlives its lease."""
         return max(self.lease_seconds - LEASE_MARGIN_SECONDS, 0.1)
 
+    # Outcomes that finish within this window are written in one statement (issue 7).
+    flush_gather: float = 0.005
+
 
 @dataclass(frozen=True, slots=True)
 class ClaimedDelivery:
@@ -497,6 +500,7 @@ class Worker:
         """Write outcomes as they arrive (batching whatever piled up meanwhile) until closing."""
         while True:
             await self._results_ready.wait()
+            await asyncio.sleep(self.config.flush_gather)  # let a batch build up
             self._results_ready.clear()
             await self._flush_all()
             if closing.is_set() and not self._pending:

@@ -23,6 +23,7 @@ class Listener:
     def __init__(self, url: str, channels: list[str]) -> None:
         self._dsn = libpq_url(url)
         self.events = {channel: asyncio.Event() for channel in channels}
+        self.ready = asyncio.Event()  # set once LISTEN is in place (tests wait on it)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -43,11 +44,13 @@ class Listener:
                 ) as conn:
                     for channel in self.events:
                         await conn.execute(f'LISTEN "{channel}"')
+                    self.ready.set()
                     async for notification in conn.notifies():
                         event = self.events.get(notification.channel)
                         if event is not None:
                             event.set()
             except psycopg.Error as exc:
+                self.ready.clear()
                 log.warning("listener lost its connection (%s); polling until it is back", exc)
                 await asyncio.sleep(1.0)
 

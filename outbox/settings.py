@@ -11,7 +11,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -159,6 +159,10 @@ class Settings(BaseSettings):
     )
     auto_disable_after_days: float = Field(
         default=5.0, gt=0, description="Disable an endpoint whose attempts all failed this long."
+    )
+    http_transport: Literal["aiohttp", "httpx"] = Field(
+        default="aiohttp",
+        description="Wire under httpx: 'aiohttp' (fast) or 'httpx' (httpcore's own pool).",
     )
 
     # Operator tools (issue 5): retention, the admin HTTP API, alert thresholds.

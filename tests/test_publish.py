@@ -122,3 +122,33 @@ def test_bad_keys_and_priority_are_refused(engine: Engine) -> None:
         with pytest.raises(PublishError, match="priority"):
             publish(conn, "a.b", {}, priority=1000)
     assert _event_count(engine) == 0
+
+
+def test_only_an_event_that_finds_no_backlog_wakes_the_relay(
+    engine: Engine, database_url: str
+) -> None:
+    """Debounced NOTIFY: notifying commits are serialised by PostgreSQL, so send few."""
+    import psycopg
+
+    from outbox.db import libpq_url
+
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as listener:
+        listener.execute('LISTEN "outbox_events"')
+
+        def notifications() -> int:
+            return sum(1 for _ in listener.notifies(timeout=0.2))
+
+        with engine.begin() as conn:
+            first = publish(conn, "order.created", {"id": 1})
+        assert notifications() == 1
+        with engine.begin() as conn:
+            publish(conn, "order.created", {"id": 2})
+            publish(conn, "order.created", {"id": 3})
+        assert notifications() == 0  # the relay has a backlog to wake it already
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE outbox_events SET relayed_at = now()"))
+        with engine.begin() as conn:
+            again = publish(conn, "order.created", {"id": 4}, idempotency_key="k")
+            assert publish(conn, "order.created", {"id": 4}, idempotency_key="k") == again
+        assert notifications() == 1
+    assert first != again

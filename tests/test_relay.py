@@ -101,3 +101,45 @@ async def test_concurrent_relays_neither_duplicate_nor_skip(
         )
         == 0
     )
+
+
+async def test_relay_lingers_after_a_backlog_then_sleeps_until_woken(
+    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
+) -> None:
+    """publish() only wakes an idle relay, so a busy relay must look again before sleeping."""
+    add_endpoint(engine, box, "http://127.0.0.1:1/all", "*")
+    relay = Relay(async_engine, clock, RelayConfig(poll_interval=30.0, linger=0.5))
+    stop, wake = asyncio.Event(), asyncio.Event()
+
+    def relayed() -> int:
+        return int(
+            scalar(engine, "SELECT count(*) FROM outbox_events WHERE relayed_at IS NOT NULL")
+        )
+
+    async def until(count: int) -> None:
+        for _ in range(100):
+            if relayed() >= count:
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"only {relayed()} of {count} relayed")
+
+    task = asyncio.create_task(relay.run(stop, wake))
+    try:
+        await asyncio.sleep(0.1)  # the first, empty pass; now asleep for the poll interval
+        with engine.begin() as conn:
+            publish(conn, "order.created", {"id": 1})
+        wake.set()
+        await until(1)
+        with engine.begin() as conn:
+            publish(conn, "order.created", {"id": 2})  # no wake-up: found by the linger pass
+        await until(2)
+        await asyncio.sleep(0.8)  # the linger pass found nothing: asleep again
+        with engine.begin() as conn:
+            publish(conn, "order.created", {"id": 3})
+        await asyncio.sleep(0.3)
+        assert relayed() == 2
+        wake.set()
+        await until(3)
+    finally:
+        stop.set()
+        await task

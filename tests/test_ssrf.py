@@ -670,3 +670,38 @@ def test_length_cap_is_inclusive() -> None:
     base = "https://example.com/"
     url = base + "a" * (2048 - len(base))
     assert validate_endpoint_url(url) == url
+
+
+# -- the same guard for the aiohttp transport ---------------------------------------------
+
+
+async def test_guarded_resolver_checks_every_answer_and_returns_literals() -> None:
+    from delivery.ssrf import GuardedResolver
+
+    answers = {
+        "mixed.test": ["127.0.0.2", "10.0.0.1"],
+        "ok.test": ["127.0.0.2", "::ffff:127.0.0.2"],
+    }
+
+    async def fake(host: str, port: int) -> list[str]:
+        return answers[host]
+
+    resolver = GuardedResolver(AddressPolicy(["127.0.0.2/32"]), resolver=fake)
+    resolved = await resolver.resolve("ok.test", 443)
+    assert [(r["host"], r["port"], r["hostname"]) for r in resolved] == [
+        ("127.0.0.2", 443, "ok.test"),
+        ("127.0.0.2", 443, "ok.test"),
+    ]
+    with pytest.raises(AddressRefusedError) as refused:
+        await resolver.resolve("mixed.test", 443)
+    assert refused.value.address == "10.0.0.1"
+    assert refused.value.host == "mixed.test"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "[::1]", "::ffff:127.0.0.1", "169.254.169.254"])
+def test_literal_hosts_are_checked_without_a_resolver(host: str) -> None:
+    from delivery.ssrf import check_literal_host
+
+    with pytest.raises(AddressRefusedError):
+        check_literal_host(AddressPolicy(), host)
+    check_literal_host(AddressPolicy(), "example.com")  # names are the resolver's job

@@ -1,0 +1,1 @@
+"""The webhook-outbox benchmark: `python -m bench` (see docs/readme-bench.md)."""

@@ -1,0 +1,133 @@
+"""The benchmark's receiver: a bare asyncio HTTP/1.1 server in its own process.
+
+Why a separate process and a raw protocol: the receiver must never be what limits
+the measurement, and it must not share the GIL with the worker it measures. It
+parses just enough HTTP (request line, Content-Length, `webhook-id`), answers
+`200` with an empty body on a kept-alive connection, and notes the arrival time of
+every request with `time.time()` so latencies can be taken against the producer's
+scheduled publish times (same host, same clock).
+
+Paths:
+    /_count     -> {"count": n, "unsigned": u}   requests so far (control, not counted)
+    /_arrivals  -> [[webhook-id, unix time], ...] and forgets them (control)
+    /slow/...   -> answered after SLOW_DELAY seconds (keeps deliveries in flight)
+    anything    -> 200 at once
+
+Run it as `python -m bench.receiver [--port N] [--slow-delay S]`; it prints its port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import time
+
+_OK = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+
+
+class State:
+    def __init__(self, slow_delay: float) -> None:
+        self.ids: list[str] = []
+        self.times: list[float] = []
+        self.count = 0
+        self.unsigned = 0
+        self.slow_delay = slow_delay
+
+
+def _header(head: bytes, name: bytes) -> bytes | None:
+    at = head.find(b"\r\n" + name + b":")
+    if at < 0:
+        return None
+    start = at + len(name) + 3
+    end = head.find(b"\r\n", start)
+    return head[start : end if end >= 0 else len(head)].strip()
+
+
+class HttpProtocol(asyncio.Protocol):
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        arrived = time.time()
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(self.buffer[:end]).lower() + b"\r\n"
+            length = int(_header(head, b"content-length") or 0)
+            if len(self.buffer) < end + 4 + length:
+                return
+            del self.buffer[: end + 4 + length]
+            self._answer(head, arrived)
+
+    def _answer(self, head: bytes, arrived: float) -> None:
+        assert self.transport is not None
+        path = head[head.find(b" ") + 1 : head.find(b" ", head.find(b" ") + 1)]
+        if path.startswith(b"/_"):
+            self.transport.write(self._control(path))
+            return
+        state = self.state
+        state.count += 1
+        webhook_id = _header(head, b"webhook-id")
+        if webhook_id is not None:
+            state.ids.append(webhook_id.decode())
+            state.times.append(arrived)
+        if _header(head, b"webhook-signature") is None:
+            state.unsigned += 1
+        if path.startswith(b"/slow"):
+            asyncio.get_running_loop().call_later(state.slow_delay, self._write_ok)
+        else:
+            self.transport.write(_OK)
+
+    def _write_ok(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(_OK)
+
+    def _control(self, path: bytes) -> bytes:
+        state = self.state
+        if path.startswith(b"/_arrivals"):
+            body = json.dumps(list(zip(state.ids, state.times, strict=True))).encode()
+            state.ids, state.times = [], []
+        else:
+            body = json.dumps({"count": state.count, "unsigned": state.unsigned}).encode()
+        return (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+
+
+async def serve(port: int, slow_delay: float) -> None:
+    state = State(slow_delay)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: HttpProtocol(state), "127.0.0.1", port, backlog=2048, reuse_address=True
+    )
+    print(server.sockets[0].getsockname()[1], flush=True)
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    server.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--slow-delay", type=float, default=3.0)
+    args = parser.parse_args()
+    asyncio.run(serve(args.port, args.slow_delay))
+
+
+if __name__ == "__main__":
+    main()

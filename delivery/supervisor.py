@@ -1,0 +1,184 @@
+"""`outbox run --processes N`: N independent service processes on one host.
+
+Why processes: one Python process delivers on one core (the GIL), and a worker's
+time goes to HTTP parsing, signing and SQL round trips, not to waiting. Each child
+runs the whole `Service` (relay, worker, reaper) exactly as a single-process run
+does, with its own worker id, engine and HTTP pool. The children share nothing but
+the database: claims use SKIP LOCKED and leases, so they coordinate there, and the
+same holds for processes on other hosts pointed at the same PostgreSQL.
+
+The parent only starts children, forwards SIGINT/SIGTERM, and restarts a child that
+died unexpectedly (its in-flight deliveries come back through the reaper when their
+lease expires).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import time
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from types import FrameType
+
+from delivery.reaper import ReaperConfig
+from delivery.retention import RetentionConfig
+from delivery.worker import WorkerConfig
+from outbox.crypto import SecretBox
+from outbox.logging_setup import configure_logging
+from outbox.relay import RelayConfig
+
+log = logging.getLogger(__name__)
+
+RESTART_DELAY = 1.0
+_NO_RETENTION = RetentionConfig(retention_days=0, dead_retention_days=0)  # 0 = keep for ever
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSpec:
+    """Everything a child needs, picklable: the children are spawned, not forked."""
+
+    url: str
+    secret_keys: str
+    relay: RelayConfig
+    worker: WorkerConfig
+    reaper: ReaperConfig
+    retention: RetentionConfig | None = None
+    allowed_networks: tuple[str, ...] = ()
+    https_only: bool = False
+    http_transport: str = "aiohttp"
+    log_level: str = "WARNING"
+
+
+def child_spec(spec: ProcessSpec, index: int) -> ProcessSpec:
+    """Each child gets its own worker id, so leases and attempt rows say who did what."""
+    return dataclasses.replace(
+        spec,
+        worker=dataclasses.replace(spec.worker, worker_id=f"{spec.worker.worker_id}.{index}"),
+        # One pruner is enough; the others would only compete for the same rows.
+        retention=spec.retention
+        if index == 0
+        else RetentionConfig(retention_days=0, dead_retention_days=0),
+    )
+
+
+def _child_main(spec: ProcessSpec) -> None:
+    from delivery.app import Service
+
+    configure_logging(spec.log_level)  # redacting, and quiet about each httpx request
+    service = Service(
+        spec.url,
+        SecretBox.from_setting(spec.secret_keys),
+        relay=spec.relay,
+        worker=spec.worker,
+        reaper=spec.reaper,
+        retention=spec.retention,
+        allowed_networks=spec.allowed_networks,
+        https_only=spec.https_only,
+        http_transport=spec.http_transport,
+    )
+    asyncio.run(run_until_signalled(service))
+
+
+async def run_until_signalled(service: object) -> None:
+    """Run `service.run(stop)` until SIGINT or SIGTERM sets `stop`."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await service.run(stop)  # type: ignore[attr-defined]
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+
+class Supervisor:
+    """Keeps `processes` children running until told to stop."""
+
+    def __init__(self, spec: ProcessSpec, processes: int) -> None:
+        if processes < 1:
+            raise ValueError("processes must be at least 1")
+        self.spec = spec
+        self.processes = processes
+        self._context = multiprocessing.get_context("spawn")
+        self._children: dict[int, BaseProcess] = {}
+        self._stopping = False
+
+    def _start(self, index: int) -> None:
+        child = self._context.Process(
+            target=_child_main,
+            args=(child_spec(self.spec, index),),
+            name=f"outbox-{index}",
+            daemon=False,
+        )
+        child.start()
+        self._children[index] = child
+
+    def stop(self) -> None:
+        """Ask every child to finish its in-flight attempts and exit (idempotent)."""
+        self._stopping = True
+        for child in self._children.values():
+            if child.is_alive() and child.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGTERM)
+
+    def pids(self) -> list[int]:
+        return [child.pid for child in self._children.values() if child.pid is not None]
+
+    def run(self, grace: float) -> int:
+        """Start the children, supervise until stop(), then wait up to `grace` s for them."""
+        for index in range(self.processes):
+            self._start(index)
+        while not self._stopping:
+            sentinels = {child.sentinel: index for index, child in self._children.items()}
+            ready = multiprocessing.connection.wait(list(sentinels), timeout=0.5)
+            for sentinel in ready:
+                index = next(i for s, i in sentinels.items() if s == sentinel)
+                child = self._children[index]
+                child.join()
+                if self._stopping:
+                    break
+                log.error(
+                    "worker process %s exited with %s; restarting it in %.0fs",
+                    child.name,
+                    child.exitcode,
+                    RESTART_DELAY,
+                )
+                time.sleep(RESTART_DELAY)
+                if not self._stopping:
+                    self._start(index)
+        deadline = time.monotonic() + grace
+        failed = 0
+        for child in self._children.values():
+            child.join(max(0.0, deadline - time.monotonic()))
+            if child.is_alive():
+                log.error("worker process %s did not stop in %.0fs; killing it", child.name, grace)
+                child.kill()
+                child.join()
+            if child.exitcode not in (0, -signal.SIGTERM, -signal.SIGINT):
+                failed += 1
+        return 1 if failed else 0
+
+
+def run_supervised(spec: ProcessSpec, processes: int, grace: float) -> int:
+    """Run the supervisor in the foreground until SIGINT/SIGTERM; returns an exit status."""
+    supervisor = Supervisor(spec, processes)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        supervisor.stop()
+
+    previous = {
+        signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        return supervisor.run(grace)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

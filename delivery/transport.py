@@ -1,0 +1,219 @@
+"""An aiohttp-based transport under httpx's API.
+
+Why: httpcore's connection pool is the bottleneck of a busy worker. On the 2-core
+benchmark box a bare asyncio receiver answered 500-900 requests/s from httpx's
+default AsyncClient and several times that through aiohttp. This transport keeps
+everything the rest of the code relies on (httpx.Request and httpx.Response, the
+`timeout` extension, streaming reads so the response body cap still stops reading,
+httpx's exception classes) and swaps only the wire: aiohttp's connector and parser.
+
+Exceptions are translated here, at the boundary, into the httpx classes that
+`delivery.http.send_attempt` already turns into outcomes:
+
+| aiohttp                                   | httpx                 | outcome   |
+|-------------------------------------------|-----------------------|-----------|
+| ClientConnectorError (refused, DNS, TLS)  | ConnectError          | retryable |
+| ConnectionTimeoutError                    | ConnectTimeout        | retryable |
+| SocketTimeoutError / other timeouts       | ReadTimeout           | ambiguous |
+| ServerDisconnectedError, payload, parsing | RemoteProtocolError   | ambiguous |
+| other ClientOSError (reset)               | ReadError             | ambiguous |
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+import httpx
+
+from delivery.errors import InvalidEndpointURLError
+from delivery.ssrf import AddressPolicy, GuardedResolver, check_literal_host
+
+_HTTP11 = b"HTTP/1.1"
+
+
+def _timeout(extensions: dict[str, Any]) -> aiohttp.ClientTimeout:
+    """httpx's per-phase timeouts mapped onto aiohttp's; None means no limit for that phase."""
+    phases = extensions.get("timeout") or {}
+    connect = phases.get("connect")
+    pool = phases.get("pool")
+    return aiohttp.ClientTimeout(
+        total=None,
+        # aiohttp's `connect` covers waiting for a pooled connection as well.
+        connect=None if connect is None and pool is None else (connect or 0) + (pool or 0),
+        sock_connect=connect,
+        sock_read=phases.get("read"),
+    )
+
+
+def _translate(exc: Exception, request: httpx.Request) -> httpx.TransportError:
+    """One aiohttp failure as the httpx exception that means the same thing."""
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return httpx.ConnectTimeout(message, request=request)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return httpx.ConnectError(message, request=request)
+    if isinstance(exc, (aiohttp.ServerTimeoutError, TimeoutError)):
+        return httpx.ReadTimeout(message, request=request)
+    if isinstance(
+        exc,
+        (
+            aiohttp.ServerDisconnectedError,
+            aiohttp.ClientPayloadError,
+            aiohttp.ClientResponseError,
+        ),
+    ):
+        return httpx.RemoteProtocolError(message, request=request)
+    if isinstance(exc, aiohttp.InvalidURL):
+        return httpx.UnsupportedProtocol(message, request=request)
+    return httpx.ReadError(message, request=request)
+
+
+def _progress_trace_config() -> aiohttp.TraceConfig:
+    """Report progress in httpcore's trace vocabulary, which `send_attempt` reads.
+
+    It tells "nothing sent yet" (safe to retry) from "it may have arrived"; the
+    per-request callback travels as aiohttp's `trace_request_ctx`.
+    """
+
+    def forward(event: str) -> Any:
+        async def callback(session: aiohttp.ClientSession, context: Any, params: object) -> None:
+            trace = context.trace_request_ctx
+            if trace is not None:
+                await trace(event, {})
+
+        return callback
+
+    config = aiohttp.TraceConfig()
+    config.on_connection_create_start.append(forward("connection.connect_tcp.started"))
+    config.on_connection_reuseconn.append(forward("connection.reused"))
+    config.on_request_headers_sent.append(forward("http11.send_request_headers.started"))
+    return config
+
+
+class _ResponseStream(httpx.AsyncByteStream):
+    """The response body, read chunk by chunk; closing early drops the connection."""
+
+    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
+        self._response = response
+        self._request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _translate(exc, self._request) from exc
+
+    async def aclose(self) -> None:
+        # A connection whose body was not read to the end cannot be reused safely.
+        if self._response.content.at_eof():
+            self._response.release()
+        else:
+            self._response.close()
+
+
+class AiohttpTransport(httpx.AsyncBaseTransport):
+    """httpx.AsyncBaseTransport over one aiohttp ClientSession (created on first use).
+
+    The session never follows redirects, keeps no cookies, reads no proxy settings
+    from the environment and does not decompress: the caller sees the raw bytes, so
+    the body cap counts what actually came over the wire.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: AddressPolicy,
+        https_only: bool = False,
+        max_connections: int = 100,
+        keepalive_expiry: float = 15.0,
+        ssl: bool = True,
+    ) -> None:
+        self._policy = policy
+        self._https_only = https_only
+        self._max_connections = max_connections
+        self._keepalive_expiry = keepalive_expiry
+        self._ssl = ssl
+        self._session: aiohttp.ClientSession | None = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(
+                # The SSRF guard: aiohttp dials exactly what this resolver returns.
+                resolver=GuardedResolver(self._policy),
+                limit=self._max_connections,
+                limit_per_host=0,
+                keepalive_timeout=self._keepalive_expiry,
+                ssl=self._ssl,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False,
+                trust_env=False,
+                timeout=aiohttp.ClientTimeout(total=None),
+                # httpx already set every header it wants; aiohttp adds none of its own.
+                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
+                trace_configs=[_progress_trace_config()],
+            )
+        return self._session
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        allowed = ("https",) if self._https_only else ("http", "https")
+        if request.url.scheme not in allowed:
+            raise InvalidEndpointURLError(
+                f"refusing to send to a {request.url.scheme!r} URL; only "
+                f"{' or '.join(allowed)} is allowed, fix the endpoint URL"
+            )
+        # IP literals never reach the resolver, so the guard checks them here.
+        check_literal_host(self._policy, request.url.host)
+        session = self._get_session()
+        body = await request.aread()
+        headers = [
+            (name.decode("latin-1"), value.decode("latin-1")) for name, value in request.headers.raw
+        ]
+        try:
+            response = await session.request(
+                request.method,
+                str(request.url),
+                headers=headers,
+                data=body or None,
+                allow_redirects=False,
+                timeout=_timeout(request.extensions),
+                compress=None,
+                chunked=None,
+                trace_request_ctx=request.extensions.get("trace"),
+            )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _translate(exc, request) from exc
+        return httpx.Response(
+            status_code=response.status,
+            headers=list(response.raw_headers),
+            stream=_ResponseStream(response, request),
+            extensions={
+                "http_version": _HTTP11,
+                "reason_phrase": (response.reason or "").encode("latin-1", "replace"),
+            },
+        )
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+            # Let aiohttp's transports finish closing before the loop goes away.
+            await asyncio.sleep(0)
+
+    async def __aenter__(self) -> AiohttpTransport:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        await self.aclose()

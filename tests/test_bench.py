@@ -1,0 +1,88 @@
+"""The benchmark harness itself, in its quick mode at tiny sizes, so it cannot rot.
+
+This runs everything `python -m bench` runs (its own embedded PostgreSQL, the
+receiver process, `outbox run` with 1 and 2 processes, pgqueuer, relay alone,
+claim and complete, the transport comparison and the RSS probe) and checks that
+every figure is there and adds up. It says nothing about speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bench.__main__ import report
+from bench.harness import Plan, run
+from bench.stats import percentiles
+
+
+def test_percentiles_use_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 1001)]
+    found = percentiles(values)
+    assert found["p50"] == 500
+    assert found["p99"] == 990
+    assert found["p99.9"] == 999
+    assert found["max"] == 1000
+    assert found["count"] == 1000
+    assert percentiles([]) == {}
+
+
+@pytest.mark.slow
+def test_quick_benchmark_measures_every_figure() -> None:
+    plan = dataclasses.replace(
+        Plan.quick(),
+        ours_rates=(30,),
+        peer_rates=(30,),
+        step_seconds=0.5,
+        relay_events=300,
+        claim_deliveries=300,
+        transport_seconds=0.2,
+        rss_in_flight=20,
+        slow_delay=1.0,
+    )
+    messages: list[str] = []
+    results = run(plan, messages.append)
+
+    assert results["relay"]["events"] == 300
+    assert results["relay"]["deliveries"] == 300
+    assert results["relay_fanout"]["deliveries"] == 600  # fan-out 2
+    assert results["claim_complete"]["deliveries"] == 300
+    assert results["claim_complete_2"]["deliveries"] == 300  # two processes, none twice
+    assert all(
+        results["transports"][f"{t}_{c}"] > 0 for t in ("httpx", "aiohttp") for c in (10, 100)
+    )
+    assert results["relay_batch_2000"]["deliveries"] == 300
+    assert results["rss"]["in_flight"] == 20
+    assert results["rss"]["worker_peak_rss_mb"] > 0
+
+    runs = {
+        (r["system"], r["fanout"], r["processes"], r["publish_batch"])
+        for r in results["end_to_end"]
+    }
+    assert runs == {
+        ("ours", 1, 1, 1),
+        ("ours", 1, 2, 1),
+        ("ours", 1, 1, 4),
+        ("ours", 2, 1, 1),
+        ("ours", 2, 2, 1),
+        ("pgqueuer", 1, 1, 1),
+        ("pgqueuer", 2, 1, 1),
+    }
+    for outcome in results["end_to_end"]:
+        [step] = outcome["steps"]
+        assert step["drained"], outcome
+        events = round(step["events_per_s"] * plan.step_seconds)
+        assert step["latency_ms"]["count"] >= events * outcome["fanout"] - outcome["fanout"]
+        assert outcome["deliveries"] >= step["latency_ms"]["count"]
+        assert outcome["commits_per_delivery"] > 0
+        assert outcome["wal_bytes_per_delivery"] > 0
+        assert outcome["worker_peak_rss_mb"] > 0
+        assert outcome["worker_cpu_ms_per_delivery"] > 0
+        assert outcome["producer_cpu_ms_per_event"] > 0
+        assert outcome["unsigned_requests"] == 0
+    assert set(results["ratios"]) == {"fanout_1", "fanout_2"}
+
+    text = report(results)
+    assert "pgqueuer fan-out 2" in text
+    assert "targets (issue 7)" in text

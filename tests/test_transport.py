@@ -1,0 +1,175 @@
+"""The aiohttp transport behaves like httpx's own under `send_attempt`.
+
+Every case runs through both transports against the real loopback receiver, so
+the outcome table (deadlines, body cap, redirects, refused and dropped
+connections) is proven for the fast wire and the default one alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from delivery.http import AttemptResult, OutgoingRequest, build_http_client, send_attempt
+from delivery.policy import Outcome
+from delivery.receiver import Receiver
+from delivery.ssrf import AddressPolicy
+from delivery.transport import AiohttpTransport
+from outbox.clock import ManualClock
+from tests.helpers import LOOPBACK
+
+KEY = b"k" * 32
+
+
+@pytest.fixture(params=["aiohttp", "httpx"])
+async def http(request: pytest.FixtureRequest) -> AsyncIterator[httpx.AsyncClient]:
+    async with build_http_client(
+        max_connections=10, timeout=5, transport=request.param, allowed_networks=LOOPBACK
+    ) as client:
+        yield client
+
+
+async def attempt(
+    http: httpx.AsyncClient, url: str, *, deadline: float = 5.0, body_cap: int = 64 * 1024
+) -> AttemptResult:
+    request = OutgoingRequest(
+        delivery_id=1, url=url, message_id="msg_1", body=b'{"a":1}', keys=[KEY], timeout=deadline
+    )
+    return await send_attempt(http, request, ManualClock(), body_cap=body_cap, excerpt_bytes=16)
+
+
+async def test_success_sends_exactly_one_set_of_headers_and_the_body(
+    http: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    result = await attempt(http, receiver.route("/ok", status=200, body=b"thanks"))
+    assert result.outcome is Outcome.SUCCEEDED
+    assert result.status_code == 200
+    assert result.response_excerpt == "thanks"
+    [received] = receiver.received("/ok")
+    assert received.method == "POST"
+    assert received.body == b'{"a":1}'
+    assert received.headers["webhook-id"] == "msg_1"
+    assert received.headers["webhook-signature"].startswith("v1,")
+    assert received.headers["user-agent"].startswith("webhook-outbox/")
+    assert received.headers["content-length"] == "7"
+
+
+async def test_retry_after_and_reason_phrase_come_through(
+    http: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    url = receiver.route("/busy", status=503, headers={"Retry-After": "7"})
+    result = await attempt(http, url)
+    assert result.outcome is Outcome.RETRYABLE
+    assert result.retry_after == 7
+    assert result.error == "HTTP 503 Service Unavailable"
+
+
+async def test_redirect_is_not_followed(http: httpx.AsyncClient, receiver: Receiver) -> None:
+    url = receiver.route("/moved", status=302, headers={"Location": receiver.url("/elsewhere")})
+    result = await attempt(http, url)
+    assert result.status_code == 302
+    assert "redirect to" in (result.error or "")
+    assert receiver.received("/elsewhere") == []
+
+
+async def test_body_cap_stops_reading_and_the_client_stays_usable(
+    http: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    url = receiver.route("/huge", status=200, body=b"x" * 2_000_000)
+    result = await attempt(http, url, body_cap=1024)
+    assert result.outcome is Outcome.SUCCEEDED
+    assert result.response_excerpt == "x" * 16
+    after = await attempt(http, receiver.route("/next", status=204))
+    assert after.outcome is Outcome.SUCCEEDED
+
+
+async def test_one_deadline_covers_a_slow_answer(
+    http: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    began = time.perf_counter()
+    result = await attempt(http, receiver.route("/slow", delay=3.0), deadline=0.3)
+    assert time.perf_counter() - began < 2.0
+    assert result.outcome is Outcome.AMBIGUOUS
+    assert "may have arrived" in (result.error or "")
+
+
+async def test_one_deadline_covers_a_trickled_body(
+    http: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    url = receiver.route("/trickle", status=200, body=b"y" * 100, trickle_interval=0.05)
+    began = time.perf_counter()
+    result = await attempt(http, url, deadline=0.4)
+    assert time.perf_counter() - began < 2.0
+    assert result.outcome is Outcome.AMBIGUOUS
+
+
+async def test_refused_connection_is_retryable(http: httpx.AsyncClient) -> None:
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    result = await attempt(http, f"http://127.0.0.1:{port}/gone")
+    assert result.outcome is Outcome.RETRYABLE
+    assert (result.error or "").startswith("connect failed")
+
+
+async def test_connection_dropped_after_sending_is_ambiguous(http: httpx.AsyncClient) -> None:
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        result = await attempt(http, f"http://127.0.0.1:{port}/drop")
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert result.outcome is Outcome.AMBIGUOUS
+    assert "may have arrived" in (result.error or "")
+
+
+async def test_transport_reconnects_after_being_closed(receiver: Receiver) -> None:
+    transport = AiohttpTransport(policy=AddressPolicy(LOOPBACK), max_connections=2)
+    async with httpx.AsyncClient(transport=transport) as client:
+        assert (await client.post(receiver.route("/a"), content=b"1")).status_code == 200
+        await transport.aclose()
+        assert (await client.post(receiver.route("/a"), content=b"2")).status_code == 200
+    assert [r.body for r in receiver.received("/a")] == [b"1", b"2"]
+
+
+def test_unknown_transport_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="aiohttp, httpx"):
+        build_http_client(max_connections=1, timeout=1, transport="curl")
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::ffff:127.0.0.1]"])
+async def test_both_transports_carry_the_ssrf_guard(
+    receiver: Receiver, transport: str, host: str
+) -> None:
+    url = receiver.route("/internal").replace("127.0.0.1", host)
+    async with build_http_client(max_connections=2, timeout=5, transport=transport) as guarded:
+        result = await attempt(guarded, url)
+    assert result.outcome is Outcome.PERMANENT
+    assert "refused to connect" in (result.error or "")
+    assert receiver.requests == []
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+async def test_both_transports_honour_https_only(receiver: Receiver, transport: str) -> None:
+    async with build_http_client(
+        max_connections=2,
+        timeout=5,
+        transport=transport,
+        allowed_networks=LOOPBACK,
+        https_only=True,
+    ) as strict:
+        result = await attempt(strict, receiver.route("/plain"))
+    assert result.outcome is Outcome.PERMANENT
+    assert "only https" in (result.error or "")
+    assert receiver.requests == []
