@@ -61,7 +61,7 @@ class Result:
     delivered: int
     p50_ms: float
     p99_ms: float
-    p99_settled_ms: float
+    p99_settled_ms: float | None
     max_ms: float
     others: str
 
@@ -174,14 +174,14 @@ async def run_scenario(
             if name != "healthy"
         )
     quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
-    later = statistics.quantiles(settled, n=100) if len(settled) > 1 else [0.0] * 99
+    later = statistics.quantiles(settled, n=100) if len(settled) > 1 else None
     return Result(
         scenario,
         published,
         len(latencies),
         quantiles[49],
         quantiles[98],
-        later[98],
+        later[98] if later else None,
         max(latencies, default=0.0),
         others or "-",
     )
@@ -223,7 +223,8 @@ async def main() -> int:
     for r in results:
         print(
             f"| {r.scenario} | {r.published} | {r.delivered} | {r.p50_ms:.1f} | {r.p99_ms:.1f}"
-            f" | {r.p99_settled_ms:.1f} | {r.max_ms:.1f} | {r.others} |"
+            f" | {'-' if r.p99_settled_ms is None else f'{r.p99_settled_ms:.1f}'}"
+            f" | {r.max_ms:.1f} | {r.others} |"
         )
     return 0
 
