@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.admin import AdminConfig
+from delivery.health import HealthConfig
 from delivery.http import build_http_client
 from delivery.reaper import Reaper, ReaperConfig
 from delivery.retention import Retention, RetentionConfig
@@ -117,6 +118,26 @@ def worker_config(settings: Settings) -> WorkerConfig:
             for pattern, rule in settings.event_type_retry.items()
             if rule.schedule is not None
         },
+        health=health_config(settings),
+        endpoint_share=settings.worker_endpoint_share,
+    )
+
+
+def health_config(settings: Settings) -> HealthConfig:
+    return HealthConfig(
+        failure_threshold=settings.breaker_failure_threshold,
+        failure_ratio=settings.breaker_failure_ratio,
+        ratio_window_seconds=settings.breaker_window_seconds,
+        ratio_min_attempts=settings.breaker_min_attempts,
+        cooldown_seconds=settings.breaker_cooldown_seconds,
+        cooldown_max_seconds=settings.breaker_cooldown_max_seconds,
+        ramp_seconds=settings.ramp_seconds,
+        ramp_start_per_second=settings.ramp_start_per_second,
+        ramp_step_per_second=settings.ramp_step_per_second,
+        throttle_seconds=settings.throttle_seconds,
+        auto_disable_after_seconds=settings.auto_disable_after_days * 86400.0,
+        # A probe whose worker died may be retried once its lease could have expired.
+        probe_lease_seconds=settings.lease_seconds,
     )
 
 

@@ -122,6 +122,12 @@ def migrate() -> None:
 @click.argument("payload")
 @click.option("--idempotency-key", default=None, help="Publishing the same key again is a no-op.")
 @click.option("--ordering-key", default=None, help="Events with one key are delivered in order.")
+@click.option(
+    "--priority",
+    type=int,
+    default=None,
+    help="-100..100, higher first; default: the event type's (outbox priorities).",
+)
 @json_option
 @friendly_errors
 def publish(
@@ -129,6 +135,7 @@ def publish(
     payload: str,
     idempotency_key: str | None,
     ordering_key: str | None,
+    priority: int | None,
     as_json: bool,
 ) -> None:
     """Publish an event: outbox publish order.created '{"id": 42}'."""
@@ -143,6 +150,7 @@ def publish(
             data,
             idempotency_key=idempotency_key,
             ordering_key=ordering_key,
+            priority=priority,
             max_payload_bytes=current.max_payload_bytes,
         )
     if as_json:
@@ -1172,3 +1180,151 @@ def tokens_revoke(name: str, actor: str | None, as_json: bool) -> None:
         echo_json({"revoked": token_id})
     else:
         click.echo(f"revoked {token_id}")
+
+
+# -- endpoint health and priorities (delivery/health.py, outbox/priorities.py) -----------
+
+
+@endpoints.command("limits")
+@click.argument("endpoint_id")
+@click.option("--max-in-flight", type=int, default=None, help="Concurrent deliveries; 0: no limit.")
+@click.option(
+    "--max-per-second", type=float, default=None, help="Requests per second; 0: no limit."
+)
+@click.option(
+    "--ordered/--unordered",
+    default=None,
+    help="Deliver events with the same ordering key one at a time, in publish order.",
+)
+@click.option(
+    "--dead-head",
+    type=click.Choice(["block", "skip"]),
+    default=None,
+    help="When a key's oldest delivery dies: block the key until an operator acts, or skip it.",
+)
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@json_option
+@friendly_errors
+def endpoints_limits(
+    endpoint_id: str,
+    max_in_flight: int | None,
+    max_per_second: float | None,
+    ordered: bool | None,
+    dead_head: str | None,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Show or change an endpoint's limits and ordering; options not given stay as they are."""
+    from delivery.health import EndpointLimits, get_endpoint_limits, set_endpoint_limits
+
+    with database() as (_, db), db.engine.begin() as conn:
+        current = get_endpoint_limits(conn, endpoint_id)
+        if any(value is not None for value in (max_in_flight, max_per_second, ordered, dead_head)):
+            current = set_endpoint_limits(
+                conn,
+                endpoint_id,
+                EndpointLimits(
+                    max_in_flight=current.max_in_flight
+                    if max_in_flight is None
+                    else (max_in_flight or None),
+                    max_per_second=current.max_per_second
+                    if max_per_second is None
+                    else (max_per_second or None),
+                    ordered=current.ordered if ordered is None else ordered,
+                    dead_head=current.dead_head if dead_head is None else dead_head,
+                ),
+                actor=actor or default_actor(),
+            )
+    if as_json:
+        echo_json({"id": endpoint_id, **current.as_json()})
+    else:
+        print_table(
+            [
+                [
+                    endpoint_id,
+                    current.max_in_flight or "-",
+                    f"{current.max_per_second:g}" if current.max_per_second else "-",
+                    "yes" if current.ordered else "no",
+                    current.dead_head,
+                ]
+            ],
+            ["ID", "MAX IN FLIGHT", "MAX/S", "ORDERED", "DEAD HEAD"],
+        )
+
+
+@endpoints.command("health")
+@json_option
+@friendly_errors
+def endpoints_health(as_json: bool) -> None:
+    """Circuit breaker state, limits and backlog of every endpoint."""
+    from delivery.health import endpoint_health_report
+
+    with database() as (_, db), db.engine.connect() as conn:
+        report = endpoint_health_report(conn)
+    if as_json:
+        echo_json(report)
+        return
+    rows = []
+    for item in report:
+        state = item["breaker_state"]
+        if state == "open" and item["open_until"]:
+            state += f" until {item['open_until']}"
+        if not item["enabled"]:
+            state = f"disabled ({item['disabled_reason']})"
+        rows.append(
+            [
+                item["endpoint"],
+                state,
+                item["in_flight"],
+                item["scheduled"],
+                item["last_failure"] or "",
+            ]
+        )
+    print_table(rows, ["ID", "BREAKER", "IN FLIGHT", "SCHEDULED", "LAST FAILURE"])
+
+
+@main.group()
+def priorities() -> None:
+    """Default priorities per event type (higher is claimed first)."""
+
+
+@priorities.command("set")
+@click.argument("event_type")
+@click.argument("priority", type=click.IntRange(-100, 100))
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@friendly_errors
+def priorities_set(event_type: str, priority: int, actor: str | None) -> None:
+    """Give EVENT_TYPE a default priority: outbox priorities set password.reset 50."""
+    from outbox.priorities import set_event_type_priority
+
+    with database() as (_, db), db.engine.begin() as conn:
+        set_event_type_priority(conn, event_type, priority, actor=actor or default_actor())
+    click.echo(f"{event_type}: {priority}")
+
+
+@priorities.command("clear")
+@click.argument("event_type")
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@friendly_errors
+def priorities_clear(event_type: str, actor: str | None) -> None:
+    """Remove EVENT_TYPE's default priority (back to 0)."""
+    from outbox.priorities import clear_event_type_priority
+
+    with database() as (_, db), db.engine.begin() as conn:
+        removed = clear_event_type_priority(conn, event_type, actor=actor or default_actor())
+    click.echo(f"{event_type}: {'cleared' if removed else 'had no default'}")
+
+
+@priorities.command("list")
+@json_option
+@friendly_errors
+def priorities_list(as_json: bool) -> None:
+    """Event types with a default priority."""
+    from outbox.priorities import list_event_type_priorities
+
+    with database() as (_, db), db.engine.connect() as conn:
+        items = list_event_type_priorities(conn)
+    if as_json:
+        echo_json(items)
+    else:
+        print_table([[name, value] for name, value in items.items()], ["EVENT TYPE", "PRIORITY"])

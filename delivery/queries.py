@@ -9,29 +9,84 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-# Claim due deliveries of enabled endpoints, highest priority first, and lease them.
-# The claim commits before any HTTP request starts.
+# Claim due deliveries of enabled endpoints and lease them; the claim commits before
+# any HTTP request starts. delivery/health.py passes a budget for each gated endpoint
+# (breaker open or half-open, limits, ramp, 429 pause); other endpoints are unlimited.
+#   fairness: each endpoint offers at most its budget (LATERAL, on its own index), rows
+#     are taken round-robin across endpoints (`turn`) within a priority;
+#   priority: higher first across all endpoints, so a low-priority flood delays due
+#     high-priority work by at most the batch already claimed;
+#   ordering (endpoints with `ordered`): only the head of each ordering key is offered:
+#     nothing of that key in flight, nothing earlier scheduled, and in 'block' mode no
+#     earlier dead delivery that was neither replayed nor discarded; and no earlier
+#     event of the key still waiting for the relay.
+# Candidates are over-picked (2 * limit) and locked with SKIP LOCKED, so two workers
+# claiming at once both get a full batch.
 CLAIM_DUE_DELIVERIES = text(
     """
-    WITH due AS (
+    WITH gate AS (
+        SELECT * FROM unnest(CAST(:gate_ids AS bigint[]), CAST(:gate_budgets AS int[]))
+            AS g(endpoint_id, budget)
+    ), candidates AS (
+        SELECT c.id, c.priority, c.next_attempt_at,
+               row_number() OVER (
+                   PARTITION BY c.endpoint_id, c.priority ORDER BY c.next_attempt_at, c.id
+               ) AS turn
+        FROM endpoints e
+        LEFT JOIN gate g ON g.endpoint_id = e.id
+        LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
+        CROSS JOIN LATERAL (
+            SELECT d.id, d.endpoint_id, d.priority, d.next_attempt_at
+            FROM deliveries d
+            WHERE d.endpoint_id = e.id AND d.state = 'scheduled' AND d.next_attempt_at <= :now
+              AND (d.ordering_key IS NULL OR h.ordered IS NOT TRUE OR NOT EXISTS (
+                  SELECT 1 FROM deliveries p
+                  WHERE p.endpoint_id = d.endpoint_id AND p.ordering_key = d.ordering_key
+                    AND p.id <> d.id
+                    AND (p.state = 'in_flight'
+                         OR (p.event_id < d.event_id AND p.state = 'scheduled')
+                         OR (p.event_id < d.event_id AND p.state = 'dead'
+                             AND h.dead_head = 'block'
+                             AND NOT EXISTS (
+                                 SELECT 1 FROM deliveries r WHERE r.replay_of = p.id)))
+              ) AND NOT EXISTS (
+                  -- an earlier event of the key not fanned out yet (several relays)
+                  SELECT 1 FROM outbox_events o
+                  WHERE o.ordering_key = d.ordering_key AND o.relayed_at IS NULL
+                    AND o.id < d.event_id
+              ))
+            ORDER BY d.priority DESC, d.next_attempt_at, d.id
+            LIMIT LEAST(COALESCE(g.budget, :limit), :limit)
+        ) c
+        WHERE e.enabled AND COALESCE(g.budget, :limit) > 0
+    ), picked AS (
+        SELECT id, priority, turn, next_attempt_at FROM candidates
+        ORDER BY priority DESC, turn, next_attempt_at, id
+        LIMIT 2 * :limit
+    ), due AS (
         SELECT d.id
-        FROM deliveries d
-        JOIN endpoints e ON e.id = d.endpoint_id
-        WHERE d.state = 'scheduled' AND d.next_attempt_at <= :now AND e.enabled
-        ORDER BY d.priority DESC, d.next_attempt_at
+        FROM deliveries d JOIN picked p ON p.id = d.id
+        WHERE d.state = 'scheduled'
+        ORDER BY p.priority DESC, p.turn, p.next_attempt_at, p.id
         LIMIT :limit
         FOR UPDATE OF d SKIP LOCKED
     )
     UPDATE deliveries d
     SET state = 'in_flight', locked_by = :worker_id, lease_expires_at = :lease_expires_at,
         updated_at = :now
-    FROM due, outbox_events ev, endpoints e
+    FROM due, outbox_events ev, endpoints e LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
     WHERE d.id = due.id AND ev.id = d.event_id AND e.id = d.endpoint_id
+      AND d.state = 'scheduled'
     RETURNING d.id, d.attempts, d.max_attempts,
               e.uid AS endpoint_uid, e.url, e.signing_secret, e.previous_signing_secret,
               e.previous_secret_expires_at, e.timeout_seconds, e.retry_schedule,
               ev.message_id, ev.event_type, ev.payload::text AS payload_json,
-              ev.created_at AS event_created_at
+              ev.created_at AS event_created_at,
+              d.endpoint_id,
+              -- a spotless breaker: its successes need no health write (delivery/health.py)
+              COALESCE(h.breaker_state = 'closed' AND h.consecutive_failures = 0
+                       AND h.window_failures = 0 AND h.failing_since IS NULL
+                       AND h.paused_until IS NULL AND h.trips = 0, true) AS endpoint_spotless
     """
 )
 
@@ -167,5 +222,162 @@ DISABLE_GONE_ENDPOINTS = text(
         RETURNING 1
     )
     SELECT uid FROM disabled
+    """
+)
+
+
+# -- endpoint health (delivery/health.py) ------------------------------------------------
+
+_HEALTH_COLUMNS = """
+    h.max_in_flight, h.max_per_second, h.breaker_state, h.consecutive_failures,
+    h.window_started_at, h.window_attempts, h.window_failures, h.trips, h.opened_at,
+    h.open_until, h.probe_until, h.ramp_started_at, h.ramp_until, h.paused_until, h.tokens,
+    h.tokens_at, h.failing_since, h.last_failure
+"""
+
+# The health rows a claim must respect, locked with SKIP LOCKED. `locked` is false for
+# rows another worker holds: that endpoint is skipped by this claim.
+LOCK_GATED_ENDPOINTS = text(
+    f"""
+    WITH needed AS (
+        SELECT h.endpoint_id
+        FROM endpoint_health h JOIN endpoints e ON e.id = h.endpoint_id
+        WHERE e.enabled
+          AND (h.breaker_state <> 'closed' OR h.max_in_flight IS NOT NULL
+               OR h.max_per_second IS NOT NULL OR h.ramp_until > :now
+               OR h.paused_until > :now)
+    ), locked AS (
+        SELECT h.*
+        FROM endpoint_health h
+        WHERE h.endpoint_id IN (SELECT endpoint_id FROM needed)
+        ORDER BY h.endpoint_id
+        FOR UPDATE SKIP LOCKED
+    )
+    SELECT n.endpoint_id, h.endpoint_id IS NOT NULL AS locked, {_HEALTH_COLUMNS}
+    FROM needed n LEFT JOIN locked h ON h.endpoint_id = n.endpoint_id
+    """
+)
+
+# Leased deliveries per endpoint, across all processes. A separate statement on purpose:
+# it runs after the health rows are locked, so its snapshot includes every claim that
+# committed before we got the lock (a subquery in the locking statement would not).
+COUNT_IN_FLIGHT = text(
+    """
+    SELECT endpoint_id, count(*) AS in_flight
+    FROM deliveries
+    WHERE endpoint_id = ANY(CAST(:ids AS bigint[])) AND state = 'in_flight'
+    GROUP BY endpoint_id
+    """
+)
+
+# Health rows for an outcome batch, locked (waiting) in id order so writers never deadlock.
+LOCK_ENDPOINT_HEALTH = text(
+    f"""
+    SELECT h.endpoint_id, {_HEALTH_COLUMNS}
+    FROM endpoint_health h
+    WHERE h.endpoint_id = ANY(CAST(:ids AS bigint[]))
+    ORDER BY h.endpoint_id
+    FOR UPDATE
+    """
+)
+
+INSERT_MISSING_ENDPOINT_HEALTH = text(
+    """
+    INSERT INTO endpoint_health (endpoint_id)
+    SELECT id FROM endpoints WHERE id = ANY(CAST(:ids AS bigint[])) ORDER BY id
+    ON CONFLICT (endpoint_id) DO NOTHING
+    """
+)
+
+# Write breaker and bucket state for a batch of endpoints (never the configured limits).
+SAVE_ENDPOINT_HEALTH = text(
+    """
+    INSERT INTO endpoint_health AS h
+        (endpoint_id, breaker_state, consecutive_failures, window_started_at, window_attempts,
+         window_failures, trips, opened_at, open_until, probe_until, ramp_started_at,
+         ramp_until, paused_until, tokens, tokens_at, failing_since, last_failure, updated_at)
+    SELECT u.*, :now
+    FROM unnest(
+        CAST(:endpoint_id AS bigint[]), CAST(:breaker_state AS text[]),
+        CAST(:consecutive_failures AS int[]), CAST(:window_started_at AS timestamptz[]),
+        CAST(:window_attempts AS int[]), CAST(:window_failures AS int[]),
+        CAST(:trips AS int[]), CAST(:opened_at AS timestamptz[]),
+        CAST(:open_until AS timestamptz[]), CAST(:probe_until AS timestamptz[]),
+        CAST(:ramp_started_at AS timestamptz[]), CAST(:ramp_until AS timestamptz[]),
+        CAST(:paused_until AS timestamptz[]), CAST(:tokens AS float8[]),
+        CAST(:tokens_at AS timestamptz[]), CAST(:failing_since AS timestamptz[]),
+        CAST(:last_failure AS text[])
+    ) AS u
+    ON CONFLICT (endpoint_id) DO UPDATE SET
+        breaker_state = EXCLUDED.breaker_state,
+        consecutive_failures = EXCLUDED.consecutive_failures,
+        window_started_at = EXCLUDED.window_started_at,
+        window_attempts = EXCLUDED.window_attempts,
+        window_failures = EXCLUDED.window_failures,
+        trips = EXCLUDED.trips,
+        opened_at = EXCLUDED.opened_at,
+        open_until = EXCLUDED.open_until,
+        probe_until = EXCLUDED.probe_until,
+        ramp_started_at = EXCLUDED.ramp_started_at,
+        ramp_until = EXCLUDED.ramp_until,
+        paused_until = EXCLUDED.paused_until,
+        tokens = EXCLUDED.tokens,
+        tokens_at = EXCLUDED.tokens_at,
+        failing_since = EXCLUDED.failing_since,
+        last_failure = EXCLUDED.last_failure,
+        updated_at = EXCLUDED.updated_at
+    """
+)
+
+# Disable an endpoint that failed for too long; its deliveries stay scheduled.
+AUTO_DISABLE_ENDPOINT = text(
+    """
+    UPDATE endpoints
+    SET enabled = false, disabled_reason = :reason, disabled_at = :now, updated_at = :now
+    WHERE id = :id AND enabled
+    RETURNING uid
+    """
+)
+
+SET_ENDPOINT_LIMITS = text(
+    """
+    INSERT INTO endpoint_health AS h (endpoint_id, max_in_flight, max_per_second, ordered,
+                                      dead_head)
+    SELECT id, CAST(:max_in_flight AS int), CAST(:max_per_second AS float8),
+           CAST(:ordered AS boolean), CAST(:dead_head AS text)
+    FROM endpoints WHERE uid = :uid
+    ON CONFLICT (endpoint_id) DO UPDATE SET
+        max_in_flight = EXCLUDED.max_in_flight,
+        max_per_second = EXCLUDED.max_per_second,
+        ordered = EXCLUDED.ordered,
+        dead_head = EXCLUDED.dead_head,
+        updated_at = now()
+    RETURNING endpoint_id
+    """
+)
+
+SELECT_ENDPOINT_HEALTH = text(
+    """
+    SELECT e.uid AS endpoint, e.enabled, e.disabled_reason,
+           COALESCE(h.breaker_state, 'closed') AS breaker_state,
+           COALESCE(h.consecutive_failures, 0) AS consecutive_failures,
+           COALESCE(h.trips, 0) AS trips, h.open_until, h.paused_until, h.ramp_until,
+           h.failing_since, h.last_failure, h.max_in_flight, h.max_per_second,
+           COALESCE(h.ordered, false) AS ordered, COALESCE(h.dead_head, 'block') AS dead_head,
+           (SELECT count(*) FROM deliveries d
+            WHERE d.endpoint_id = e.id AND d.state = 'in_flight') AS in_flight,
+           (SELECT count(*) FROM deliveries d
+            WHERE d.endpoint_id = e.id AND d.state = 'scheduled') AS scheduled
+    FROM endpoints e LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
+    ORDER BY e.id
+    """
+)
+
+SELECT_ENDPOINT_LIMITS = text(
+    """
+    SELECT e.id, h.max_in_flight, h.max_per_second, COALESCE(h.ordered, false) AS ordered,
+           COALESCE(h.dead_head, 'block') AS dead_head
+    FROM endpoints e LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
+    WHERE e.uid = :uid
     """
 )

@@ -13,6 +13,7 @@ delivery is never overwritten by a late worker.
 from __future__ import annotations
 
 import asyncio
+import collections
 import datetime as dt
 import json
 import logging
@@ -26,7 +27,7 @@ from typing import Any
 import httpx
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from delivery import queries
+from delivery import health, queries
 from delivery.http import AttemptResult, OutgoingRequest, send_attempt
 from delivery.policy import (
     DEFAULT_JITTER,
@@ -68,6 +69,14 @@ class WorkerConfig:
     retry_after_max: float = RETRY_AFTER_MAX_SECONDS
     # Pattern -> schedule (OUTBOX_EVENT_TYPE_RETRY); an endpoint's own schedule wins.
     retry_schedule_by_event_type: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    health: health.HealthConfig = field(default_factory=health.HealthConfig)
+    # No endpoint may hold more than this share of this worker's slots, so a partner
+    # that hangs until the deadline cannot take every slot before its breaker opens.
+    endpoint_share: float = 0.5
+
+    @property
+    def endpoint_slots(self) -> int:
+        return max(1, int(self.max_in_flight * self.endpoint_share))
 
     @property
     def longest_deadline(self) -> float:
@@ -86,6 +95,8 @@ class ClaimedDelivery:
     endpoint_uid: str
     policy: RetryPolicy
     request: OutgoingRequest
+    endpoint_id: int = 0
+    endpoint_spotless: bool = False  # at claim time: closed breaker, no recent failure
 
 
 @dataclass(slots=True)
@@ -145,12 +156,16 @@ class Worker:
         self._slot_free = asyncio.Event()
         self._started: set[int] = set()  # deliveries whose request left the pool
         self.stats = BatchStats()
+        self._slots_held: collections.Counter[int] = collections.Counter()
+        self._health_rows: set[int] = set()
 
     # -- claiming -------------------------------------------------------------------
 
     async def claim(self, limit: int) -> list[ClaimedDelivery]:
+        """Claim up to `limit` due deliveries, within each endpoint's breaker and limits."""
         now = self._clock.now()
         async with self._engine.begin() as conn:
+            gates = await health.open_gates(conn, now=now, config=self.config.health)
             rows = (
                 await conn.execute(
                     queries.CLAIM_DUE_DELIVERIES,
@@ -159,9 +174,17 @@ class Worker:
                         "limit": limit,
                         "worker_id": self.config.worker_id,
                         "lease_expires_at": now + dt.timedelta(seconds=self.config.lease_seconds),
+                        **gates.params(self._slots_left()),
                     },
                 )
             ).all()
+            await health.close_gates(
+                conn,
+                gates,
+                health.claimed_per_endpoint(row.endpoint_id for row in rows),
+                now=now,
+                config=self.config.health,
+            )
             overrides = await self._status_overrides(conn, {row.endpoint_uid for row in rows})
         return [self._prepare(row, now, overrides.get(row.endpoint_uid, {})) for row in rows]
 
@@ -173,6 +196,11 @@ class Worker:
             return {}
         rows = await conn.execute(queries.SELECT_STATUS_OVERRIDES, {"uids": sorted(uids)})
         return {row.uid: parse_status_overrides(row.status_overrides) for row in rows}
+
+    def _slots_left(self) -> dict[int, int]:
+        """Per endpoint with attempts running here: how many more slots it may take."""
+        cap = self.config.endpoint_slots
+        return {endpoint_id: max(0, cap - held) for endpoint_id, held in self._slots_held.items()}
 
     def _key(self, stored: str, endpoint_uid: str) -> bytes:
         key = self._keys.get(stored)
@@ -211,6 +239,8 @@ class Worker:
             attempts=row.attempts,
             max_attempts=row.max_attempts,
             endpoint_uid=row.endpoint_uid,
+            endpoint_id=row.endpoint_id,
+            endpoint_spotless=row.endpoint_spotless,
             policy=policy,
             request=OutgoingRequest(
                 delivery_id=row.id,
@@ -255,10 +285,31 @@ class Worker:
             )
             for claimed, result in outcomes
         ]
+        # Successes of spotless endpoints change nothing: no health write on the happy path.
+        observations = [
+            health.Observation(
+                claimed.endpoint_id,
+                result.outcome,
+                result.status_code,
+                result.retry_after,
+                result.error,
+            )
+            for claimed, result in outcomes
+        ]
+        observations = [
+            item
+            for item, (claimed, _) in zip(observations, outcomes, strict=True)
+            if not (claimed.endpoint_spotless and health.is_good_news(item))
+        ]
+        await health.ensure_health_rows(
+            self._engine, (item.endpoint_id for item in observations), self._health_rows
+        )
         async with self._engine.begin() as conn:
             decisions = await self._explain_exhausted(conn, outcomes, decisions)
             kept = await self._write_outcome_rows(conn, now, outcomes, decisions)
             await self._disable_gone_endpoints(conn, now, outcomes)
+            # Every attempt that happened informs its endpoint's breaker, kept or not.
+            await health.record_observations(conn, observations, now=now, config=self.config.health)
         lost = len(outcomes) - len(kept)
         if lost:
             log.warning("%d outcomes arrived after their lease was rescued; kept as history", lost)
@@ -409,6 +460,7 @@ class Worker:
                 for item in claimed:
                     task = asyncio.create_task(self._attempt_and_buffer(item))
                     in_flight[task] = item
+                    self._slots_held[item.endpoint_id] += 1
                     task.add_done_callback(lambda done: self._finished(in_flight, done))
                 if len(claimed) < want:
                     await wait_for_any(stop, wake, timeout=self.config.poll_interval)
@@ -422,7 +474,11 @@ class Worker:
     def _finished(
         self, in_flight: dict[asyncio.Task[None], ClaimedDelivery], task: asyncio.Task[None]
     ) -> None:
-        in_flight.pop(task, None)
+        item = in_flight.pop(task, None)
+        if item is not None:
+            self._slots_held[item.endpoint_id] -= 1
+            if self._slots_held[item.endpoint_id] <= 0:
+                del self._slots_held[item.endpoint_id]
         self._slot_free.set()
 
     async def _attempt_and_buffer(self, claimed: ClaimedDelivery) -> None:

@@ -137,6 +137,9 @@ def set_enabled(
     ).first()
     if updated is None:
         raise EndpointError(f"no endpoint {uid!r}; `outbox endpoints list` shows the ids")
+    if enabled:
+        # Recover gently: one probe first, then the ramp (delivery/health.py).
+        conn.execute(queries.RESET_ENDPOINT_HEALTH_ON_ENABLE, {"id": updated.id})
     record_audit(
         conn,
         actor=actor,

@@ -35,7 +35,7 @@ class PreparedEvent:
     payload_json: str
     idempotency_key: str | None
     ordering_key: str | None
-    priority: int
+    priority: int | None  # None: the event type's default (event_type_priorities), else 0
 
     def params(self) -> dict[str, Any]:
         return {
@@ -54,7 +54,7 @@ def prepare_event(
     *,
     idempotency_key: str | None = None,
     ordering_key: str | None = None,
-    priority: int = 0,
+    priority: int | None = None,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> PreparedEvent:
     """Validate and serialise an event; raises PublishError and writes nothing."""
@@ -87,7 +87,7 @@ def prepare_event(
     for name, key in (("idempotency_key", idempotency_key), ("ordering_key", ordering_key)):
         if key is not None and (not isinstance(key, str) or not key or len(key) > _MAX_KEY):
             raise PublishError(f"{name} must be a non-empty string of at most {_MAX_KEY} chars")
-    if (
+    if priority is not None and (
         isinstance(priority, bool)
         or not isinstance(priority, int)
         or priority not in _PRIORITY_RANGE
@@ -110,12 +110,13 @@ def publish(
     *,
     idempotency_key: str | None = None,
     ordering_key: str | None = None,
-    priority: int = 0,
+    priority: int | None = None,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> str:
     """Add an event to the outbox inside the caller's transaction; returns its message id.
 
-    Publishing the same idempotency key twice returns the first event's id.
+    Publishing the same idempotency key twice returns the first event's id. Without a
+    `priority`, the event type's default applies (`outbox priorities set`), else 0.
     """
     event = prepare_event(
         event_type,
@@ -141,7 +142,7 @@ async def publish_async(
     *,
     idempotency_key: str | None = None,
     ordering_key: str | None = None,
-    priority: int = 0,
+    priority: int | None = None,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> str:
     """The asyncio twin of `publish`; same rules, never commits."""

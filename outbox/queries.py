@@ -13,6 +13,7 @@ DELIVERIES_CHANNEL = "outbox_deliveries"
 
 # One round trip in the common case: insert (or find the idempotent twin) and wake
 # the relay. pg_notify is delivered only if the caller's transaction commits.
+# Without an explicit priority the event type's default applies (event_type_priorities).
 #
 # The wake-up is debounced: only an event that finds no other unrelayed event sends
 # one. Why: PostgreSQL serialises the commits of all notifying transactions (a
@@ -28,7 +29,11 @@ INSERT_EVENT = text(
             (message_id, event_type, payload, idempotency_key, ordering_key, priority)
         VALUES
             (:message_id, :event_type, CAST(:payload AS jsonb), :idempotency_key,
-             :ordering_key, :priority)
+             :ordering_key,
+             COALESCE(CAST(:priority AS smallint),
+                      (SELECT p.priority FROM event_type_priorities p
+                       WHERE p.event_type = :event_type),
+                      0))
         ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING message_id
     ), woken AS (
@@ -632,5 +637,36 @@ SET_ENDPOINT_SECRETS = text(
     SET signing_secret = :signing_secret, previous_signing_secret = :previous_signing_secret,
         updated_at = now()
     WHERE id = :id
+    """
+)
+
+
+# Default priorities per event type (`outbox priorities`).
+SET_EVENT_TYPE_PRIORITY = text(
+    """
+    INSERT INTO event_type_priorities (event_type, priority, updated_at)
+    VALUES (:event_type, :priority, now())
+    ON CONFLICT (event_type) DO UPDATE SET priority = EXCLUDED.priority, updated_at = now()
+    """
+)
+
+DELETE_EVENT_TYPE_PRIORITY = text(
+    "DELETE FROM event_type_priorities WHERE event_type = :event_type RETURNING event_type"
+)
+
+SELECT_EVENT_TYPE_PRIORITIES = text(
+    "SELECT event_type, priority FROM event_type_priorities ORDER BY priority DESC, event_type"
+)
+
+# An operator enabled the endpoint: forget the failure streak (auto-disable starts over)
+# and let the breaker send one probe first; its success closes it and starts the ramp.
+RESET_ENDPOINT_HEALTH_ON_ENABLE = text(
+    """
+    UPDATE endpoint_health
+    SET breaker_state = 'open', open_until = NULL, probe_until = NULL, opened_at = now(),
+        consecutive_failures = 0, window_started_at = NULL, window_attempts = 0,
+        window_failures = 0, trips = 0, failing_since = NULL, paused_until = NULL,
+        tokens = NULL, tokens_at = NULL, updated_at = now()
+    WHERE endpoint_id = :id
     """
 )

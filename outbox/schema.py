@@ -71,6 +71,13 @@ outbox_events = Table(
     ),
     # Keeps "what is left to relay" cheap however large the relayed history grows.
     Index("ix_outbox_events_unrelayed", "id", postgresql_where=text("relayed_at IS NULL")),
+    # Per-key ordering: "is an earlier event of this key still waiting for the relay?"
+    Index(
+        "ix_outbox_events_unrelayed_keys",
+        "ordering_key",
+        "id",
+        postgresql_where=text("relayed_at IS NULL AND ordering_key IS NOT NULL"),
+    ),
     # Retention prunes relayed events oldest first (migration 0005).
     Index(
         "ix_outbox_events_relayed_at",
@@ -166,6 +173,22 @@ deliveries = Table(
     Index("ix_deliveries_leases", "lease_expires_at", postgresql_where=text("state = 'in_flight'")),
     Index("ix_deliveries_endpoint_state", "endpoint_id", "state"),
     Index("ix_deliveries_replay_of", "replay_of", postgresql_where=text("replay_of IS NOT NULL")),
+    # Fair claiming walks each endpoint's due rows in claim order (delivery/health.py).
+    Index(
+        "ix_deliveries_due_per_endpoint",
+        "endpoint_id",
+        text("priority DESC"),
+        "next_attempt_at",
+        postgresql_where=text("state = 'scheduled'"),
+    ),
+    # "Is this the head of its key?" for endpoints with per-key ordering.
+    Index(
+        "ix_deliveries_ordering",
+        "endpoint_id",
+        "ordering_key",
+        "event_id",
+        postgresql_where=text("ordering_key IS NOT NULL"),
+    ),
     # All deliveries of one event (first and replays): retention's group checks and
     # the ON DELETE CASCADE from outbox_events need it (migration 0005).
     Index("ix_deliveries_event_id_endpoint_id", "event_id", "endpoint_id"),
@@ -250,4 +273,65 @@ pruned_totals = Table(
     metadata,
     Column("name", Text, primary_key=True),
     Column("value", Float, nullable=False, server_default=text("0")),
+)
+
+
+BREAKER_STATES = ("closed", "open", "half_open")
+DEAD_HEAD_MODES = ("block", "skip")
+
+# Per-endpoint limits, ordering and circuit-breaker state, shared by every worker
+# process. A missing row means: no limits, no ordering, breaker closed. Kept apart
+# from `endpoints` because workers write it on every outcome batch, and row locks
+# on it (claims take them with SKIP LOCKED) must not block endpoint edits.
+endpoint_health = Table(
+    "endpoint_health",
+    metadata,
+    Column(
+        "endpoint_id",
+        BigInteger,
+        ForeignKey("endpoints.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    # Configuration (NULL: unlimited).
+    Column("max_in_flight", Integer),
+    Column("max_per_second", Float),
+    Column("ordered", Boolean, nullable=False, server_default=text("false")),
+    Column("dead_head", Text, nullable=False, server_default=text("'block'")),
+    # Circuit breaker.
+    Column("breaker_state", Text, nullable=False, server_default=text("'closed'")),
+    Column("consecutive_failures", Integer, nullable=False, server_default=text("0")),
+    Column("window_started_at", DateTime(timezone=True)),
+    Column("window_attempts", Integer, nullable=False, server_default=text("0")),
+    Column("window_failures", Integer, nullable=False, server_default=text("0")),
+    Column("trips", Integer, nullable=False, server_default=text("0")),
+    Column("opened_at", DateTime(timezone=True)),
+    Column("open_until", DateTime(timezone=True)),
+    Column("probe_until", DateTime(timezone=True)),
+    Column("ramp_started_at", DateTime(timezone=True)),
+    Column("ramp_until", DateTime(timezone=True)),
+    Column("paused_until", DateTime(timezone=True)),
+    # Token bucket for max_per_second and the ramp (NULL: full).
+    Column("tokens", Float),
+    Column("tokens_at", DateTime(timezone=True)),
+    # Auto-disable: start of the current unbroken run of failures.
+    Column("failing_since", DateTime(timezone=True)),
+    Column("last_failure", Text),
+    _now_column("updated_at"),
+    CheckConstraint("breaker_state IN ('closed', 'open', 'half_open')", name="known_breaker_state"),
+    CheckConstraint("dead_head IN ('block', 'skip')", name="known_dead_head"),
+    CheckConstraint(
+        "(max_in_flight IS NULL OR max_in_flight > 0)"
+        " AND (max_per_second IS NULL OR max_per_second > 0)",
+        name="positive_limits",
+    ),
+)
+
+# Default priority of an event type, applied when publish() is not given one.
+event_type_priorities = Table(
+    "event_type_priorities",
+    metadata,
+    Column("event_type", Text, primary_key=True),
+    Column("priority", SmallInteger, nullable=False),
+    _now_column("updated_at"),
+    CheckConstraint("priority BETWEEN -100 AND 100", name="priority_range"),
 )

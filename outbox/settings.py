@@ -97,6 +97,9 @@ class Settings(BaseSettings):
     relay_poll_interval: float = Field(default=1.0, gt=0)
     worker_batch_size: int = Field(default=100, gt=0, le=10_000)
     worker_max_in_flight: int = Field(default=200, gt=0)
+    worker_endpoint_share: float = Field(
+        default=0.5, gt=0, le=1, description="Most of a worker's slots one endpoint may hold."
+    )
     worker_poll_interval: float = Field(default=1.0, gt=0)
     request_timeout: float = Field(default=10.0, gt=0, description="Deadline of one attempt, s.")
     lease_seconds: float = Field(default=60.0, gt=0)
@@ -129,6 +132,34 @@ class Settings(BaseSettings):
     )
     https_only: bool = Field(default=False, description="Refuse http:// endpoints.")
     log_level: str = "INFO"
+    # Endpoint health (delivery/health.py): circuit breaker, ramp, 429 pause, auto-disable.
+    breaker_failure_threshold: int = Field(
+        default=5, gt=0, description="Consecutive failures that open an endpoint's breaker."
+    )
+    breaker_failure_ratio: float = Field(
+        default=0.5, gt=0, le=1, description="Failure share over the window that opens it."
+    )
+    breaker_window_seconds: float = Field(default=60.0, gt=0)
+    breaker_min_attempts: int = Field(
+        default=20, gt=0, description="Attempts in the window before the ratio counts."
+    )
+    breaker_cooldown_seconds: float = Field(
+        default=15.0, gt=0, description="Open time after a first trip; doubles per re-trip."
+    )
+    breaker_cooldown_max_seconds: float = Field(default=600.0, gt=0)
+    ramp_seconds: float = Field(
+        default=60.0, ge=0, description="After recovery or a 429 pause, the rate ramps this long."
+    )
+    ramp_start_per_second: float = Field(default=1.0, gt=0)
+    ramp_step_per_second: float = Field(
+        default=1.0, ge=0, description="The ramp's rate grows by this much every second."
+    )
+    throttle_seconds: float = Field(
+        default=5.0, gt=0, description="Pause after a 429 without a usable Retry-After."
+    )
+    auto_disable_after_days: float = Field(
+        default=5.0, gt=0, description="Disable an endpoint whose attempts all failed this long."
+    )
     http_transport: Literal["aiohttp", "httpx"] = Field(
         default="aiohttp",
         description="Wire under httpx: 'aiohttp' (fast) or 'httpx' (httpcore's own pool).",
