@@ -45,3 +45,20 @@ def test_upgrade_is_idempotent_and_uses_its_own_version_table(empty_database_url
             )
     finally:
         engine.dispose()
+
+
+def test_every_migration_downgrades_and_upgrades_again(empty_database_url: str) -> None:
+    from alembic import command
+
+    from outbox.migrate import alembic_config
+
+    engine = make_engine(empty_database_url)
+    try:
+        upgrade(engine)
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(conn), "base")
+        assert set(inspect(engine).get_table_names()) == {VERSION_TABLE}
+        upgrade(engine)
+        assert current_revision(engine) == head_revision() == "0004"
+    finally:
+        engine.dispose()

@@ -1,7 +1,7 @@
 """endpoint health: breaker state, limits, ordering; event type priorities
 
 Revision ID: 0004
-Revises: 0005
+Revises: 0003
 Create Date: 2026-11-29
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0004"
-down_revision = "0005"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 

@@ -1,6 +1,6 @@
 """delivery rules: per-endpoint status overrides, rescue counter
 
-Revision ID: 0003
+Revision ID: 0002
 Revises: 0001
 Create Date: 2026-11-29
 """
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = "0003"
+revision = "0002"
 down_revision = "0001"
 branch_labels = None
 depends_on = None
