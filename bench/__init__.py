@@ -1,1 +1,1 @@
-"""The webhook-outbox benchmark: `python -m bench` (see docs/readme-bench.md)."""
+"""The webhook-outbox benchmark: `python -m bench` (see the README's Performance section)."""
