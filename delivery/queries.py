@@ -95,11 +95,11 @@ CLAIM_DUE_DELIVERIES = text(
 RECORD_OUTCOMES = text(
     """
     WITH outcome AS (
-        SELECT * FROM unnest(
-            CAST(:ids AS bigint[]), CAST(:states AS text[]), CAST(:attempts AS int[]),
-            CAST(:next_attempt_at AS timestamptz[]), CAST(:status_codes AS int[]),
-            CAST(:errors AS text[]), CAST(:final_reasons AS text[])
-        ) AS o(id, state, attempts, next_attempt_at, status_code, error, final_reason)
+        SELECT * FROM jsonb_to_recordset(CAST(:outcomes AS jsonb)) AS o(
+            id bigint, state text, attempts int, next_attempt_at timestamptz,
+            status_code int, error text, final_reason text, started_at timestamptz,
+            duration_ms int, outcome text, response_excerpt text, request_headers jsonb
+        )
     ), updated AS (
         UPDATE deliveries d
         SET state = o.state,
@@ -119,15 +119,9 @@ RECORD_OUTCOMES = text(
         INSERT INTO delivery_attempts
             (delivery_id, attempt_number, started_at, duration_ms, status_code, outcome,
              error, response_excerpt, request_headers, worker_id)
-        SELECT a.delivery_id, a.attempt_number, a.started_at, a.duration_ms, a.status_code,
-               a.outcome, a.error, a.response_excerpt, a.request_headers::jsonb, :worker_id
-        FROM unnest(
-            CAST(:ids AS bigint[]), CAST(:attempts AS int[]),
-            CAST(:started_at AS timestamptz[]), CAST(:durations AS int[]),
-            CAST(:status_codes AS int[]), CAST(:outcomes AS text[]), CAST(:errors AS text[]),
-            CAST(:excerpts AS text[]), CAST(:request_headers AS text[])
-        ) AS a(delivery_id, attempt_number, started_at, duration_ms, status_code, outcome,
-               error, response_excerpt, request_headers)
+        SELECT o.id, o.attempts, o.started_at, o.duration_ms, o.status_code, o.outcome,
+               o.error, o.response_excerpt, o.request_headers, :worker_id
+        FROM outcome o
         RETURNING 1
     )
     SELECT id FROM updated

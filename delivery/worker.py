@@ -392,23 +392,29 @@ class Worker:
         decisions: Sequence[Decision],
     ) -> set[int]:
         """One statement for the whole batch; returns the ids whose lease was still ours."""
+        # One JSON document rather than thirteen arrays: the benchmark's profile put
+        # psycopg's array packing at a quarter of the claim-and-record loop.
+        rows = [
+            {
+                "id": claimed.id,
+                "state": decision.state,
+                "attempts": claimed.attempts + 1,
+                "next_attempt_at": _iso(decision.next_attempt_at),
+                "status_code": result.status_code,
+                "error": result.error,
+                "final_reason": decision.final_reason,
+                "started_at": _iso(result.started_at),
+                "duration_ms": result.duration_ms,
+                "outcome": str(result.outcome),
+                "response_excerpt": result.response_excerpt,
+                "request_headers": _headers_for_record(result.request_headers),
+            }
+            for (claimed, result), decision in zip(outcomes, decisions, strict=True)
+        ]
         params = {
             "now": now,
             "worker_id": self.config.worker_id,
-            "ids": [claimed.id for claimed, _ in outcomes],
-            "states": [decision.state for decision in decisions],
-            "attempts": [claimed.attempts + 1 for claimed, _ in outcomes],
-            "next_attempt_at": [decision.next_attempt_at for decision in decisions],
-            "status_codes": [result.status_code for _, result in outcomes],
-            "errors": [result.error for _, result in outcomes],
-            "final_reasons": [decision.final_reason for decision in decisions],
-            "started_at": [result.started_at for _, result in outcomes],
-            "durations": [result.duration_ms for _, result in outcomes],
-            "outcomes": [str(result.outcome) for _, result in outcomes],
-            "excerpts": [result.response_excerpt for _, result in outcomes],
-            "request_headers": [
-                json.dumps(_headers_for_record(result.request_headers)) for _, result in outcomes
-            ],
+            "outcomes": json.dumps(rows),
         }
         return set((await conn.execute(queries.RECORD_OUTCOMES, params)).scalars())
 
@@ -547,6 +553,10 @@ class Worker:
         if leftovers:
             released = await self.release([item.id for item in leftovers])
             log.info("shutdown: released %d unfinished deliveries", released)
+
+
+def _iso(when: dt.datetime | None) -> str | None:
+    return None if when is None else when.isoformat()
 
 
 def _headers_for_record(headers: dict[str, str]) -> dict[str, str]:
