@@ -41,6 +41,7 @@ from outbox.endpoints import (
     set_enabled,
 )
 from outbox.errors import OutboxError
+from outbox.headers import get_headers, parse_header_argument, set_headers
 from outbox.logging_setup import configure_logging
 from outbox.publish import publish as publish_event
 from outbox.settings import Settings, load_settings
@@ -223,13 +224,17 @@ def endpoints_list(as_json: bool) -> None:
         print_table(_endpoint_rows(items), ["ID", "STATE", "EVENTS", "URL"])
 
 
-def _set_enabled(uid: str, enabled: bool, reason: str | None, actor: str, as_json: bool) -> None:
-    with database() as (_, db), db.engine.begin() as conn:
-        item = set_enabled(conn, uid, enabled=enabled, reason=reason, actor=actor)
+def _show_endpoint(item: Endpoint, as_json: bool) -> None:
     if as_json:
         echo_json(item.as_json())
     else:
         print_table(_endpoint_rows([item]), ["ID", "STATE", "EVENTS", "URL"])
+
+
+def _set_enabled(uid: str, enabled: bool, reason: str | None, actor: str, as_json: bool) -> None:
+    with database() as (_, db), db.engine.begin() as conn:
+        item = set_enabled(conn, uid, enabled=enabled, reason=reason, actor=actor)
+    _show_endpoint(item, as_json)
 
 
 @endpoints.command("enable")
@@ -837,10 +842,7 @@ def endpoints_update(
             max_attempts=max_attempts,
             reason=reason,
         )
-    if as_json:
-        echo_json(item.as_json())
-    else:
-        print_table(_endpoint_rows([item]), ["ID", "STATE", "EVENTS", "URL"])
+    _show_endpoint(item, as_json)
 
 
 @endpoints.command("delete")
@@ -1328,3 +1330,44 @@ def priorities_list(as_json: bool) -> None:
         echo_json(items)
     else:
         print_table([[name, value] for name, value in items.items()], ["EVENT TYPE", "PRIORITY"])
+
+
+@endpoints.command("headers")
+@click.argument("endpoint_id")
+@click.option(
+    "--set", "to_set", multiple=True, help="'Name: value' to send with every request (repeat)."
+)
+@click.option("--unset", multiple=True, help="A header name to stop sending (repeat).")
+@click.option("--clear", is_flag=True, help="Remove every custom header.")
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@json_option
+@friendly_errors
+def endpoints_headers(
+    endpoint_id: str,
+    to_set: tuple[str, ...],
+    unset: tuple[str, ...],
+    clear: bool,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Show (names only) or change an endpoint's custom request headers, stored encrypted.
+
+    The signature, body framing, host and hop-by-hop headers cannot be set.
+    """
+    with database() as (current, db):
+        box = app.secret_box(current, db)
+        with db.engine.begin() as conn:
+            headers = {} if clear else get_headers(conn, box, endpoint_id)
+            for name in unset:
+                headers.pop(name.lower(), None)
+            for item in to_set:
+                name, value = parse_header_argument(item)
+                headers[name.lower()] = value
+            if to_set or unset or clear:
+                names = set_headers(conn, box, endpoint_id, headers, actor=actor or default_actor())
+            else:
+                names = sorted(headers)
+    if as_json:
+        echo_json({"id": endpoint_id, "headers": names})
+    else:
+        click.echo(", ".join(names) if names else "no custom headers")

@@ -41,6 +41,8 @@ class OutgoingRequest:
     timeout: float
     status_overrides: Mapping[int, Outcome] = field(default_factory=dict)
     retry_after_max: float = RETRY_AFTER_MAX_SECONDS
+    # The endpoint's custom headers (validated when saved); ours are applied after them.
+    extra_headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -219,8 +221,11 @@ async def send_attempt(
         started_at=started_at,
         duration_ms=0,
         outcome=Outcome.AMBIGUOUS,
-        request_headers=headers,
+        # Custom headers are often credentials: the attempt row keeps their names only.
+        request_headers={**dict.fromkeys(request.extra_headers, "[redacted]"), **headers},
     )
+    if request.extra_headers:
+        headers = {**request.extra_headers, **headers}
     progress = _Progress(on_start)
     status: int | None = None
     try:

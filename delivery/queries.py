@@ -80,6 +80,7 @@ CLAIM_DUE_DELIVERIES = text(
     RETURNING d.id, d.attempts, d.max_attempts,
               e.uid AS endpoint_uid, e.url, e.signing_secret, e.previous_signing_secret,
               e.previous_secret_expires_at, e.timeout_seconds, e.retry_schedule,
+              e.custom_headers,
               ev.message_id, ev.event_type, ev.payload::text AS payload_json,
               ev.created_at AS event_created_at,
               d.endpoint_id,

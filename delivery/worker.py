@@ -43,6 +43,7 @@ from delivery.policy import (
 from outbox.clock import Clock
 from outbox.crypto import SecretBox, secret_key_bytes
 from outbox.endpoints import secret_context
+from outbox.headers import decrypt_headers
 from outbox.notify import wait_for_any
 from outbox.settings import DEFAULT_RETRY_SCHEDULE, LEASE_MARGIN_SECONDS
 
@@ -151,6 +152,7 @@ class Worker:
         self.config = config or WorkerConfig()
         self._rng = rng or random.Random()
         self._keys: dict[str, bytes] = {}
+        self._headers: dict[str, dict[str, str]] = {}
         self._pending: list[tuple[ClaimedDelivery, AttemptResult]] = []
         self._results_ready = asyncio.Event()
         self._slot_free = asyncio.Event()
@@ -251,8 +253,20 @@ class Worker:
                 timeout=timeout,
                 status_overrides=status_overrides,
                 retry_after_max=self.config.retry_after_max,
+                extra_headers=self._custom_headers(row.custom_headers, row.endpoint_uid),
             ),
         )
+
+    def _custom_headers(self, stored: str | None, endpoint_uid: str) -> dict[str, str]:
+        if not stored:
+            return {}
+        headers = self._headers.get(stored)
+        if headers is None:
+            headers = decrypt_headers(self._box, endpoint_uid, stored)
+            if len(self._headers) > 10_000:
+                self._headers.clear()
+            self._headers[stored] = headers
+        return headers
 
     # -- attempting and recording ---------------------------------------------------
 
@@ -407,7 +421,8 @@ class Worker:
                 "duration_ms": result.duration_ms,
                 "outcome": str(result.outcome),
                 "response_excerpt": result.response_excerpt,
-                "request_headers": _headers_for_record(result.request_headers),
+                # Already without secrets: custom header values are redacted at the source.
+                "request_headers": result.request_headers,
             }
             for (claimed, result), decision in zip(outcomes, decisions, strict=True)
         ]
@@ -557,8 +572,3 @@ class Worker:
 
 def _iso(when: dt.datetime | None) -> str | None:
     return None if when is None else when.isoformat()
-
-
-def _headers_for_record(headers: dict[str, str]) -> dict[str, str]:
-    """Request headers as stored in attempt rows: signatures are not secrets, but keep it lean."""
-    return {name: value for name, value in headers.items() if name != "authorization"}

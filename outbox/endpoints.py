@@ -77,6 +77,11 @@ def secret_context(uid: str) -> str:
     return f"endpoint:{uid}"
 
 
+def headers_context(uid: str) -> str:
+    """Associated data of an endpoint's encrypted custom headers."""
+    return f"endpoint:{uid}:headers"
+
+
 def create_endpoint(
     conn: Connection,
     box: SecretBox,
@@ -157,7 +162,11 @@ def check_keys_cover_stored_secrets(conn: Connection, box: SecretBox) -> None:
     missing: dict[str, int] = {}
     tried: set[str] = set()
     for row in conn.execute(queries.SELECT_STORED_SECRETS):
-        for stored in (row.signing_secret, row.previous_signing_secret):
+        for stored, context in (
+            (row.signing_secret, secret_context(row.uid)),
+            (row.previous_signing_secret, secret_context(row.uid)),
+            (row.custom_headers, headers_context(row.uid)),
+        ):
             if not stored:
                 continue
             kid = key_parts(stored)[1]
@@ -166,7 +175,7 @@ def check_keys_cover_stored_secrets(conn: Connection, box: SecretBox) -> None:
             elif kid not in tried:
                 # One trial decryption per key catches a key with the right id but
                 # the wrong bytes (say, a lost and regenerated local key file).
-                box.decrypt(stored, context=secret_context(row.uid))
+                box.decrypt(stored, context=context)
                 tried.add(kid)
     if missing:
         listed = ", ".join(f"{kid!r} ({count} secrets)" for kid, count in sorted(missing.items()))
@@ -187,9 +196,20 @@ def reencrypt_secrets(conn: Connection, box: SecretBox, *, actor: str) -> int:
             if row.previous_signing_secret
             else None
         )
+        extra = headers_context(row.uid)
+        headers = (
+            box.encrypt(box.decrypt(row.custom_headers, context=extra), context=extra)
+            if row.custom_headers
+            else None
+        )
         conn.execute(
             queries.SET_ENDPOINT_SECRETS,
-            {"id": row.id, "signing_secret": current, "previous_signing_secret": previous},
+            {
+                "id": row.id,
+                "signing_secret": current,
+                "previous_signing_secret": previous,
+                "custom_headers": headers,
+            },
         )
         changed += 1
     record_audit(

@@ -626,7 +626,10 @@ METRICS_ATTEMPTS = text(
 )
 
 SELECT_STORED_SECRETS = text(
-    "SELECT id, uid, signing_secret, previous_signing_secret FROM endpoints ORDER BY id"
+    """
+    SELECT id, uid, signing_secret, previous_signing_secret, custom_headers
+    FROM endpoints ORDER BY id
+    """
 )
 
 SELECT_ENDPOINT_SECRET = text("SELECT uid, signing_secret FROM endpoints WHERE uid = :uid")
@@ -635,7 +638,7 @@ SET_ENDPOINT_SECRETS = text(
     """
     UPDATE endpoints
     SET signing_secret = :signing_secret, previous_signing_secret = :previous_signing_secret,
-        updated_at = now()
+        custom_headers = :custom_headers, updated_at = now()
     WHERE id = :id
     """
 )
@@ -668,5 +671,15 @@ RESET_ENDPOINT_HEALTH_ON_ENABLE = text(
         window_failures = 0, trips = 0, failing_since = NULL, paused_until = NULL,
         tokens = NULL, tokens_at = NULL, updated_at = now()
     WHERE endpoint_id = :id
+    """
+)
+
+SELECT_ENDPOINT_HEADERS = text("SELECT custom_headers FROM endpoints WHERE uid = :uid")
+
+SET_ENDPOINT_HEADERS = text(
+    """
+    UPDATE endpoints SET custom_headers = :custom_headers, updated_at = now()
+    WHERE uid = :uid
+    RETURNING id
     """
 )

@@ -101,6 +101,9 @@ endpoints = Table(
     Column("signing_secret", Text, nullable=False),
     Column("previous_signing_secret", Text),
     Column("previous_secret_expires_at", DateTime(timezone=True)),
+    # Custom request headers (say, an Authorization a partner asked for): JSON of
+    # {name: value}, encrypted like the secrets, because they are often credentials.
+    Column("custom_headers", Text),
     Column("timeout_seconds", Float),
     Column("max_attempts", Integer),
     Column("retry_schedule", ARRAY(Float)),

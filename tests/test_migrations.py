@@ -59,6 +59,6 @@ def test_every_migration_downgrades_and_upgrades_again(empty_database_url: str) 
             command.downgrade(alembic_config(conn), "base")
         assert set(inspect(engine).get_table_names()) == {VERSION_TABLE}
         upgrade(engine)
-        assert current_revision(engine) == head_revision() == "0004"
+        assert current_revision(engine) == head_revision() == "0005"
     finally:
         engine.dispose()
