@@ -270,10 +270,15 @@ async def _discard(call: Call, ids: list[int], reason: str | None) -> Any:
 
 
 def _endpoint_json(health: EndpointHealth | None, data: dict[str, Any]) -> dict[str, Any]:
+    """The endpoint, its recent health and its breaker: the same block `outbox stats` shows.
+
+    The breaker sits beside `health` (not inside it) because it is the first thing an
+    operator looks for, and it is the very dict `/v1/stats` reports for that endpoint.
+    """
     if health is not None:
-        data["health"] = {
-            k: v for k, v in health.as_json().items() if k not in ("uid", "url", "enabled")
-        }
+        stats = health.as_json()
+        data["breaker"] = stats.pop("breaker")
+        data["health"] = {k: v for k, v in stats.items() if k not in ("uid", "url", "enabled")}
     return data
 
 
@@ -569,7 +574,7 @@ ROUTES: tuple[Operation, ...] = (
         "GET",
         "/v1/endpoints",
         "viewer",
-        "Endpoints with their recent success rate, latency and backlog.",
+        "Endpoints with their recent success rate, latency, backlog and circuit breaker.",
         list_endpoints_route,
     ),
     Operation(

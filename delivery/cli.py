@@ -45,7 +45,7 @@ from outbox.headers import get_headers, parse_header_argument, set_headers
 from outbox.logging_setup import configure_logging
 from outbox.publish import publish as publish_event
 from outbox.settings import Settings, load_settings
-from outbox.stats import Stats, collect_stats
+from outbox.stats import Breaker, Stats, collect_stats
 from outbox.tokens import ROLES, create_token, list_tokens, revoke_token
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -922,7 +922,7 @@ def endpoints_rotate_secret(
 @json_option
 @friendly_errors
 def endpoints_status(window: str, as_json: bool) -> None:
-    """Each endpoint's state, recent success rate, latency and backlog."""
+    """Each endpoint's state, circuit breaker, recent success rate, latency and backlog."""
     with database() as (_, db), db.engine.connect() as conn:
         stats = collect_stats(conn, now=SystemClock().now(), window=parse_duration(window))
     if as_json:
@@ -931,7 +931,26 @@ def endpoints_status(window: str, as_json: bool) -> None:
     print_table(_health_rows(stats), _HEALTH_HEADERS)
 
 
-_HEALTH_HEADERS = ["ENDPOINT", "STATE", "ATTEMPTS", "SUCCESS", "P50", "P99", "PENDING", "DEAD"]
+_HEALTH_HEADERS = [
+    "ENDPOINT", "STATE", "BREAKER", "ATTEMPTS", "SUCCESS", "P50", "P99", "PENDING", "DEAD",
+]  # fmt: skip
+
+
+def _breaker_cell(breaker: Breaker) -> str:
+    """The state first (what a grep or an eye looks for), then when it changes next."""
+    text = breaker.state
+    if breaker.state == "open":
+        text += f" (since {_clock_time(breaker.opened_at)}, probe in "
+        text += f"{_span(breaker.cooldown_remaining_seconds)})"
+    elif breaker.state == "half_open":
+        text += f" (probe out until {_clock_time(breaker.probe_until)})"
+    if breaker.paused:
+        text += f", paused by 429 until {_clock_time(breaker.paused_until)}"
+    return text
+
+
+def _clock_time(at: dt.datetime | None) -> str:
+    return "-" if at is None else at.astimezone(dt.UTC).strftime("%H:%M:%SZ")
 
 
 def _health_rows(stats: Stats) -> list[list[object]]:
@@ -941,6 +960,7 @@ def _health_rows(stats: Stats) -> list[list[object]]:
             "enabled"
             if e.enabled
             else ("auto-disabled" if e.auto_disabled else "disabled") + f" ({e.disabled_reason})",
+            _breaker_cell(e.breaker),
             e.attempts,
             _pct(e.success_rate),
             "-" if e.p50_ms is None else f"{e.p50_ms:.0f}ms",
@@ -964,6 +984,8 @@ def _print_stats(stats: Stats) -> None:
     )
     rates = "  ".join(f"{k} {v:g}" for k, v in stats.per_minute.items())
     click.echo(f"per minute:  {rates}")
+    breakers = "  ".join(f"{state} {n}" for state, n in stats.breaker_counts.items())
+    click.echo(f"breakers:    {breakers}")
     if stats.endpoints:
         click.echo("")
         print_table(_health_rows(stats), _HEALTH_HEADERS)

@@ -19,6 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from outbox.schema import BREAKER_STATES
 from outbox.stats import Stats, Totals
 
 
@@ -83,14 +84,37 @@ class _Snapshot(Collector):
             "Share of the stats window's attempts that succeeded (absent without attempts).",
             labels=["endpoint"],
         )
+        # The usual Prometheus enum: one series per state, 1 for the current one, so
+        # `outbox_endpoint_breaker_state{state="open"} == 1` selects the open breakers.
+        breaker = GaugeMetricFamily(
+            "outbox_endpoint_breaker_state",
+            "Circuit breaker state per endpoint: 1 for the current state, 0 for the others.",
+            labels=["endpoint", "state"],
+        )
+        paused = GaugeMetricFamily(
+            "outbox_endpoint_paused",
+            "1 while the endpoint is paused by a 429 (Retry-After or the default pause).",
+            labels=["endpoint"],
+        )
         for endpoint in stats.endpoints:
             enabled.add_metric([endpoint.uid], 1.0 if endpoint.enabled else 0.0)
+            for state in BREAKER_STATES:
+                current = 1.0 if endpoint.breaker.state == state else 0.0
+                breaker.add_metric([endpoint.uid, state], current)
+            paused.add_metric([endpoint.uid], 1.0 if endpoint.breaker.paused else 0.0)
             pending.add_metric([endpoint.uid], endpoint.pending)
             if endpoint.success_rate is not None:
                 success.add_metric([endpoint.uid], endpoint.success_rate)
         yield enabled
         yield pending
         yield success
+        yield breaker
+        yield paused
+        yield GaugeMetricFamily(
+            "outbox_endpoint_breaker_open",
+            "Endpoints whose circuit breaker is open (cooling down before the next probe).",
+            stats.breaker_counts["open"],
+        )
         alerts = GaugeMetricFamily(
             "outbox_alert_firing", "1 while an alert signal fires.", labels=["alert"]
         )

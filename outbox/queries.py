@@ -585,10 +585,16 @@ STATS_ENDPOINTS = text(
                  AND NOT COALESCE((al.details ->> 'automatic')::boolean, false)
                  AND NOT starts_with(al.actor, 'worker:')
                  AND NOT starts_with(al.actor, 'system')
-           )) AS auto_disabled
+           )) AS auto_disabled,
+           COALESCE(h.breaker_state, 'closed') AS breaker_state,
+           h.opened_at, h.open_until, h.probe_until, h.paused_until,
+           COALESCE(h.consecutive_failures, 0) AS consecutive_failures,
+           COALESCE(h.trips, 0) AS trips
     FROM endpoints e
     LEFT JOIN per ON per.endpoint_id = e.id
     LEFT JOIN backlog ON backlog.endpoint_id = e.id
+    -- The breaker is written by delivery/health.py; a missing row is a closed breaker.
+    LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
     ORDER BY e.id
     """
 )

@@ -1,5 +1,9 @@
 """Numbers an operator (or an alert rule) needs: backlog, lag, rates, per-endpoint health.
 
+Per-endpoint health includes the circuit breaker as the workers left it in
+`endpoint_health` (delivery/health.py writes it; this module only reads the row,
+so outbox/ still never imports delivery/).
+
 Everything is read from the database, so every process and every replica report
 the same figures, and they survive restarts. `now` is passed in (an injected
 clock), which keeps windows and ages testable without sleeping.
@@ -15,7 +19,7 @@ from sqlalchemy import Connection
 
 from outbox import queries
 from outbox.schema import ATTEMPT_OUTCOMES as OUTCOMES
-from outbox.schema import DELIVERY_STATES
+from outbox.schema import BREAKER_STATES, DELIVERY_STATES
 
 TOP_ERRORS = 5
 
@@ -31,6 +35,54 @@ class AlertThresholds:
 
 
 @dataclass(frozen=True, slots=True)
+class Breaker:
+    """An endpoint's circuit breaker, as stored in its `endpoint_health` row.
+
+    The columns are reported as they are (a missing row reads as a closed breaker
+    with no history), so every view agrees with `outbox endpoints health`.
+    `opened_at` is when it last opened and stays set after it closes; `open_until`
+    is when the cooldown ends and the next probe may be claimed; `probe_until` is
+    the lease of a probe in flight (half_open). `paused` is derived from
+    `paused_until` and the snapshot's clock: a 429 asked the workers to wait.
+    """
+
+    state: str
+    opened_at: dt.datetime | None
+    open_until: dt.datetime | None
+    probe_until: dt.datetime | None
+    paused_until: dt.datetime | None
+    consecutive_failures: int
+    trips: int
+    paused: bool
+    cooldown_remaining_seconds: float | None
+
+    @classmethod
+    def from_row(cls, row: Any, now: dt.datetime) -> Breaker:
+        paused_until, open_until = row["paused_until"], row["open_until"]
+        return cls(
+            state=str(row["breaker_state"]),
+            opened_at=row["opened_at"],
+            open_until=open_until,
+            probe_until=row["probe_until"],
+            paused_until=paused_until,
+            consecutive_failures=int(row["consecutive_failures"]),
+            trips=int(row["trips"]),
+            paused=paused_until is not None and now < paused_until,
+            cooldown_remaining_seconds=(
+                max((open_until - now).total_seconds(), 0.0)
+                if row["breaker_state"] == "open" and open_until is not None
+                else None
+            ),
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            key: value.isoformat() if isinstance(value, dt.datetime) else value
+            for key, value in asdict(self).items()
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class EndpointHealth:
     uid: str
     url: str
@@ -43,6 +95,7 @@ class EndpointHealth:
     p99_ms: float | None
     pending: int
     dead: int
+    breaker: Breaker
 
     @property
     def success_rate(self) -> float | None:
@@ -55,6 +108,7 @@ class EndpointHealth:
     def as_json(self) -> dict[str, Any]:
         return {
             **asdict(self),
+            "breaker": self.breaker.as_json(),
             "success_rate": self.success_rate,
             "error_rate": self.error_rate,
         }
@@ -97,6 +151,14 @@ class Stats:
     alerts: list[Alert] = field(default_factory=list)
 
     @property
+    def breaker_counts(self) -> dict[str, int]:
+        """How many endpoints' breakers are in each state (every state listed, 0 included)."""
+        counts = dict.fromkeys(BREAKER_STATES, 0)
+        for endpoint in self.endpoints:
+            counts[endpoint.breaker.state] = counts.get(endpoint.breaker.state, 0) + 1
+        return counts
+
+    @property
     def firing(self) -> list[Alert]:
         return [alert for alert in self.alerts if alert.firing]
 
@@ -112,6 +174,7 @@ class Stats:
             "window": self.window,
             "per_minute": self.per_minute,
             "endpoints": [item.as_json() for item in self.endpoints],
+            "breakers": self.breaker_counts,
             "top_errors": [item.as_json() for item in self.top_errors],
             "alerts": [asdict(alert) for alert in self.alerts],
         }
@@ -145,8 +208,9 @@ def collect_stats(
         .one()
     )
     params = {"now": now, "since": since}
+    columns = [name for name in EndpointHealth.__dataclass_fields__ if name != "breaker"]
     endpoints = [
-        EndpointHealth(**{name: row[name] for name in EndpointHealth.__dataclass_fields__})
+        EndpointHealth(**{name: row[name] for name in columns}, breaker=Breaker.from_row(row, now))
         for row in conn.execute(queries.STATS_ENDPOINTS, params).mappings()
     ]
     errors = [
@@ -183,6 +247,11 @@ def evaluate_alerts(stats: Stats, limits: AlertThresholds) -> list[Alert]:
     oldest = stats.oldest_due_age_seconds or 0.0
     lag = stats.relay_lag_seconds or 0.0
     auto_disabled = [e.uid for e in stats.endpoints if e.auto_disabled]
+    # A half-open breaker is still an unhealthy endpoint (its probe is out): counting it
+    # keeps the signal from flapping off for the length of every probe. A disabled
+    # endpoint's breaker stays as it was (nothing probes it), and the disable has its own
+    # signal, so it is left out rather than firing until someone re-enables it.
+    broken = [e for e in stats.endpoints if e.enabled and e.breaker.state != "closed"]
     window = f"{stats.window_seconds / 60:g} min"
     return [
         Alert(
@@ -218,6 +287,17 @@ def evaluate_alerts(stats: Stats, limits: AlertThresholds) -> list[Alert]:
             "auto-disabled: " + ", ".join(auto_disabled)
             if auto_disabled
             else "no endpoint was disabled automatically",
+        ),
+        Alert(
+            "endpoint_breaker_open",
+            bool(broken),
+            len(broken),
+            1,
+            "breaker open: "
+            + ", ".join(f"{e.uid} ({e.breaker.state.replace('_', '-')})" for e in broken)
+            + "; `outbox endpoints health` shows why"
+            if broken
+            else "every enabled endpoint's breaker is closed",
         ),
         Alert(
             "relay_lag",
