@@ -856,6 +856,9 @@ async def rss_in_flight(
             "OUTBOX_WORKER_BATCH_SIZE": str(min(500, plan.rss_in_flight)),
             "OUTBOX_REQUEST_TIMEOUT": str(plan.slow_delay * 3),
             "OUTBOX_LEASE_SECONDS": str(plan.slow_delay * 10),
+            # One endpoint here, and by default one endpoint may hold only half the
+            # worker's slots (endpoint health): let it hold them all for this figure.
+            "OUTBOX_WORKER_ENDPOINT_SHARE": "1",
         },
         logs / f"{database}.log",
     )
