@@ -37,6 +37,15 @@ _SUMMARY = text(
     """
 )
 
+_BREAKERS = text(
+    """
+    SELECT e.url, h.breaker_state, h.consecutive_failures
+    FROM endpoints e JOIN endpoint_health h ON h.endpoint_id = e.id
+    WHERE h.breaker_state <> 'closed'
+    ORDER BY e.url
+    """
+)
+
 
 async def run_demo(settings: Settings) -> int:
     with tempfile.TemporaryDirectory(prefix="outbox-demo-") as tmp:
@@ -103,6 +112,7 @@ def _print_summary(
     assert isinstance(engine, Engine)
     with engine.connect() as conn:
         rows = conn.execute(_SUMMARY).all()
+        breakers = conn.execute(_BREAKERS).all()
     click.echo("\nWhat happened")
     click.echo(f"  {'endpoint':<34} {'state':<10} {'deliveries':>10} {'attempts':>8}  detail")
     for row in rows:
@@ -120,6 +130,11 @@ def _print_summary(
         f"\n  the healthy partner received {len(arrived)} requests; "
         f"the failing one was tried {len(failed_tries)} times so far."
     )
+    for breaker in breakers:
+        click.echo(
+            f"  {breaker.url}: circuit breaker {breaker.breaker_state} after repeated "
+            "failures, so it gets one probe per cooldown instead of every retry at once."
+        )
     if arrived:
         first = arrived[0]
         expected = sign(
@@ -143,5 +158,6 @@ def _print_summary(
         "  outbox publish order.created '{\"order_id\": 1}'\n"
         "  outbox run                     # relay + workers until Ctrl-C\n"
         "  outbox endpoints list --json\n"
+        "  outbox deliveries list --state dead   # and: outbox stats, outbox replay ID\n"
         "  In code: from outbox import publish; publish(conn, 'order.created', {...})"
     )

@@ -17,3 +17,5 @@ def test_demo_delivers_retries_and_verifies(monkeypatch: pytest.MonkeyPatch) -> 
     assert "signature verifies with the endpoint secret: yes" in result.output
     assert "retrying: HTTP 500" in result.output
     assert "succeeded" in result.output
+    # Five 500s in a row open the failing partner's breaker within the tour.
+    assert "circuit breaker open" in result.output
