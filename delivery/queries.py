@@ -57,6 +57,11 @@ CLAIM_DUE_DELIVERIES = text(
               ))
             ORDER BY d.priority DESC, d.next_attempt_at, d.id
             LIMIT LEAST(COALESCE(g.budget, :limit), :limit)
+            -- Rows another claimer holds are skipped here, not only at the end: otherwise
+            -- concurrent claimers on one endpoint all see the same head rows and all but
+            -- one come back empty. Locks on candidates not picked end with this statement's
+            -- transaction, a few milliseconds later.
+            FOR UPDATE OF d SKIP LOCKED
         ) c
         WHERE e.enabled AND COALESCE(g.budget, :limit) > 0
     ), picked AS (
