@@ -129,9 +129,6 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child.pid, signal.SIGTERM)
 
-    def pids(self) -> list[int]:
-        return [child.pid for child in self._children.values() if child.pid is not None]
-
     def run(self, grace: float) -> int:
         """Start the children, supervise until stop(), then wait up to `grace` s for them."""
         for index in range(self.processes):

@@ -6,8 +6,6 @@ for sync and async engines alike.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, make_url, text
@@ -68,12 +66,3 @@ def check_reachable(engine: Engine) -> None:
             f"cannot reach PostgreSQL at {redacted(str(engine.url))}: {reason}. "
             "Check OUTBOX_DATABASE_URL, or unset it to use the embedded server."
         ) from exc
-
-
-@contextlib.contextmanager
-def translate_operational_errors(url: str) -> Iterator[None]:
-    try:
-        yield
-    except OperationalError as exc:
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise DatabaseUnavailableError(f"lost PostgreSQL at {redacted(url)}: {reason}") from exc
