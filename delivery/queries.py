@@ -85,7 +85,7 @@ CLAIM_DUE_DELIVERIES = text(
     RETURNING d.id, d.attempts, d.max_attempts,
               e.uid AS endpoint_uid, e.url, e.signing_secret, e.previous_signing_secret,
               e.previous_secret_expires_at, e.timeout_seconds, e.retry_schedule,
-              e.custom_headers,
+              e.custom_headers, e.status_overrides,
               ev.message_id, ev.event_type, ev.payload::text AS payload_json,
               ev.created_at AS event_created_at,
               d.endpoint_id,
@@ -182,13 +182,6 @@ RESCUE_EXPIRED_LEASES = text(
 
 # Per-endpoint status overrides of the endpoints in a claimed batch (read in the
 # claim's transaction, so a batch sees one consistent set of rules).
-SELECT_STATUS_OVERRIDES = text(
-    """
-    SELECT uid, status_overrides FROM endpoints
-    WHERE uid = ANY(CAST(:uids AS text[])) AND status_overrides IS NOT NULL
-    """
-)
-
 # When each delivery's first attempt started: the span in "8 attempts over 17 h".
 SELECT_FIRST_ATTEMPT_TIMES = text(
     """

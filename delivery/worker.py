@@ -20,9 +20,9 @@ import logging
 import random
 import socket
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -33,7 +33,6 @@ from delivery.policy import (
     DEFAULT_JITTER,
     RETRY_AFTER_MAX_SECONDS,
     Decision,
-    Outcome,
     RetryPolicy,
     decide,
     exhausted_reason,
@@ -48,6 +47,7 @@ from outbox.notify import wait_for_any
 from outbox.settings import DEFAULT_RETRY_SCHEDULE, LEASE_MARGIN_SECONDS
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def default_worker_id() -> str:
@@ -187,17 +187,7 @@ class Worker:
                 now=now,
                 config=self.config.health,
             )
-            overrides = await self._status_overrides(conn, {row.endpoint_uid for row in rows})
-        return [self._prepare(row, now, overrides.get(row.endpoint_uid, {})) for row in rows]
-
-    async def _status_overrides(
-        self, conn: AsyncConnection, uids: set[str]
-    ) -> dict[str, dict[int, Outcome]]:
-        """The per-endpoint status overrides of a claimed batch (one query, only when claimed)."""
-        if not uids:
-            return {}
-        rows = await conn.execute(queries.SELECT_STATUS_OVERRIDES, {"uids": sorted(uids)})
-        return {row.uid: parse_status_overrides(row.status_overrides) for row in rows}
+        return [self._prepare(row, now) for row in rows]
 
     def _slots_left(self) -> dict[int, int]:
         """Per endpoint with attempts running here: how many more slots it may take."""
@@ -205,18 +195,15 @@ class Worker:
         return {endpoint_id: max(0, cap - held) for endpoint_id, held in self._slots_held.items()}
 
     def _key(self, stored: str, endpoint_uid: str) -> bytes:
-        key = self._keys.get(stored)
-        if key is None:
-            plain = self._box.decrypt(stored, context=secret_context(endpoint_uid))
-            key = secret_key_bytes(plain)
-            if len(self._keys) > 10_000:
-                self._keys.clear()
-            self._keys[stored] = key
-        return key
+        return _memo(
+            self._keys,
+            stored,
+            lambda: secret_key_bytes(
+                self._box.decrypt(stored, context=secret_context(endpoint_uid))
+            ),
+        )
 
-    def _prepare(
-        self, row: Any, now: dt.datetime, status_overrides: Mapping[int, Outcome]
-    ) -> ClaimedDelivery:
+    def _prepare(self, row: Any, now: dt.datetime) -> ClaimedDelivery:
         keys = [self._key(row.signing_secret, row.endpoint_uid)]
         if row.previous_signing_secret and (
             row.previous_secret_expires_at is None or row.previous_secret_expires_at > now
@@ -251,7 +238,7 @@ class Worker:
                 body=render_body(row.event_type, row.event_created_at, row.payload_json),
                 keys=keys,
                 timeout=timeout,
-                status_overrides=status_overrides,
+                status_overrides=parse_status_overrides(row.status_overrides),
                 retry_after_max=self.config.retry_after_max,
                 extra_headers=self._custom_headers(row.custom_headers, row.endpoint_uid),
             ),
@@ -260,13 +247,9 @@ class Worker:
     def _custom_headers(self, stored: str | None, endpoint_uid: str) -> dict[str, str]:
         if not stored:
             return {}
-        headers = self._headers.get(stored)
-        if headers is None:
-            headers = decrypt_headers(self._box, endpoint_uid, stored)
-            if len(self._headers) > 10_000:
-                self._headers.clear()
-            self._headers[stored] = headers
-        return headers
+        return _memo(
+            self._headers, stored, lambda: decrypt_headers(self._box, endpoint_uid, stored)
+        )
 
     # -- attempting and recording ---------------------------------------------------
 
@@ -568,6 +551,18 @@ class Worker:
         if leftovers:
             released = await self.release([item.id for item in leftovers])
             log.info("shutdown: released %d unfinished deliveries", released)
+
+
+def _memo(cache: dict[str, T], key: str, compute: Callable[[], T]) -> T:
+    """Decrypted values by ciphertext: decrypting per claimed row would cost more than the
+    request. A ciphertext changes whenever its secret does, so entries never go stale;
+    the cache is only bounded."""
+    found = cache.get(key)
+    if found is None:
+        if len(cache) > 10_000:
+            cache.clear()
+        found = cache[key] = compute()
+    return found
 
 
 def _iso(when: dt.datetime | None) -> str | None:
