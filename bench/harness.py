@@ -638,8 +638,9 @@ def _preload_events(
         conn.execute(
             text(
                 """
-                INSERT INTO outbox_events (message_id, event_type, payload)
-                SELECT 'msg_bench_' || g, :event_type, CAST(:payload AS jsonb)
+                INSERT INTO outbox_events (message_id, tenant_id, event_type, payload)
+                SELECT 'msg_bench_' || g, (SELECT id FROM tenants WHERE uid = 'default'),
+                       :event_type, CAST(:payload AS jsonb)
                 FROM generate_series(1, :count) AS g
                 """
             ),
@@ -835,8 +836,9 @@ async def rss_in_flight(
         conn.execute(
             text(
                 """
-                INSERT INTO outbox_events (message_id, event_type, payload)
-                SELECT 'msg_rss_' || g, :event_type, CAST(:payload AS jsonb)
+                INSERT INTO outbox_events (message_id, tenant_id, event_type, payload)
+                SELECT 'msg_rss_' || g, (SELECT id FROM tenants WHERE uid = 'default'),
+                       :event_type, CAST(:payload AS jsonb)
                 FROM generate_series(1, :count) AS g
                 """
             ),

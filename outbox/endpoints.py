@@ -21,6 +21,7 @@ from outbox.crypto import (
 )
 from outbox.errors import EndpointError, SecretKeyError
 from outbox.ids import new_endpoint_id
+from outbox.tenants import DEFAULT_TENANT, validate_tenant_uid
 from outbox.urls import validate_endpoint_url
 
 _PATTERN = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*(\.\*)?)$")
@@ -91,8 +92,12 @@ def create_endpoint(
     secret: str | None = None,
     description: str = "",
     https_only: bool = False,
+    tenant: str = DEFAULT_TENANT,
+    all_tenants: bool = False,
 ) -> CreatedEndpoint:
-    """Insert an endpoint in the caller's transaction; the secret is stored encrypted."""
+    """Insert an endpoint of `tenant` in the caller's transaction; the secret is stored
+    encrypted. `all_tenants` makes it receive every tenant's matching events."""
+    tenant = validate_tenant_uid(tenant, error=EndpointError)
     url = validate_endpoint_url(url, https_only=https_only)
     patterns = parse_event_patterns(event_types)
     plain_secret = secret or generate_secret()
@@ -101,16 +106,22 @@ def create_endpoint(
     except InvalidSecretError as exc:
         raise EndpointError(str(exc)) from exc
     uid = new_endpoint_id()
-    conn.execute(
+    inserted = conn.execute(
         queries.INSERT_ENDPOINT,
         {
             "uid": uid,
+            "tenant": tenant,
+            "all_tenants": all_tenants,
             "url": url,
             "description": description,
             "event_types": patterns,
             "signing_secret": box.encrypt(plain_secret, context=secret_context(uid)),
         },
-    )
+    ).first()
+    if inserted is None:
+        raise EndpointError(
+            f"unknown tenant {tenant!r}: create it first with `outbox tenants add {tenant}`"
+        )
     return CreatedEndpoint(endpoint=get_endpoint(conn, uid), secret=plain_secret)
 
 

@@ -35,3 +35,7 @@ class OperationError(OutboxError, ValueError):
 
 class NotFoundError(OperationError):
     """The delivery (or other row) an operator named does not exist."""
+
+
+class TenantError(OutboxError, ValueError):
+    """A tenant id is malformed, or names no tenant (`outbox tenants add` creates one)."""

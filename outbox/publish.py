@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from outbox.errors import PublishError
 from outbox.ids import new_message_id
 from outbox.queries import FIND_EVENT_BY_IDEMPOTENCY_KEY, INSERT_EVENT
+from outbox.tenants import DEFAULT_TENANT, validate_tenant_uid
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 _EVENT_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*$")
@@ -31,6 +32,7 @@ _PRIORITY_RANGE = range(-100, 101)
 @dataclass(frozen=True, slots=True)
 class PreparedEvent:
     message_id: str
+    tenant: str
     event_type: str
     payload_json: str
     idempotency_key: str | None
@@ -40,12 +42,26 @@ class PreparedEvent:
     def params(self) -> dict[str, Any]:
         return {
             "message_id": self.message_id,
+            "tenant": self.tenant,
             "event_type": self.event_type,
             "payload": self.payload_json,
             "idempotency_key": self.idempotency_key,
             "ordering_key": self.ordering_key,
             "priority": self.priority,
         }
+
+    def lookup_params(self) -> dict[str, Any]:
+        return {"tenant": self.tenant, "idempotency_key": self.idempotency_key}
+
+
+def _message_id(found: object, event: PreparedEvent) -> str:
+    # INSERT_EVENT answers one NULL row when the tenant does not exist (nothing written).
+    if found is None:
+        raise PublishError(
+            f"unknown tenant {event.tenant!r}: create it first (`outbox tenants add "
+            f"{event.tenant}`), or omit tenant= for the default tenant"
+        )
+    return str(found)
 
 
 def prepare_event(
@@ -55,9 +71,11 @@ def prepare_event(
     idempotency_key: str | None = None,
     ordering_key: str | None = None,
     priority: int | None = None,
+    tenant: str = DEFAULT_TENANT,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> PreparedEvent:
     """Validate and serialise an event; raises PublishError and writes nothing."""
+    tenant = validate_tenant_uid(tenant, error=PublishError)
     if not isinstance(event_type, str) or not _EVENT_TYPE.match(event_type):
         raise PublishError(
             f"event type {event_type!r} is invalid: use dot-separated words of letters, digits, "
@@ -95,6 +113,7 @@ def prepare_event(
         raise PublishError("priority must be an integer from -100 to 100 (higher goes first)")
     return PreparedEvent(
         message_id=new_message_id(),
+        tenant=tenant,
         event_type=event_type,
         payload_json=payload_json,
         idempotency_key=idempotency_key,
@@ -111,12 +130,16 @@ def publish(
     idempotency_key: str | None = None,
     ordering_key: str | None = None,
     priority: int | None = None,
+    tenant: str = DEFAULT_TENANT,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> str:
     """Add an event to the outbox inside the caller's transaction; returns its message id.
 
-    Publishing the same idempotency key twice returns the first event's id. Without a
-    `priority`, the event type's default applies (`outbox priorities set`), else 0.
+    The event goes to `tenant`'s matching endpoints only (and to endpoints that take
+    every tenant's events); without one, to the default tenant's. An unknown tenant is
+    refused (`outbox tenants add` creates it). Publishing the same idempotency key twice
+    for one tenant returns the first event's id. Without a `priority`, the event type's
+    default applies (`outbox priorities set`), else 0.
     """
     event = prepare_event(
         event_type,
@@ -124,15 +147,14 @@ def publish(
         idempotency_key=idempotency_key,
         ordering_key=ordering_key,
         priority=priority,
+        tenant=tenant,
         max_payload_bytes=max_payload_bytes,
     )
     connection = conn.connection() if isinstance(conn, Session) else conn
-    found = connection.execute(INSERT_EVENT, event.params()).scalar_one_or_none()
-    if found is None:
-        found = connection.execute(
-            FIND_EVENT_BY_IDEMPOTENCY_KEY, {"idempotency_key": event.idempotency_key}
-        ).scalar_one()
-    return str(found)
+    row = connection.execute(INSERT_EVENT, event.params()).first()
+    if row is None:
+        row = connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params()).one()
+    return _message_id(row[0], event)
 
 
 async def publish_async(
@@ -143,6 +165,7 @@ async def publish_async(
     idempotency_key: str | None = None,
     ordering_key: str | None = None,
     priority: int | None = None,
+    tenant: str = DEFAULT_TENANT,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> str:
     """The asyncio twin of `publish`; same rules, never commits."""
@@ -152,14 +175,11 @@ async def publish_async(
         idempotency_key=idempotency_key,
         ordering_key=ordering_key,
         priority=priority,
+        tenant=tenant,
         max_payload_bytes=max_payload_bytes,
     )
     connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
-    found = (await connection.execute(INSERT_EVENT, event.params())).scalar_one_or_none()
-    if found is None:
-        found = (
-            await connection.execute(
-                FIND_EVENT_BY_IDEMPOTENCY_KEY, {"idempotency_key": event.idempotency_key}
-            )
-        ).scalar_one()
-    return str(found)
+    row = (await connection.execute(INSERT_EVENT, event.params())).first()
+    if row is None:
+        row = (await connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params())).one()
+    return _message_id(row[0], event)

@@ -24,17 +24,20 @@ DELIVERIES_CHANNEL = "outbox_deliveries"
 # relay. The NOT EXISTS reads the small partial index of unrelayed events.
 INSERT_EVENT = text(
     """
-    WITH inserted AS (
+    WITH tenant AS (
+        SELECT id FROM tenants WHERE uid = :tenant
+    ), inserted AS (
         INSERT INTO outbox_events
-            (message_id, event_type, payload, idempotency_key, ordering_key, priority)
-        VALUES
-            (:message_id, :event_type, CAST(:payload AS jsonb), :idempotency_key,
-             :ordering_key,
-             COALESCE(CAST(:priority AS smallint),
-                      (SELECT p.priority FROM event_type_priorities p
-                       WHERE p.event_type = :event_type),
-                      0))
-        ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+            (message_id, tenant_id, event_type, payload, idempotency_key, ordering_key,
+             priority)
+        SELECT :message_id, tenant.id, :event_type, CAST(:payload AS jsonb), :idempotency_key,
+               :ordering_key,
+               COALESCE(CAST(:priority AS smallint),
+                        (SELECT p.priority FROM event_type_priorities p
+                         WHERE p.event_type = :event_type),
+                        0)
+        FROM tenant
+        ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING message_id
     ), woken AS (
         SELECT pg_notify('outbox_events', '') FROM inserted
@@ -43,14 +46,22 @@ INSERT_EVENT = text(
     SELECT message_id FROM inserted LEFT JOIN woken ON true
     UNION ALL
     SELECT message_id FROM outbox_events
-    WHERE idempotency_key = :idempotency_key AND NOT EXISTS (SELECT 1 FROM inserted)
+    WHERE tenant_id = (SELECT id FROM tenant) AND idempotency_key = :idempotency_key
+      AND NOT EXISTS (SELECT 1 FROM inserted)
+    UNION ALL
+    -- an unknown tenant: nothing was inserted; publish() raises (refusing is the default)
+    SELECT NULL WHERE NOT EXISTS (SELECT 1 FROM tenant)
     """
 )
 
 # When a concurrent transaction inserted the same key after our statement's snapshot,
 # the first query sees neither row; by now that transaction has committed.
 FIND_EVENT_BY_IDEMPOTENCY_KEY = text(
-    "SELECT message_id FROM outbox_events WHERE idempotency_key = :idempotency_key"
+    """
+    SELECT message_id FROM outbox_events
+    WHERE tenant_id = (SELECT id FROM tenants WHERE uid = :tenant)
+      AND idempotency_key = :idempotency_key
+    """
 )
 
 
@@ -86,7 +97,7 @@ _EVENT_TYPE_MAX_ATTEMPTS = """
 RELAY_BATCH = text(
     f"""
     WITH batch AS (
-        SELECT id, event_type, ordering_key, priority
+        SELECT id, tenant_id, event_type, ordering_key, priority
         FROM outbox_events
         WHERE relayed_at IS NULL
         ORDER BY id
@@ -94,13 +105,15 @@ RELAY_BATCH = text(
         FOR UPDATE SKIP LOCKED
     ), fanned AS (
         INSERT INTO deliveries
-            (event_id, endpoint_id, state, max_attempts, next_attempt_at, priority,
+            (event_id, endpoint_id, tenant_id, state, max_attempts, next_attempt_at, priority,
              ordering_key, created_at, updated_at)
-        SELECT b.id, e.id, 'scheduled',
+        SELECT b.id, e.id, e.tenant_id, 'scheduled',
                COALESCE(e.max_attempts, ({_EVENT_TYPE_MAX_ATTEMPTS}), :max_attempts), :now,
                b.priority, b.ordering_key, :now, :now
         FROM batch b
-        JOIN endpoints e ON e.enabled AND {_PATTERN_MATCHES}
+        -- routing: the event's own tenant's endpoints, plus those taking every tenant's
+        JOIN endpoints e ON e.enabled AND (e.tenant_id = b.tenant_id OR e.all_tenants)
+                        AND {_PATTERN_MATCHES}
         ORDER BY b.id, e.id
         ON CONFLICT (event_id, endpoint_id) WHERE replay_of IS NULL DO NOTHING
         RETURNING 1
@@ -117,8 +130,10 @@ NOTIFY_DELIVERIES_DUE = text(f"SELECT pg_notify('{DELIVERIES_CHANNEL}', '')")
 
 INSERT_ENDPOINT = text(
     """
-    INSERT INTO endpoints (uid, url, description, event_types, signing_secret)
-    VALUES (:uid, :url, :description, :event_types, :signing_secret)
+    INSERT INTO endpoints
+        (uid, tenant_id, all_tenants, url, description, event_types, signing_secret)
+    SELECT :uid, t.id, :all_tenants, :url, :description, :event_types, :signing_secret
+    FROM tenants t WHERE t.uid = :tenant
     RETURNING id
     """
 )
@@ -275,9 +290,10 @@ INSERT_REPLAYS = text(
         SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:due AS timestamptz[])) AS w(id, due)
     ), inserted AS (
         INSERT INTO deliveries
-            (event_id, endpoint_id, state, max_attempts, next_attempt_at, priority,
+            (event_id, endpoint_id, tenant_id, state, max_attempts, next_attempt_at, priority,
              ordering_key, replay_of, created_at, updated_at)
-        SELECT d.event_id, d.endpoint_id, 'scheduled', COALESCE(e.max_attempts, d.max_attempts),
+        SELECT d.event_id, d.endpoint_id, d.tenant_id, 'scheduled',
+               COALESCE(e.max_attempts, d.max_attempts),
                w.due, d.priority, d.ordering_key, d.id, :now, :now
         FROM wanted w
         JOIN deliveries d ON d.id = w.id
@@ -686,6 +702,17 @@ SET_ENDPOINT_HEADERS = text(
     """
     UPDATE endpoints SET custom_headers = :custom_headers, updated_at = now()
     WHERE uid = :uid
+    RETURNING id
+    """
+)
+
+# -- tenants (outbox/tenants.py) -----------------------------------------------------------
+
+INSERT_TENANT = text(
+    """
+    INSERT INTO tenants (uid, name, metadata)
+    VALUES (:uid, :name, CAST(:metadata AS jsonb))
+    ON CONFLICT (uid) DO NOTHING
     RETURNING id
     """
 )

@@ -51,11 +51,52 @@ def _now_column(name: str) -> Column[object]:
     return Column(name, DateTime(timezone=True), nullable=False, server_default=func.now())
 
 
+# The owners of endpoints: the application's customers. `uid` is the application's own
+# customer id. Every endpoint belongs to one tenant; an event is published for one tenant
+# and reaches that tenant's matching endpoints only (plus endpoints marked all_tenants).
+# Installations from before tenants run under the default tenant (migration 0006).
+DEFAULT_TENANT = "default"
+
+tenants = Table(
+    "tenants",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("uid", Text, nullable=False, unique=True),
+    Column("name", Text, nullable=False, server_default=text("''")),
+    Column("metadata", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("enabled", Boolean, nullable=False, server_default=text("true")),
+    Column("disabled_reason", Text),
+    Column("disabled_at", DateTime(timezone=True)),
+    # Optional caps across all of the tenant's endpoints (NULL: unlimited).
+    Column("max_in_flight", Integer),
+    Column("max_per_second", Float),
+    _now_column("created_at"),
+    _now_column("updated_at"),
+    CheckConstraint("uid ~ '^[^[:cntrl:]]{1,255}$'", name="uid_format"),
+    CheckConstraint("enabled OR disabled_reason IS NOT NULL", name="disabled_has_reason"),
+    CheckConstraint(
+        "(max_in_flight IS NULL OR max_in_flight > 0)"
+        " AND (max_per_second IS NULL OR max_per_second > 0)",
+        name="positive_limits",
+    ),
+)
+
+
+def _tenant_column() -> Column[int]:
+    return Column(
+        "tenant_id",
+        BigInteger,
+        ForeignKey("tenants.id", ondelete="CASCADE"),
+        nullable=False,
+    )
+
+
 outbox_events = Table(
     "outbox_events",
     metadata,
     Column("id", BigInteger, Identity(always=False), primary_key=True),
     Column("message_id", Text, nullable=False, unique=True),
+    _tenant_column(),
     Column("event_type", Text, nullable=False),
     Column("payload", JSONB, nullable=False),
     Column("idempotency_key", Text),
@@ -63,8 +104,10 @@ outbox_events = Table(
     Column("priority", SmallInteger, nullable=False, server_default=text("0")),
     _now_column("created_at"),
     Column("relayed_at", DateTime(timezone=True)),
+    # Idempotency keys are unique per tenant (migration 0006).
     Index(
-        "uq_outbox_events_idempotency_key",
+        "uq_outbox_events_tenant_id_idempotency_key",
+        "tenant_id",
         "idempotency_key",
         unique=True,
         postgresql_where=text("idempotency_key IS NOT NULL"),
@@ -91,6 +134,10 @@ endpoints = Table(
     metadata,
     Column("id", BigInteger, Identity(always=False), primary_key=True),
     Column("uid", Text, nullable=False, unique=True),
+    _tenant_column(),
+    # Receives the events of every tenant (an internal data warehouse, say), not only
+    # its own tenant's. Set at creation, explicitly.
+    Column("all_tenants", Boolean, nullable=False, server_default=text("false")),
     Column("url", Text, nullable=False),
     Column("description", Text, nullable=False, server_default=text("''")),
     Column("event_types", ARRAY(Text), nullable=False),
@@ -112,6 +159,7 @@ endpoints = Table(
     _now_column("created_at"),
     _now_column("updated_at"),
     CheckConstraint("cardinality(event_types) > 0", name="has_event_types"),
+    Index("ix_endpoints_tenant_id", "tenant_id"),
     CheckConstraint("enabled OR disabled_reason IS NOT NULL", name="disabled_has_reason"),
 )
 
@@ -131,6 +179,10 @@ deliveries = Table(
         ForeignKey("endpoints.id", ondelete="CASCADE"),
         nullable=False,
     ),
+    # The endpoint's tenant (copied at fan-out; an endpoint never changes tenant): scoping
+    # and per-tenant fairness read it without a join. For an all_tenants endpoint this is
+    # the endpoint's owner, not the event's tenant: the event's tenant never sees it.
+    _tenant_column(),
     Column("state", Text, nullable=False, server_default=text("'scheduled'")),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     # Times the reaper took it back from a worker that died mid-attempt (not attempts).
@@ -176,6 +228,8 @@ deliveries = Table(
     Index("ix_deliveries_leases", "lease_expires_at", postgresql_where=text("state = 'in_flight'")),
     Index("ix_deliveries_endpoint_state", "endpoint_id", "state"),
     Index("ix_deliveries_replay_of", "replay_of", postgresql_where=text("replay_of IS NOT NULL")),
+    # A tenant's deliveries, newest first (scoped lists and stats).
+    Index("ix_deliveries_tenant_id_id", "tenant_id", "id"),
     # Fair claiming walks each endpoint's due rows in claim order (delivery/health.py).
     Index(
         "ix_deliveries_due_per_endpoint",
@@ -242,7 +296,11 @@ audit_log = Table(
     Column("reason", Text),
     Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("request_id", Text),
+    # The tenant the action concerned, when it concerned one (a tenant-scoped caller reads
+    # only these rows). Text, not a key: the audit trail outlives a deleted tenant.
+    Column("tenant_uid", Text),
     Index("ix_audit_log_at", "at"),
+    Index("ix_audit_log_tenant_uid_at", "tenant_uid", "at"),
 )
 
 # Bearer tokens of the admin HTTP API (migration 0005). A token is
@@ -260,6 +318,9 @@ admin_tokens = Table(
     _now_column("created_at"),
     Column("last_used_at", DateTime(timezone=True)),
     Column("revoked_at", DateTime(timezone=True)),
+    # NULL: sees everything. Else the tenant uid the token is confined to. Text, not a key,
+    # so a token whose tenant was deleted is refused by name (deleting revokes it too).
+    Column("tenant_uid", Text),
     CheckConstraint("role IN ('viewer', 'operator')", name="known_role"),
     Index(
         "uq_admin_tokens_active_name",
