@@ -69,7 +69,7 @@ def child_spec(spec: ProcessSpec, index: int) -> ProcessSpec:
 
 
 def _child_main(spec: ProcessSpec) -> None:
-    from delivery.app import Service
+    from delivery.operator.app import Service
 
     configure_logging(spec.log_level)  # redacting, and quiet about each httpx request
     service = Service(

@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 
 import click
 
-from delivery import admin, app
+from delivery.operator import api as admin
+from delivery.operator import app
 from outbox import migrate as migrations
 from outbox import operations
 from outbox.clock import SystemClock
@@ -368,7 +369,7 @@ def run(admin: bool, processes: int) -> None:
     with database() as (current, db):
         configure_logging(current.log_level)
         if processes > 1:
-            from delivery.supervisor import ProcessSpec, run_supervised
+            from delivery.operator.supervisor import ProcessSpec, run_supervised
 
             spec = ProcessSpec(
                 url=db.url,
@@ -426,7 +427,7 @@ async def _run_until_signalled(service: app.Service) -> None:
 @friendly_errors
 def demo() -> None:
     """A 30-second tour: embedded PostgreSQL, a local receiver, a healthy and a failing partner."""
-    from delivery.demo import run_demo
+    from delivery.operator.demo import run_demo
 
     sys.exit(asyncio.run(run_demo(settings())))
 
