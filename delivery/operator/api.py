@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from delivery.operator.console.web import Console, ConsoleConfig
 from delivery.operator.metrics import render_metrics
 from outbox import operations as ops
 from outbox.audit import record_audit
@@ -61,6 +62,7 @@ class AdminConfig:
     metrics_public: bool = False
     default_rotation_grace: dt.timedelta = dt.timedelta(hours=24)
     https_only: bool = False
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
 
 
 class ApiError(Exception):
@@ -859,7 +861,7 @@ def create_app(
     config: AdminConfig | None = None,
 ) -> Starlette:
     api = AdminApi(engine, box, clock=clock, config=config)
-    app = Starlette(routes=api.routes())
+    app = Starlette(routes=[*api.routes(), *Console(api, api.config.console).routes()])
     app.state.api = api
     return app
 
