@@ -15,14 +15,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.operator.api import AdminConfig, create_app, serve
+from delivery.operator.console.web import ConsoleConfig
 from delivery.receiver import Receiver
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.db import make_async_engine
+from outbox.tenants import create_tenant
 from outbox.tokens import create_token
 from tests.operator_helpers import deliver
 
@@ -78,13 +80,36 @@ class Site:
         """Relay what was published and give every due delivery one attempt."""
         self.loop.run(deliver(self.async_engine, self.box, self.clock))
 
-    def token(self, role: str, name: str) -> str:
+    def token(self, role: str, name: str, tenant: str | None = None) -> str:
         with self.engine.begin() as conn:
-            return create_token(conn, name=name, role=role, actor="test")[1]
+            info, secret = create_token(conn, name=name, role=role, actor="test")
+            if tenant is not None:
+                conn.execute(
+                    text("UPDATE admin_tokens SET tenant_uid = :t WHERE token_id = :id"),
+                    {"t": tenant, "id": info.token_id},
+                )
+            return secret
+
+    def tenant(self, uid: str) -> str:
+        with self.engine.begin() as conn:
+            create_tenant(conn, uid, name=uid.title())
+        return uid
 
 
 @pytest.fixture
-def site(engine: Engine, database_url: str, box: SecretBox, clock: ManualClock) -> Iterator[Site]:
+def console_config() -> ConsoleConfig:
+    """The console's settings; a test parametrizes this name to change them."""
+    return ConsoleConfig()
+
+
+@pytest.fixture
+def site(
+    engine: Engine,
+    database_url: str,
+    box: SecretBox,
+    clock: ManualClock,
+    console_config: ConsoleConfig,
+) -> Iterator[Site]:
     loop = BackgroundLoop()
     stop = asyncio.Event()
     ready = threading.Event()
@@ -96,7 +121,7 @@ def site(engine: Engine, database_url: str, box: SecretBox, clock: ManualClock) 
         return async_engine, receiver
 
     async_engine, receiver = loop.run(start())
-    app = create_app(async_engine, box, clock=clock, config=AdminConfig())
+    app = create_app(async_engine, box, clock=clock, config=AdminConfig(console=console_config))
 
     def started(port: int) -> None:
         bound.append(port)
@@ -128,9 +153,13 @@ def site(engine: Engine, database_url: str, box: SecretBox, clock: ManualClock) 
         loop.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Debian's Chromium driven by Playwright. Missing under CI is a failure, not a skip."""
+    """Debian's Chromium driven by Playwright. Missing under CI is a failure, not a skip.
+
+    Module-scoped: Playwright's sync API keeps an event loop running in this thread while
+    it is open, and the async tests of other modules need the thread's loop free.
+    """
     executable = chromium_path()
     if executable is None:
         message = "no chromium on PATH: apt-get install -y chromium (.ci/run does)"

@@ -133,7 +133,8 @@ def test_the_overview_charts_render_with_data(site: Site, page: Any) -> None:
             publish(conn, "invoice.paid", {"n": n})
     site.deliver()
     _sign_in(page, site, site.token("viewer", "victor"))
-    page.wait_for_selector("[data-chart][data-rendered=true]")
+    # Each chart fetches its data on its own: wait for the fourth, not just the first.
+    page.locator("[data-chart][data-rendered=true]").nth(3).wait_for()
     charts = page.locator("[data-chart][data-rendered=true]")
     assert charts.count() == 4
     assert page.locator("[data-chart] canvas").count() == 4

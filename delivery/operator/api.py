@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from delivery.operator.console.sessions import issue_portal_link, portal_link, token_tenant
 from delivery.operator.console.web import Console, ConsoleConfig
 from delivery.operator.metrics import render_metrics
 from outbox import operations as ops
@@ -431,6 +432,31 @@ async def audit_route(call: Call) -> Any:
     return {"items": [entry.as_json() for entry in entries]}
 
 
+async def create_portal_link(call: Call) -> Any:
+    """A single-use link into one tenant's portal (console/sessions.py); audited."""
+    tenant = str(call.request.path_params["uid"])
+    ttl = (await call.body()).get("ttl_seconds", 900)
+    if isinstance(ttl, bool) or not isinstance(ttl, int):
+        raise ApiError(400, "ttl_seconds must be a whole number of seconds, e.g. 900")
+    lifetime = dt.timedelta(seconds=ttl)
+    now = call.api.clock.now()
+    principal = call.principal
+
+    def issue(conn: Connection) -> str:
+        # A tenant-scoped token reaches its own tenant only; any other is not found.
+        scope = token_tenant(conn, principal.token_row) if principal else None
+        if scope is not None and scope != tenant:
+            raise NotFoundError(f"no enabled tenant {tenant!r}")
+        return issue_portal_link(conn, tenant, actor=call.actor, now=now, ttl=lifetime)
+
+    secret = await call.api.write(issue)
+    return {
+        "tenant": tenant,
+        "link": portal_link(secret, call.api.config.console.public_url),
+        "expires_at": (now + lifetime).isoformat(),
+    }
+
+
 async def metrics_route(call: Call) -> Any:
     now = call.api.clock.now()
     config = call.api.config
@@ -664,6 +690,23 @@ ROUTES: tuple[Operation, ...] = (
         "Backlog, lag, rates, per-endpoint health, top errors and alert signals.",
         stats_route,
         (Param("window", "Window in seconds (default from settings).", "integer"),),
+    ),
+    Operation(
+        "POST",
+        "/v1/tenants/{uid}/portal-links",
+        "operator",
+        "A single-use, short-lived link that opens the tenant's portal (audited).",
+        create_portal_link,
+        (Param("uid", "Tenant id.", where="path"),),
+        {
+            "type": "object",
+            "properties": {
+                "ttl_seconds": {
+                    "type": "integer",
+                    "description": "How long the link works (default 900, at most 7 days).",
+                }
+            },
+        },
     ),
     Operation(
         "GET",

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from delivery.health import HealthConfig
 from delivery.http import build_http_client
 from delivery.operator.api import AdminConfig
+from delivery.operator.console.web import ConsoleConfig
 from delivery.reaper import Reaper, ReaperConfig
 from delivery.retention import Retention, RetentionConfig
 from delivery.worker import Worker, WorkerConfig
@@ -166,6 +167,12 @@ def admin_config(settings: Settings) -> AdminConfig:
         replay_rate_per_minute=settings.replay_rate_per_minute,
         metrics_public=settings.admin_metrics_public,
         https_only=settings.https_only,
+        console=ConsoleConfig(
+            app_name=settings.console_app_name,
+            brand_color=settings.console_brand_color,
+            frame_origins=tuple(settings.portal_frame_origins),
+            public_url=settings.public_url,
+        ),
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
+from outbox.queries import _DELIVERY_COLUMNS, _DELIVERY_FILTER
+
 INSERT_SESSION = text(
     """
     INSERT INTO console_sessions (id_hash, kind, actor, role, tenant_uid, csrf_token,
@@ -82,3 +84,161 @@ SELECT_TENANTS_OVERVIEW = text(
 )
 
 SELECT_TOKEN_TENANT = text("SELECT tenant_uid FROM admin_tokens WHERE id = :id")
+
+# --- tenant scope ------------------------------------------------------------------------
+# Until the operator functions in outbox/ take a tenant scope of their own, the console
+# and the portal confine a session to its tenant here, in SQL: lists filter on the
+# tenant's id, and a lookup by id first proves the row is the tenant's (an unknown id
+# and another tenant's id answer the same not-found). Rows never change tenant (an
+# endpoint keeps its tenant, a delivery copies its endpoint's), so a check followed by
+# the action in the same transaction cannot be raced into another tenant.
+_TENANT_ID = "(SELECT st.id FROM tenants st WHERE st.uid = CAST(:tenant_uid AS text))"
+_IN_TENANT = f"(CAST(:tenant_uid AS text) IS NULL OR {{column}} = {_TENANT_ID})"
+
+DELIVERY_IN_TENANT = text(
+    f"SELECT 1 FROM deliveries WHERE id = :id AND {_IN_TENANT.format(column='tenant_id')}"
+)
+
+ENDPOINT_IN_TENANT = text(
+    f"SELECT 1 FROM endpoints WHERE uid = :uid AND {_IN_TENANT.format(column='tenant_id')}"
+)
+
+# The search of `outbox deliveries list` (the same filter text, so the two agree), plus
+# the tenant and the message id (webhook-id).
+SEARCH_DELIVERIES = text(
+    f"""
+    SELECT {_DELIVERY_COLUMNS}
+    FROM deliveries d
+    JOIN endpoints e ON e.id = d.endpoint_id
+    JOIN outbox_events ev ON ev.id = d.event_id
+    WHERE {_DELIVERY_FILTER}
+      AND {_IN_TENANT.format(column="d.tenant_id")}
+      AND (CAST(:message_id AS text) IS NULL OR ev.message_id = :message_id)
+    ORDER BY d.id DESC
+    LIMIT :limit
+    """
+)
+
+SELECT_TENANT_ENDPOINTS = text(
+    f"""
+    SELECT id, uid, url, description, event_types, enabled, disabled_reason, disabled_at,
+           created_at
+    FROM endpoints WHERE {_IN_TENANT.format(column="tenant_id")}
+    ORDER BY id
+    """
+)
+
+# The overview tiles of one tenant (the unscoped overview reads outbox.stats).
+TENANT_OVERVIEW = text(
+    f"""
+    SELECT
+        (SELECT coalesce(jsonb_object_agg(state, n), '{{}}') FROM (
+            SELECT state, count(*) AS n FROM deliveries
+            WHERE tenant_id = {_TENANT_ID} GROUP BY state) s) AS counts,
+        (SELECT count(*) FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id
+         WHERE d.tenant_id = {_TENANT_ID} AND d.state = 'scheduled'
+           AND d.next_attempt_at <= :now AND e.enabled) AS due_now,
+        (SELECT min(d.next_attempt_at) FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id
+         WHERE d.tenant_id = {_TENANT_ID} AND d.state = 'scheduled'
+           AND d.next_attempt_at <= :now AND e.enabled) AS oldest_due,
+        (SELECT min(created_at) FROM outbox_events
+         WHERE tenant_id = {_TENANT_ID} AND relayed_at IS NULL) AS oldest_unrelayed,
+        (SELECT count(*) FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id
+         WHERE d.tenant_id = {_TENANT_ID} AND a.started_at >= :since
+           AND a.started_at <= :now) AS attempts
+    """
+)
+
+# Audit rows about one tenant: marked with it, or naming the tenant, one of its
+# endpoints or one of its deliveries (rows written before audit_log.tenant_uid was set).
+SELECT_TENANT_AUDIT = text(
+    f"""
+    SELECT a.id, a.at, a.actor, a.action, a.target_type, a.target_id, a.reason, a.details,
+           a.request_id
+    FROM audit_log a
+    WHERE (CAST(:actor AS text) IS NULL OR a.actor = :actor)
+      AND (CAST(:action AS text) IS NULL OR a.action = :action
+           OR starts_with(a.action, :action || '.'))
+      AND (a.tenant_uid = :tenant_uid
+           OR (a.target_type = 'tenant' AND a.target_id = :tenant_uid)
+           OR (a.target_type = 'endpoint' AND EXISTS (
+                SELECT 1 FROM endpoints e
+                WHERE e.uid = a.target_id AND e.tenant_id = {_TENANT_ID}))
+           OR (a.target_type = 'delivery' AND a.target_id ~ '^[0-9]{{1,18}}$' AND EXISTS (
+                SELECT 1 FROM deliveries d
+                WHERE d.id = CAST(a.target_id AS bigint) AND d.tenant_id = {_TENANT_ID})))
+    ORDER BY a.id DESC
+    LIMIT :limit
+    """
+)
+
+# Event types a tenant can subscribe to: the ones published for it lately (bounded, so
+# the page stays cheap however long the history is).
+SELECT_TENANT_EVENT_TYPES = text(
+    f"""
+    SELECT DISTINCT event_type FROM (
+        SELECT event_type FROM outbox_events
+        WHERE tenant_id = {_TENANT_ID}
+        ORDER BY id DESC LIMIT 5000) recent
+    ORDER BY event_type
+    LIMIT 200
+    """
+)
+
+# One endpoint's configuration beyond the basics: limits, retry policy, rules, health.
+SELECT_ENDPOINT_SETTINGS = text(
+    """
+    SELECT e.timeout_seconds, e.max_attempts, e.retry_schedule, e.status_overrides,
+           e.all_tenants, t.uid AS tenant_uid, e.previous_secret_expires_at,
+           h.max_in_flight, h.max_per_second, h.ordered, h.dead_head
+    FROM endpoints e
+    JOIN tenants t ON t.id = e.tenant_id
+    LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
+    WHERE e.uid = :uid
+    """
+)
+
+# A test event to one endpoint: an event born relayed (so the relay fans it out to no
+# one else) and one delivery to that endpoint, due now, with a single attempt so the
+# outcome shows at once. From there on it is an ordinary delivery: the worker claims,
+# signs, sends and records it like any other.
+SEND_TEST_EVENT = text(
+    """
+    WITH target AS (
+        SELECT id, tenant_id FROM endpoints WHERE uid = :uid
+    ), event AS (
+        INSERT INTO outbox_events (message_id, tenant_id, event_type, payload, created_at,
+                                   relayed_at)
+        SELECT :message_id, t.tenant_id, :event_type, CAST(:payload AS jsonb), :now, :now
+        FROM target t
+        RETURNING id, tenant_id
+    ), delivery AS (
+        INSERT INTO deliveries (event_id, endpoint_id, tenant_id, state, max_attempts,
+                                next_attempt_at, created_at, updated_at)
+        SELECT ev.id, t.id, t.tenant_id, 'scheduled', 1, :now, :now, :now
+        FROM event ev, target t
+        RETURNING id
+    ), woken AS (
+        SELECT pg_notify('outbox_deliveries', '') WHERE EXISTS (SELECT 1 FROM delivery)
+    )
+    SELECT id FROM delivery LEFT JOIN woken ON true
+    """
+)
+
+# Attempts per minute of one endpoint (its page's charts).
+ENDPOINT_ATTEMPT_SERIES = text(
+    """
+    SELECT date_trunc('minute', a.started_at) AS minute,
+           count(*) FILTER (WHERE a.outcome = 'succeeded') AS succeeded,
+           count(*) FILTER (WHERE a.outcome = 'retryable') AS retryable,
+           count(*) FILTER (WHERE a.outcome = 'permanent') AS permanent,
+           count(*) FILTER (WHERE a.outcome = 'ambiguous') AS ambiguous,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY a.duration_ms) AS p50_ms,
+           percentile_cont(0.99) WITHIN GROUP (ORDER BY a.duration_ms) AS p99_ms
+    FROM delivery_attempts a
+    JOIN deliveries d ON d.id = a.delivery_id
+    WHERE a.started_at >= :since AND d.endpoint_id = (SELECT id FROM endpoints WHERE uid = :uid)
+    GROUP BY 1
+    ORDER BY 1
+    """
+)

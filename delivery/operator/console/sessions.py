@@ -16,9 +16,11 @@ from sqlalchemy import Connection
 
 from delivery.operator.console import queries
 from outbox.audit import record_audit
-from outbox.errors import OperationError
+from outbox.errors import NotFoundError, OperationError
 
 LINK_PREFIX = "obxl_"
+# A portal link is a bearer credential in a URL until it is used: keep it short-lived.
+MAX_LINK_TTL = dt.timedelta(days=7)
 
 
 def _hash(secret: str) -> str:
@@ -107,6 +109,8 @@ def issue_portal_link(
     conn: Connection, tenant_uid: str, *, actor: str, now: dt.datetime, ttl: dt.timedelta
 ) -> str:
     """A single-use secret that opens the portal of `tenant_uid` until `now + ttl`; audited."""
+    if not dt.timedelta(0) < ttl <= MAX_LINK_TTL:
+        raise OperationError("a portal link's lifetime must be above 0 and at most 7 days")
     secret = LINK_PREFIX + secrets.token_urlsafe(32)
     created = conn.execute(
         queries.INSERT_PORTAL_LINK,
@@ -119,7 +123,7 @@ def issue_portal_link(
         },
     ).first()
     if created is None:
-        raise OperationError(f"no enabled tenant {tenant_uid!r}: `outbox tenants list` shows them")
+        raise NotFoundError(f"no enabled tenant {tenant_uid!r}: `outbox tenants list` shows them")
     record_audit(
         conn,
         actor=actor,
@@ -137,3 +141,8 @@ def redeem_portal_link(conn: Connection, secret: str, *, now: dt.datetime) -> st
         return None
     row = conn.execute(queries.REDEEM_PORTAL_LINK, {"id_hash": _hash(secret), "now": now}).first()
     return None if row is None else str(row.tenant_uid)
+
+
+def portal_link(secret: str, public_url: str | None) -> str:
+    """The link to hand the tenant: a full URL when the public base URL is configured."""
+    return f"{public_url or ''}/portal/enter?link={secret}"

@@ -29,7 +29,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from delivery.operator.console import queries
+from delivery.operator.console import queries, scoped
 from delivery.operator.console.sessions import (
     WebSession,
     close_session,
@@ -40,7 +40,6 @@ from delivery.operator.console.sessions import (
 )
 from outbox import operations as ops
 from outbox.errors import NotFoundError, OutboxError
-from outbox.stats import collect_stats
 from outbox.tokens import authenticate
 
 if TYPE_CHECKING:
@@ -66,6 +65,8 @@ class ConsoleConfig:
     link_ttl: dt.timedelta = dt.timedelta(minutes=15)
     # Logins and link exchanges per client address per minute.
     logins_per_minute: int = 10
+    # Where the admin server is reached (OUTBOX_PUBLIC_URL): portal links print in full.
+    public_url: str | None = None
 
     def __post_init__(self) -> None:
         if not _COLOR.match(self.brand_color):
@@ -130,10 +131,13 @@ class Console:
     def render(
         self, request: Request, template: str, status: int = 200, **context: Any
     ) -> Response:
+        context.setdefault("session", None)
         body = self.env.get_template(template).render(
             request=request, config=self.config, **context
         )
-        return self.secure(HTMLResponse(body, status), portal=template.startswith("portal/"))
+        session = context.get("session")
+        portal = template.startswith("portal/") or getattr(session, "kind", None) == "portal"
+        return self.secure(HTMLResponse(body, status), portal=portal)
 
     def secure(self, response: Response, *, portal: bool = False) -> Response:
         origins = " ".join(self.config.frame_origins) if portal else ""
@@ -272,21 +276,25 @@ class Console:
 
     # -- overview -------------------------------------------------------------------------
 
-    async def _stats(self, session: WebSession) -> Any:
+    async def _overview(self, session: WebSession) -> scoped.Overview:
         now = self.api.clock.now()
         config = self.api.config
         return await self.api.read(
-            lambda c: collect_stats(
-                c, now=now, window=config.stats_window, thresholds=config.thresholds
+            lambda c: scoped.overview(
+                c,
+                session.tenant_uid,
+                now=now,
+                window=config.stats_window,
+                thresholds=config.thresholds,
             )
         )
 
     async def overview(self, request: Request, session: WebSession) -> Response:
-        stats = await self._stats(session)
+        stats = await self._overview(session)
         return self.render(request, "overview.html", session=session, stats=stats)
 
     async def overview_panel(self, request: Request, session: WebSession) -> Response:
-        stats = await self._stats(session)
+        stats = await self._overview(session)
         return self.render(request, "_overview_panel.html", session=session, stats=stats)
 
     async def charts(self, request: Request, session: WebSession) -> Response:
@@ -294,11 +302,17 @@ class Console:
         span = span or dt.timedelta(hours=1)
         since = self.api.clock.now() - span
         tenant = session.tenant_uid
-        rows = await self.api.read(
-            lambda c: list(
-                c.execute(queries.ATTEMPT_SERIES, {"since": since, "tenant_uid": tenant}).mappings()
-            )
-        )
+        uid = request.path_params.get("uid")
+
+        def read(conn: Connection) -> list[Any]:
+            if uid is not None:
+                scoped.require_endpoint(conn, uid, tenant)
+                statement, params = queries.ENDPOINT_ATTEMPT_SERIES, {"since": since, "uid": uid}
+            else:
+                statement, params = queries.ATTEMPT_SERIES, {"since": since, "tenant_uid": tenant}
+            return list(conn.execute(statement, params).mappings())
+
+        rows = await self.api.read(read)
         data = {
             "minutes": [int(row["minute"].timestamp()) for row in rows],
             "succeeded": [int(row["succeeded"]) for row in rows],
@@ -306,7 +320,7 @@ class Console:
             "p50_ms": [float(row["p50_ms"]) for row in rows],
             "p99_ms": [float(row["p99_ms"]) for row in rows],
         }
-        return self.secure(JSONResponse(data))
+        return self.secure(JSONResponse(data), portal=session.kind == "portal")
 
     # -- deliveries -----------------------------------------------------------------------
 
@@ -342,9 +356,20 @@ class Console:
             limit=50,
         )
 
+    def _tenant_of(self, request: Request, session: WebSession) -> str | None:
+        """The session's tenant; an unscoped operator may filter on one instead."""
+        if session.tenant_uid is not None:
+            return session.tenant_uid
+        chosen = (request.query_params.get("tenant") or "").strip()
+        return chosen or None
+
     async def deliveries(self, request: Request, session: WebSession) -> Response:
         flt = self._filter(request)
-        items = await self.api.read(lambda c: ops.search_deliveries(c, flt))
+        tenant = self._tenant_of(request, session)
+        message_id = (request.query_params.get("message_id") or "").strip() or None
+        items = await self.api.read(
+            lambda c: scoped.search_deliveries(c, flt, tenant=tenant, message_id=message_id)
+        )
         query = {k: v for k, v in request.query_params.items() if v and k != "before"}
         next_page = (
             "?" + urlencode({**query, "before": items[-1].id}) if len(items) == flt.limit else None
@@ -357,6 +382,8 @@ class Console:
             query=query,
             next_page=next_page,
             states=("scheduled", "in_flight", "succeeded", "dead", "discarded"),
+            # A bulk replay matches across tenants until outbox.operations takes a scope.
+            bulk=session.tenant_uid is None and "tenant" not in query and "message_id" not in query,
         )
 
     def _delivery_id(self, request: Request) -> int:
@@ -367,35 +394,56 @@ class Console:
 
     async def delivery(self, request: Request, session: WebSession) -> Response:
         delivery_id = self._delivery_id(request)
-        detail = await self.api.read(lambda c: ops.get_delivery(c, delivery_id))
+        tenant = session.tenant_uid
+        detail = await self.api.read(lambda c: scoped.get_delivery(c, delivery_id, tenant))
         return self.render(request, "delivery.html", session=session, detail=detail, notice=None)
+
+    def _root(self, session: WebSession) -> str:
+        return "/portal" if session.kind == "portal" else "/console"
+
+    def _redirect(self, session: WebSession, path: str) -> Response:
+        return self.secure(
+            RedirectResponse(self._root(session) + path, 303), portal=session.kind == "portal"
+        )
 
     async def replay(self, request: Request, session: WebSession) -> Response:
         delivery_id = self._delivery_id(request)
         form: dict[str, str] = request.state.form
         now = self.api.clock.now()
         result = await self.api.write(
-            lambda c: ops.replay(
-                c, [delivery_id], actor=session.actor, reason=form.get("reason"), now=now
+            lambda c: scoped.replay(
+                c,
+                delivery_id,
+                session.tenant_uid,
+                actor=session.actor,
+                reason=form.get("reason"),
+                now=now,
             )
         )
         # Straight to the new delivery, so the operator watches it succeed or fail.
         target = result.replayed[0][1] if result.replayed else delivery_id
-        return self.secure(RedirectResponse(f"/console/deliveries/{target}", 303))
+        return self._redirect(session, f"/deliveries/{target}")
 
     async def discard(self, request: Request, session: WebSession) -> Response:
         delivery_id = self._delivery_id(request)
         form: dict[str, str] = request.state.form
         now = self.api.clock.now()
         await self.api.write(
-            lambda c: ops.discard(
-                c, [delivery_id], actor=session.actor, reason=form.get("reason"), now=now
+            lambda c: scoped.discard(
+                c,
+                delivery_id,
+                session.tenant_uid,
+                actor=session.actor,
+                reason=form.get("reason"),
+                now=now,
             )
         )
-        return self.secure(RedirectResponse(f"/console/deliveries/{delivery_id}", 303))
+        return self._redirect(session, f"/deliveries/{delivery_id}")
 
     async def bulk_replay(self, request: Request, session: WebSession) -> Response:
         """Step one (no `confirm`): a dry run shown to the operator. Step two: the replay."""
+        if session.tenant_uid is not None:
+            raise PageError(403, "bulk replay is for unscoped operators; replay one by one")
         form: dict[str, str] = request.state.form
         flt = ops.DeliveryFilter(
             states=(form.get("state") or "dead",),
@@ -425,11 +473,163 @@ class Console:
             confirmed=confirm,
         )
 
-    # -- endpoints, tenants, audit --------------------------------------------------------
+    # -- endpoints --------------------------------------------------------------------------
 
     async def endpoints(self, request: Request, session: WebSession) -> Response:
-        stats = await self._stats(session)
-        return self.render(request, "endpoints.html", session=session, stats=stats)
+        tenant = session.tenant_uid
+
+        def read(conn: Connection) -> tuple[list[Any], list[str]]:
+            found = scoped.list_endpoints(conn, tenant)
+            types = scoped.event_types(conn, tenant) if tenant is not None else []
+            return found, types
+
+        stats = await self._overview(session)
+        found, types = await self.api.read(read)
+        health = {e.uid: e for e in stats.endpoints}
+        return self.render(
+            request,
+            "endpoints.html",
+            session=session,
+            endpoints=found,
+            health=health,
+            event_types=types,
+            created=None,
+        )
+
+    async def add_endpoint(self, request: Request, session: WebSession) -> Response:
+        if session.tenant_uid is None:
+            raise PageError(400, "add endpoints with `outbox endpoints add` or the admin API")
+        tenant = session.tenant_uid
+        form = await request.form()
+        chosen = [str(v) for v in form.getlist("event_type") if str(v).strip()]
+        extra = [p.strip() for p in str(form.get("patterns") or "").split(",") if p.strip()]
+        https_only = self.api.config.https_only
+        created = await self.api.write(
+            lambda c: scoped.add_endpoint(
+                c,
+                self.api.box,
+                tenant,
+                actor=session.actor,
+                url=str(form.get("url") or "").strip(),
+                event_types=[*chosen, *extra],
+                description=str(form.get("description") or "").strip(),
+                https_only=https_only,
+            )
+        )
+        return await self._endpoint_page(
+            request, session, created.endpoint.uid, secret=created.secret, notice="created"
+        )
+
+    def _uid(self, request: Request) -> str:
+        raw = str(request.path_params["uid"])
+        if len(raw) > 64 or not raw.isascii() or not raw.replace("_", "").isalnum():
+            raise NotFoundError(f"no endpoint {raw}")
+        return raw
+
+    async def _endpoint_page(
+        self,
+        request: Request,
+        session: WebSession,
+        uid: str,
+        *,
+        secret: str | None = None,
+        notice: str | None = None,
+    ) -> Response:
+        tenant = session.tenant_uid
+
+        def read(conn: Connection) -> tuple[dict[str, Any], list[Any], list[str]]:
+            page = scoped.endpoint_page(conn, uid, tenant)
+            recent = scoped.search_deliveries(
+                conn, ops.DeliveryFilter(endpoint=uid, limit=20), tenant=tenant, message_id=None
+            )
+            owner = str(page["settings"]["tenant_uid"])
+            return page, recent, scoped.event_types(conn, owner)
+
+        page, recent, types = await self.api.read(read)
+        stats = await self._overview(session)
+        health = next((e for e in stats.endpoints if e.uid == uid), None)
+        return self.render(
+            request,
+            "endpoint.html",
+            session=session,
+            endpoint=page["endpoint"],
+            settings=page["settings"],
+            health=health,
+            recent=recent,
+            event_types=types,
+            secret=secret,
+            notice=notice,
+        )
+
+    async def endpoint(self, request: Request, session: WebSession) -> Response:
+        return await self._endpoint_page(request, session, self._uid(request))
+
+    async def endpoint_action(self, request: Request, session: WebSession) -> Response:
+        """Every change to one endpoint: the action is the last part of the path."""
+        uid = self._uid(request)
+        action = str(request.path_params["action"])
+        form: dict[str, str] = request.state.form
+        tenant, actor, now = session.tenant_uid, session.actor, self.api.clock.now()
+        box, config = self.api.box, self.api.config
+        portal_only = {"edit", "delete"}
+        if action in portal_only and session.kind != "portal":
+            raise PageError(400, f"{action} endpoints with `outbox endpoints` or the admin API")
+        if action in ("enable", "disable"):
+            await self.api.write(
+                lambda c: scoped.set_endpoint_enabled(
+                    c,
+                    uid,
+                    tenant,
+                    enabled=action == "enable",
+                    actor=actor,
+                    reason=form.get("reason"),
+                )
+            )
+            return self._redirect(session, f"/endpoints/{uid}")
+        if action == "reveal":
+            secret = await self.api.write(lambda c: scoped.reveal(c, box, uid, tenant, actor=actor))
+            return await self._endpoint_page(request, session, uid, secret=secret)
+        if action == "rotate":
+            rotated = await self.api.write(
+                lambda c: scoped.rotate(
+                    c, box, uid, tenant, actor=actor, now=now, grace=config.default_rotation_grace
+                )
+            )
+            return await self._endpoint_page(
+                request, session, uid, secret=rotated.secret, notice="rotated"
+            )
+        if action == "test":
+            delivery_id = await self.api.write(
+                lambda c: scoped.send_test_event(c, uid, tenant, actor=actor, now=now)
+            )
+            return self._redirect(session, f"/deliveries/{delivery_id}")
+        if action == "edit":
+            raw = await request.form()
+            chosen = [str(v) for v in raw.getlist("event_type") if str(v).strip()]
+            extra = [p.strip() for p in (form.get("patterns") or "").split(",") if p.strip()]
+            await self.api.write(
+                lambda c: scoped.update_endpoint(
+                    c,
+                    uid,
+                    tenant,
+                    actor=actor,
+                    url=(form.get("url") or "").strip() or None,
+                    description=form.get("description"),
+                    event_types=[*chosen, *extra] or None,
+                    https_only=config.https_only,
+                )
+            )
+            return self._redirect(session, f"/endpoints/{uid}")
+        if action == "delete":
+            await self.api.write(
+                lambda c: scoped.delete_endpoint(
+                    c, uid, tenant, actor=actor, reason=form.get("reason")
+                )
+            )
+            return self._redirect(session, "/endpoints")
+        raise NotFoundError(f"no action {action}")
+
+    # -- tenants, audit -------------------------------------------------------------------
 
     async def tenants(self, request: Request, session: WebSession) -> Response:
         tenant = session.tenant_uid
@@ -446,8 +646,9 @@ class Console:
         q = request.query_params
         actor = (q.get("actor") or "").strip() or None
         action = (q.get("action") or "").strip() or None
+        tenant = session.tenant_uid
         entries = await self.api.read(
-            lambda c: ops.list_audit(c, actor=actor, action=action, limit=100)
+            lambda c: scoped.list_audit(c, tenant, actor=actor, action=action, limit=100)
         )
         return self.render(
             request, "audit.html", session=session, entries=entries, actor=actor, action=action
@@ -490,10 +691,13 @@ class Console:
         self._cookie(response, request, PORTAL_COOKIE, opened[0])
         return response
 
+    async def portal_home(self, request: Request, session: WebSession) -> Response:
+        return self._redirect(session, "/endpoints")
+
     # -- routing --------------------------------------------------------------------------
 
     def routes(self) -> list[BaseRoute]:
-        c = "console"
+        c, p = "console", "portal"
         console = [
             Route("/login", self.login_form, methods=["GET"]),
             Route("/login", self.login, methods=["POST"]),
@@ -510,6 +714,13 @@ class Console:
             ),
             Route("/replays", self.page(c, self.bulk_replay, act=True), methods=["POST"]),
             Route("/endpoints", self.page(c, self.endpoints), methods=["GET"]),
+            Route("/endpoints/{uid}", self.page(c, self.endpoint), methods=["GET"]),
+            Route("/endpoints/{uid}/charts.json", self.page(c, self.charts), methods=["GET"]),
+            Route(
+                "/endpoints/{uid}/{action}",
+                self.page(c, self.endpoint_action, act=True),
+                methods=["POST"],
+            ),
             Route("/tenants", self.page(c, self.tenants), methods=["GET"]),
             Route("/audit", self.page(c, self.audit), methods=["GET"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
@@ -517,6 +728,19 @@ class Console:
         portal = [
             Route("/enter", self.portal_enter, methods=["GET"]),
             Route("/brand.css", self.brand_css, methods=["GET"]),
+            Route("/", self.page(p, self.portal_home), methods=["GET"]),
+            Route("/endpoints", self.page(p, self.endpoints), methods=["GET"]),
+            Route("/endpoints", self.page(p, self.add_endpoint, act=True), methods=["POST"]),
+            Route("/endpoints/{uid}", self.page(p, self.endpoint), methods=["GET"]),
+            Route("/endpoints/{uid}/charts.json", self.page(p, self.charts), methods=["GET"]),
+            Route(
+                "/endpoints/{uid}/{action}",
+                self.page(p, self.endpoint_action, act=True),
+                methods=["POST"],
+            ),
+            Route("/deliveries", self.page(p, self.deliveries), methods=["GET"]),
+            Route("/deliveries/{id}", self.page(p, self.delivery), methods=["GET"]),
+            Route("/deliveries/{id}/replay", self.page(p, self.replay, act=True), methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="portal-static"),
         ]
         return [Mount("/console", routes=console), Mount("/portal", routes=portal)]

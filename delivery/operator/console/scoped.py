@@ -1,0 +1,308 @@
+"""What the console and the portal read and do, confined to a session's tenant.
+
+`tenant` None is an unscoped operator (everything); a tenant uid confines every read and
+write to that tenant, in the SQL (see queries.py): another tenant's delivery or endpoint
+answers exactly like one that does not exist. The actions themselves are the functions
+the CLI and the admin API call (outbox.operations, outbox.endpoints), each with its audit
+row in the same transaction, so the three surfaces never disagree.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection
+
+from delivery.operator.console import queries
+from outbox import operations as ops
+from outbox.audit import record_audit
+from outbox.crypto import SecretBox
+from outbox.endpoints import (
+    CreatedEndpoint,
+    Endpoint,
+    create_endpoint,
+    get_endpoint,
+    reveal_secret,
+    set_enabled,
+)
+from outbox.errors import NotFoundError
+from outbox.ids import new_message_id
+from outbox.stats import collect_stats
+
+TEST_EVENT_TYPE = "webhook.test"
+
+
+def require_delivery(conn: Connection, delivery_id: int, tenant: str | None) -> None:
+    found = conn.execute(
+        queries.DELIVERY_IN_TENANT, {"id": delivery_id, "tenant_uid": tenant}
+    ).first()
+    if found is None:
+        raise NotFoundError(f"no delivery {delivery_id}")
+
+
+def require_endpoint(conn: Connection, uid: str, tenant: str | None) -> None:
+    found = conn.execute(queries.ENDPOINT_IN_TENANT, {"uid": uid, "tenant_uid": tenant}).first()
+    if found is None:
+        raise NotFoundError(f"no endpoint {uid}")
+
+
+# -- reads ----------------------------------------------------------------------------------
+
+
+def search_deliveries(
+    conn: Connection, flt: ops.DeliveryFilter, *, tenant: str | None, message_id: str | None
+) -> list[ops.DeliverySummary]:
+    """Newest first, one page; `tenant` is the session's scope or the operator's filter."""
+    params = {**flt.params(), "tenant_uid": tenant, "message_id": message_id}
+    rows = conn.execute(queries.SEARCH_DELIVERIES, params).mappings()
+    fields = ops.DeliverySummary.__dataclass_fields__
+    return [ops.DeliverySummary(**{name: row[name] for name in fields}) for row in rows]
+
+
+def get_delivery(conn: Connection, delivery_id: int, tenant: str | None) -> ops.DeliveryDetail:
+    require_delivery(conn, delivery_id, tenant)
+    return ops.get_delivery(conn, delivery_id)
+
+
+def list_endpoints(conn: Connection, tenant: str | None) -> list[Endpoint]:
+    rows = conn.execute(queries.SELECT_TENANT_ENDPOINTS, {"tenant_uid": tenant}).mappings()
+    return [Endpoint(**row) for row in rows]
+
+
+def endpoint_page(conn: Connection, uid: str, tenant: str | None) -> dict[str, Any]:
+    """An endpoint with its limits, retry policy and rules."""
+    require_endpoint(conn, uid, tenant)
+    endpoint = get_endpoint(conn, uid)
+    settings = conn.execute(queries.SELECT_ENDPOINT_SETTINGS, {"uid": uid}).mappings().one()
+    return {"endpoint": endpoint, "settings": dict(settings)}
+
+
+def event_types(conn: Connection, tenant: str) -> list[str]:
+    """Types a tenant's endpoints can choose from: those published for it lately."""
+    rows = conn.execute(queries.SELECT_TENANT_EVENT_TYPES, {"tenant_uid": tenant}).scalars()
+    return [str(value) for value in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """The overview tiles, for everything or for one tenant."""
+
+    counts_by_state: dict[str, int]
+    due_now: int
+    oldest_due_age_seconds: float | None
+    relay_lag_seconds: float | None
+    window: dict[str, Any]
+    alerts: list[Any] = field(default_factory=list)
+    endpoints: list[Any] = field(default_factory=list)
+
+
+def overview(
+    conn: Connection,
+    tenant: str | None,
+    *,
+    now: dt.datetime,
+    window: dt.timedelta,
+    thresholds: Any,
+) -> Overview:
+    stats = collect_stats(conn, now=now, window=window, thresholds=thresholds)
+    if tenant is None:
+        return Overview(
+            counts_by_state=dict(stats.counts_by_state),
+            due_now=stats.due_now,
+            oldest_due_age_seconds=stats.oldest_due_age_seconds,
+            relay_lag_seconds=stats.relay_lag_seconds,
+            window=dict(stats.window),
+            alerts=list(stats.alerts),
+            endpoints=list(stats.endpoints),
+        )
+    row = conn.execute(
+        queries.TENANT_OVERVIEW, {"tenant_uid": tenant, "now": now, "since": now - window}
+    ).one()
+    counts = {state: 0 for state in stats.counts_by_state}
+    counts.update({str(k): int(v) for k, v in (row.counts or {}).items()})
+    mine = {e.uid for e in list_endpoints(conn, tenant)}
+
+    def age(since: dt.datetime | None) -> float | None:
+        return None if since is None else max(0.0, (now - since).total_seconds())
+
+    # Alerts are about the whole installation: a tenant-scoped session sees none.
+    return Overview(
+        counts_by_state=counts,
+        due_now=int(row.due_now),
+        oldest_due_age_seconds=age(row.oldest_due),
+        relay_lag_seconds=age(row.oldest_unrelayed),
+        window={"attempts": int(row.attempts)},
+        endpoints=[e for e in stats.endpoints if e.uid in mine],
+    )
+
+
+def list_audit(
+    conn: Connection, tenant: str | None, *, actor: str | None, action: str | None, limit: int
+) -> list[ops.AuditEntry]:
+    if tenant is None:
+        return ops.list_audit(conn, actor=actor, action=action, limit=limit)
+    rows = conn.execute(
+        queries.SELECT_TENANT_AUDIT,
+        {"tenant_uid": tenant, "actor": actor, "action": action, "limit": limit},
+    ).mappings()
+    return [ops.AuditEntry(**row) for row in rows]
+
+
+# -- actions --------------------------------------------------------------------------------
+
+
+def replay(
+    conn: Connection,
+    delivery_id: int,
+    tenant: str | None,
+    *,
+    actor: str,
+    reason: str | None,
+    now: dt.datetime,
+) -> ops.ReplayResult:
+    require_delivery(conn, delivery_id, tenant)
+    return ops.replay(conn, [delivery_id], actor=actor, reason=reason, now=now)
+
+
+def discard(
+    conn: Connection,
+    delivery_id: int,
+    tenant: str | None,
+    *,
+    actor: str,
+    reason: str | None,
+    now: dt.datetime,
+) -> list[int]:
+    require_delivery(conn, delivery_id, tenant)
+    return ops.discard(conn, [delivery_id], actor=actor, reason=reason, now=now)
+
+
+def add_endpoint(
+    conn: Connection,
+    box: SecretBox,
+    tenant: str,
+    *,
+    actor: str,
+    url: str,
+    event_types: list[str],
+    description: str,
+    https_only: bool,
+) -> CreatedEndpoint:
+    """A new endpoint of `tenant` (never all_tenants from here), audited."""
+    created = create_endpoint(
+        conn,
+        box,
+        url=url,
+        event_types=event_types,
+        description=description,
+        https_only=https_only,
+        tenant=tenant,
+    )
+    record_audit(
+        conn,
+        actor=actor,
+        action="endpoint.create",
+        target_type="endpoint",
+        target_id=created.endpoint.uid,
+        details={"url": created.endpoint.url, "event_types": created.endpoint.event_types},
+    )
+    return created
+
+
+def update_endpoint(
+    conn: Connection,
+    uid: str,
+    tenant: str | None,
+    *,
+    actor: str,
+    url: str | None,
+    description: str | None,
+    event_types: list[str] | None,
+    https_only: bool,
+) -> Endpoint:
+    require_endpoint(conn, uid, tenant)
+    return ops.update_endpoint(
+        conn,
+        uid,
+        actor=actor,
+        url=url,
+        description=description,
+        event_types=event_types,
+        https_only=https_only,
+    )
+
+
+def set_endpoint_enabled(
+    conn: Connection,
+    uid: str,
+    tenant: str | None,
+    *,
+    enabled: bool,
+    actor: str,
+    reason: str | None,
+) -> Endpoint:
+    require_endpoint(conn, uid, tenant)
+    return set_enabled(conn, uid, enabled=enabled, reason=reason, actor=actor)
+
+
+def delete_endpoint(
+    conn: Connection, uid: str, tenant: str | None, *, actor: str, reason: str | None
+) -> dict[str, int]:
+    require_endpoint(conn, uid, tenant)
+    return ops.delete_endpoint(conn, uid, actor=actor, reason=reason)
+
+
+def reveal(conn: Connection, box: SecretBox, uid: str, tenant: str | None, *, actor: str) -> str:
+    require_endpoint(conn, uid, tenant)
+    return reveal_secret(conn, box, uid, actor=actor, reason="shown in the web console")
+
+
+def rotate(
+    conn: Connection,
+    box: SecretBox,
+    uid: str,
+    tenant: str | None,
+    *,
+    actor: str,
+    now: dt.datetime,
+    grace: dt.timedelta,
+) -> ops.RotatedSecret:
+    require_endpoint(conn, uid, tenant)
+    return ops.rotate_secret(conn, box, uid, actor=actor, now=now, grace=grace)
+
+
+def send_test_event(
+    conn: Connection, uid: str, tenant: str | None, *, actor: str, now: dt.datetime
+) -> int:
+    """A `webhook.test` ping to this endpoint only, through the worker; the delivery id."""
+    require_endpoint(conn, uid, tenant)
+    message_id = new_message_id()
+    payload = {"type": TEST_EVENT_TYPE, "endpoint": uid, "sent_at": now.isoformat()}
+    delivery_id = conn.execute(
+        queries.SEND_TEST_EVENT,
+        {
+            "uid": uid,
+            "message_id": message_id,
+            "event_type": TEST_EVENT_TYPE,
+            "payload": json.dumps(payload),
+            "now": now,
+        },
+    ).scalar_one()
+    record_audit(
+        conn,
+        actor=actor,
+        action="endpoint.test",
+        target_type="endpoint",
+        target_id=uid,
+        details={"delivery": int(delivery_id), "message_id": message_id},
+    )
+    return int(delivery_id)
+
+
+def issue_link_checked(conn: Connection, tenant: str, scope: str | None) -> None:
+    """A tenant-scoped caller may issue links to its own tenant only (others: not found)."""
+    if scope is not None and scope != tenant:
+        raise NotFoundError(f"no tenant {tenant!r}")
