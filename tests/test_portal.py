@@ -181,6 +181,12 @@ def test_a_tenant_edits_disables_rotates_replays_and_deletes(site: Site, page: A
     with page.expect_navigation():
         page.click("button[value=disable]")
     assert page.inner_text("#enabled") == "disabled"
+    # A disabled endpoint takes no test (it would wait forever): one clear line instead.
+    with page.expect_navigation():
+        page.click("button[value=test]")
+    assert "is disabled: enable it, then send the test" in page.inner_text("[role=alert]")
+    page.problems.clear()  # the browser logs the 400 it was answered on purpose
+    page.goto(f"{site.base_url}/portal/endpoints/{uid}")
     with page.expect_navigation():
         page.click("button[value=enable]")
     assert page.inner_text("#enabled") == "enabled"
@@ -312,6 +318,30 @@ def test_the_console_endpoint_page_shows_limits_charts_and_acts(site: Site, page
         ("token:olga", "endpoint.disable"),
         ("token:olga", "endpoint.rotate_secret"),
     ]
+    assert page.problems == []
+
+
+def test_an_operator_issues_a_portal_link_from_the_tenants_page(site: Site, page: Any) -> None:
+    site.tenant("acme")
+    page.goto(f"{site.base_url}/console/login")
+    page.fill("input[name=token]", site.token("operator", "olga"))
+    with page.expect_navigation():
+        page.click("button[type=submit]")
+    page.goto(f"{site.base_url}/console/tenants")
+    with page.expect_navigation():
+        page.click("#tenants tr:has-text('acme') button[value=portal-link]")
+    link = page.inner_text("#portal-link")
+    assert link.startswith(f"{site.base_url}/portal/enter?link=obxl_")
+    other = page.context.browser.new_context()
+    try:
+        tenant_page = other.new_page()
+        tenant_page.goto(link)
+        assert tenant_page.url == f"{site.base_url}/portal/endpoints"
+        assert "portal:acme" in tenant_page.inner_text("header")
+    finally:
+        other.close()
+    audit = rows(site.engine, "SELECT actor, target_id FROM audit_log WHERE action = 'portal.link'")
+    assert [(a["actor"], a["target_id"]) for a in audit] == [("token:olga", "acme")]
     assert page.problems == []
 
 

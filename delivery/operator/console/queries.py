@@ -172,14 +172,22 @@ SELECT_TENANT_AUDIT = text(
     """
 )
 
-# Event types a tenant can subscribe to: the ones published for it lately (bounded, so
-# the page stays cheap however long the history is).
+# Event types a tenant can subscribe to: those of its latest deliveries (its own index)
+# and those published for it among the latest events of all. Both reads are bounded, so
+# the page costs the same however long the history is and however small the tenant.
 SELECT_TENANT_EVENT_TYPES = text(
     f"""
-    SELECT DISTINCT event_type FROM (
-        SELECT event_type FROM outbox_events
-        WHERE tenant_id = {_TENANT_ID}
-        ORDER BY id DESC LIMIT 5000) recent
+    SELECT event_type FROM (
+        SELECT ev.event_type
+        FROM (SELECT event_id FROM deliveries WHERE tenant_id = {_TENANT_ID}
+              ORDER BY id DESC LIMIT 5000) d
+        JOIN outbox_events ev ON ev.id = d.event_id
+        UNION
+        SELECT recent.event_type
+        FROM (SELECT tenant_id, event_type FROM outbox_events ORDER BY id DESC LIMIT 5000) recent
+        WHERE recent.tenant_id = {_TENANT_ID}
+    ) types
+    WHERE event_type <> 'webhook.test'
     ORDER BY event_type
     LIMIT 200
     """
@@ -205,7 +213,7 @@ SELECT_ENDPOINT_SETTINGS = text(
 SEND_TEST_EVENT = text(
     """
     WITH target AS (
-        SELECT id, tenant_id FROM endpoints WHERE uid = :uid
+        SELECT id, tenant_id FROM endpoints WHERE uid = :uid AND enabled
     ), event AS (
         INSERT INTO outbox_events (message_id, tenant_id, event_type, payload, created_at,
                                    relayed_at)

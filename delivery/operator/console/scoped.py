@@ -28,7 +28,7 @@ from outbox.endpoints import (
     reveal_secret,
     set_enabled,
 )
-from outbox.errors import NotFoundError
+from outbox.errors import EndpointError, NotFoundError
 from outbox.ids import new_message_id
 from outbox.stats import collect_stats
 
@@ -290,7 +290,9 @@ def send_test_event(
             "payload": json.dumps(payload),
             "now": now,
         },
-    ).scalar_one()
+    ).scalar_one_or_none()
+    if delivery_id is None:
+        raise EndpointError(f"endpoint {uid} is disabled: enable it, then send the test")
     record_audit(
         conn,
         actor=actor,

@@ -33,8 +33,10 @@ from delivery.operator.console import queries, scoped
 from delivery.operator.console.sessions import (
     WebSession,
     close_session,
+    issue_portal_link,
     load_session,
     open_session,
+    portal_link,
     redeem_portal_link,
     token_tenant,
 )
@@ -631,7 +633,9 @@ class Console:
 
     # -- tenants, audit -------------------------------------------------------------------
 
-    async def tenants(self, request: Request, session: WebSession) -> Response:
+    async def tenants(
+        self, request: Request, session: WebSession, issued: dict[str, str] | None = None
+    ) -> Response:
         tenant = session.tenant_uid
         rows = await self.api.read(
             lambda c: list(
@@ -640,7 +644,24 @@ class Console:
                 ).mappings()
             )
         )
-        return self.render(request, "tenants.html", session=session, tenants=rows)
+        return self.render(request, "tenants.html", session=session, tenants=rows, issued=issued)
+
+    async def portal_link(self, request: Request, session: WebSession) -> Response:
+        """Issue a portal link from the tenants page, shown once to the operator."""
+        tenant = str(request.path_params["uid"])
+        now, ttl = self.api.clock.now(), self.config.link_ttl
+
+        def issue(conn: Connection) -> str:
+            scoped.issue_link_checked(conn, tenant, session.tenant_uid)
+            return issue_portal_link(conn, tenant, actor=session.actor, now=now, ttl=ttl)
+
+        secret = await self.api.write(issue)
+        link = portal_link(secret, self.config.public_url)
+        if not self.config.public_url:
+            link = f"{request.url.scheme}://{request.url.netloc}{link}"
+        return await self.tenants(
+            request, session, issued={"tenant": tenant, "link": link, "expires": _ago(now + ttl)}
+        )
 
     async def audit(self, request: Request, session: WebSession) -> Response:
         q = request.query_params
@@ -722,6 +743,11 @@ class Console:
                 methods=["POST"],
             ),
             Route("/tenants", self.page(c, self.tenants), methods=["GET"]),
+            Route(
+                "/tenants/{uid}/portal-link",
+                self.page(c, self.portal_link, act=True),
+                methods=["POST"],
+            ),
             Route("/audit", self.page(c, self.audit), methods=["GET"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
