@@ -22,6 +22,7 @@ from delivery.operator.cli import main
 from delivery.operator.console.web import ConsoleConfig
 from delivery.receiver import Behaviour
 from outbox import publish
+from outbox.endpoints import set_enabled
 from tests.browser import Site
 from tests.helpers import add_endpoint, rows, scalar
 
@@ -260,8 +261,12 @@ def test_a_tenant_scoped_console_session_sees_only_its_tenant(site: Site, page: 
     assert globex_endpoint not in page.inner_text("#endpoints")
     page.goto(f"{site.base_url}/console/tenants")
     assert "globex" not in page.inner_text("#tenants")
+    with site.engine.begin() as conn:  # one audit row about each tenant's endpoint
+        for uid in (acme_endpoint, globex_endpoint):
+            set_enabled(conn, uid, enabled=False, reason=f"pause {uid}", actor="ops")
     page.goto(f"{site.base_url}/console/audit")
-    assert globex_endpoint not in page.inner_text("#audit")
+    audit = page.inner_text("#audit")
+    assert f"pause {acme_endpoint}" in audit and globex_endpoint not in audit
     assert (
         "bulk" not in page.content().lower()
         or page.locator("form[action='/console/replays']").count() == 0
