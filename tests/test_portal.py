@@ -210,6 +210,14 @@ def test_a_tenant_edits_disables_rotates_replays_and_deletes(site: Site, page: A
     assert page.url == f"{site.base_url}/portal/endpoints"
     assert scalar(site.engine, "SELECT count(*) FROM endpoints") == 0
 
+    # Signing out ends the session on the server, not only in this browser.
+    csrf = page.get_attribute("meta[name=csrf-token]", "content")
+    with page.expect_navigation():
+        page.click("header button[type=submit]")
+    assert "Signed out" in page.inner_text("main")
+    assert scalar(site.engine, "SELECT count(*) FROM console_sessions WHERE kind = 'portal'") == 0
+    assert page.request.post(f"{site.base_url}/portal/logout", form={"csrf": csrf}).status == 401
+
     actions = [
         r["action"]
         for r in rows(site.engine, "SELECT action FROM audit_log WHERE actor = 'portal:acme'")

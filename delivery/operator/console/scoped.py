@@ -56,7 +56,9 @@ def search_deliveries(
     conn: Connection, flt: ops.DeliveryFilter, *, tenant: str | None, message_id: str | None
 ) -> list[ops.DeliverySummary]:
     """Newest first, one page; `tenant` is the session's scope or the operator's filter."""
-    params = {**flt.params(), "tenant_uid": tenant, "message_id": message_id}
+    # `scope` too: the shared filter text takes the tenant under that name once outbox's
+    # own scoping lands (tenant-surfaces); a name a statement does not use is ignored.
+    params = {**flt.params(), "tenant_uid": tenant, "scope": tenant, "message_id": message_id}
     rows = conn.execute(queries.SEARCH_DELIVERIES, params).mappings()
     fields = ops.DeliverySummary.__dataclass_fields__
     return [ops.DeliverySummary(**{name: row[name] for name in fields}) for row in rows]

@@ -266,10 +266,17 @@ class Console:
         return response
 
     async def logout(self, request: Request, session: WebSession) -> Response:
-        cookie = request.cookies.get(CONSOLE_COOKIE, "")
+        portal = session.kind == "portal"
+        name = PORTAL_COOKIE if portal else CONSOLE_COOKIE
+        cookie = request.cookies.get(name, "")
         await self.api.write(lambda c: close_session(c, cookie))
-        response = self.secure(RedirectResponse("/console/login", 303))
-        response.delete_cookie(CONSOLE_COOKIE, path="/console")
+        if portal:
+            response = self.render(
+                request, "portal/expired.html", message="Signed out. Ask for a new link to return."
+            )
+        else:
+            response = self.secure(RedirectResponse("/console/login", 303))
+        response.delete_cookie(name, path="/portal" if portal else "/console")
         return response
 
     async def brand_css(self, request: Request) -> Response:
@@ -753,6 +760,7 @@ class Console:
         ]
         portal = [
             Route("/enter", self.portal_enter, methods=["GET"]),
+            Route("/logout", self.page(p, self.logout), methods=["POST"]),
             Route("/brand.css", self.brand_css, methods=["GET"]),
             Route("/", self.page(p, self.portal_home), methods=["GET"]),
             Route("/endpoints", self.page(p, self.endpoints), methods=["GET"]),
