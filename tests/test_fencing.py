@@ -32,8 +32,10 @@ from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with build_http_client(max_connections=10, timeout=5, allowed_networks=LOOPBACK) as c:
+async def http(transport: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with build_http_client(
+        max_connections=10, timeout=5, allowed_networks=LOOPBACK, transport=transport
+    ) as c:
         yield c
 
 

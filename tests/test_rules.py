@@ -39,10 +39,10 @@ FAST = DeliveryRules(max_attempts=3, retry_schedule=(10.0,))
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
+async def http(transport: str) -> AsyncIterator[httpx.AsyncClient]:
     # The one place these tests build a client (a later SSRF guard needs loopback allowed).
     async with build_http_client(
-        max_connections=100, timeout=5, allowed_networks=LOOPBACK
+        max_connections=100, timeout=5, allowed_networks=LOOPBACK, transport=transport
     ) as client:
         yield client
 
