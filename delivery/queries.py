@@ -62,10 +62,13 @@ CLAIM_DUE_DELIVERIES = text(
                              AND NOT EXISTS (
                                  SELECT 1 FROM deliveries r WHERE r.replay_of = p.id)))
               ) AND NOT EXISTS (
-                  -- an earlier event of the key not fanned out yet (several relays)
+                  -- an earlier event of the key not fanned out yet (several relays);
+                  -- ordering keys are the application's, scoped to the event's tenant
                   SELECT 1 FROM outbox_events o
                   WHERE o.ordering_key = d.ordering_key AND o.relayed_at IS NULL
                     AND o.id < d.event_id
+                    AND o.tenant_id = (SELECT t.tenant_id FROM outbox_events t
+                                       WHERE t.id = d.event_id)
               ))
             ORDER BY d.priority DESC, d.next_attempt_at, d.id
             -- :per_endpoint is about twice this endpoint's fair share of the batch, so
