@@ -43,7 +43,9 @@ def execute(engine: Engine, sql: str, **params: Any) -> None:
         conn.execute(text(sql), params)
 
 
-def flood(engine: Engine, tenant: str, endpoint_ids: list[int], count: int, due: dt.datetime) -> None:
+def flood(
+    engine: Engine, tenant: str, endpoint_ids: list[int], count: int, due: dt.datetime
+) -> None:
     """`count` relayed events of `tenant` with one due delivery each, spread over the
     endpoints: built set-based, so a 100,000-row flood takes a second or two."""
     execute(
@@ -134,7 +136,10 @@ async def test_patterns_route_through_the_index_and_follow_edits_and_deletes(
     # A deleted endpoint leaves the index with its rows.
     with engine.begin() as conn:
         delete_endpoint(conn, a.uid, force=True, actor="test", reason="test")
-    assert scalar(engine, "SELECT count(*) FROM endpoint_subscriptions WHERE endpoint_id = :i", i=a.id) == 0
+    assert (
+        scalar(engine, "SELECT count(*) FROM endpoint_subscriptions WHERE endpoint_id = :i", i=a.id)
+        == 0
+    )
     assert await routed("a.z") == {star.uid}
     # Becoming an all-tenants endpoint moves its index rows to tenant NULL.
     execute(engine, "UPDATE endpoints SET all_tenants = true WHERE id = :i", i=other.id)
@@ -204,8 +209,7 @@ async def test_tenant_caps_bound_in_flight_and_rate_across_the_tenants_endpoints
 
     def per_tenant(claimed: list[ClaimedDelivery]) -> dict[int, int]:
         owners = {
-            r["id"]: r["tenant_id"]
-            for r in rows(engine, "SELECT id, tenant_id FROM endpoints")
+            r["id"]: r["tenant_id"] for r in rows(engine, "SELECT id, tenant_id FROM endpoints")
         }
         counts: dict[int, int] = {}
         for item in claimed:
@@ -272,3 +276,86 @@ async def test_a_disabled_tenants_deliveries_wait_and_flow_again_when_enabled(
     await w.run_once()
     assert len(receiver.received("/paused")) == 5
     assert scalar(engine, held + " WHERE t.uid = 'paused' AND d.state = 'succeeded'") == 5
+
+
+# -- isolation through retries and ordering keys ----------------------------------------------
+
+
+def tag(request: ReceivedRequest) -> tuple[str, int]:
+    data = json.loads(request.body)["data"]
+    return str(data["tenant"]), int(data["i"])
+
+
+async def test_retries_and_ordering_keys_never_cross_tenants(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+    http: httpx.AsyncClient,
+) -> None:
+    tenants(engine, "a", "b")
+    failures = iter([500, 500])
+
+    async def flaky(_: ReceivedRequest) -> Behaviour:
+        return Behaviour(status=next(failures, 200))
+
+    for uid, route in (("a", receiver.route("/a", flaky)), ("b", receiver.route("/b"))):
+        endpoint = add_endpoint(engine, box, route, "order.*", tenant=uid).endpoint
+        with engine.begin() as conn:
+            set_endpoint_limits(conn, endpoint.uid, EndpointLimits(ordered=True), actor="test")
+    with engine.begin() as conn:
+        for i in range(3):
+            for uid in ("a", "b"):  # the same ordering key in both tenants
+                publish(conn, "order.paid", {"tenant": uid, "i": i}, tenant=uid, ordering_key="k")
+    await Relay(async_engine, clock).run_until_idle()
+    w = worker(async_engine, http, box, clock)
+    for _ in range(3):
+        await w.run_once()
+    # A's failing head holds A's key only: B's events of the same key all went, in order.
+    assert [tag(r) for r in receiver.received("/b")] == [("b", 0), ("b", 1), ("b", 2)]
+    assert [tag(r) for r in receiver.received("/a")] == [("a", 0)]
+    for _ in range(6):
+        clock.advance(2)
+        await w.run_once()
+    # Retries went to A's endpoint only, in key order, and nothing of B's ever reached A.
+    assert [tag(r) for r in receiver.received("/a")] == [
+        ("a", 0),
+        ("a", 0),
+        ("a", 0),
+        ("a", 1),
+        ("a", 2),
+    ]
+    assert len(receiver.received("/b")) == 3
+    assert scalar(engine, "SELECT count(*) FROM deliveries WHERE state <> 'succeeded'") == 0
+
+
+async def test_an_unrelayed_event_holds_its_own_tenants_key_not_another_tenants(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    http: httpx.AsyncClient,
+) -> None:
+    tenants(engine, "a", "b")
+    b_endpoint = add_endpoint(engine, box, "http://127.0.0.1:1/b", "*", tenant="b").endpoint
+    with engine.begin() as conn:
+        set_endpoint_limits(conn, b_endpoint.uid, EndpointLimits(ordered=True), actor="test")
+    with engine.begin() as conn:
+        publish(conn, "order.paid", {}, tenant="a", ordering_key="k")
+        publish(conn, "order.paid", {}, tenant="b", ordering_key="k")
+    other = engine.connect()
+    other_tx = other.begin()
+    try:
+        # Another relay is fanning out tenant a's earlier event of key k right now.
+        other.execute(
+            text("SELECT id FROM outbox_events WHERE tenant_id = :t FOR UPDATE"),
+            {"t": tenant_id(engine, "a")},
+        ).all()
+        await Relay(async_engine, clock).run_until_idle()
+        assert scalar(engine, "SELECT count(*) FROM outbox_events WHERE relayed_at IS NULL") == 1
+        claimed = await worker(async_engine, http, box, clock).claim(10)
+    finally:
+        other_tx.rollback()
+        other.close()
+    assert by_endpoint(claimed) == {b_endpoint.uid: 1}
