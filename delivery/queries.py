@@ -43,10 +43,16 @@ CLAIM_DUE_DELIVERIES = text(
                ) AS turn
         -- Only the endpoints with scheduled work (LOCK_CLAIM_GATES found them), never
         -- every endpoint: the claim's cost follows the due work.
+        -- (LATERAL ... LIMIT 1: one primary-key probe per endpoint, never a scan)
         FROM unnest(CAST(:endpoint_ids AS bigint[])) AS live(endpoint_id)
-        JOIN endpoints e ON e.id = live.endpoint_id
+        CROSS JOIN LATERAL (
+            SELECT x.id, x.enabled FROM endpoints x WHERE x.id = live.endpoint_id LIMIT 1
+        ) e
         LEFT JOIN gate g ON g.endpoint_id = e.id
-        LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
+        LEFT JOIN LATERAL (
+            SELECT x.ordered, x.dead_head FROM endpoint_health x WHERE x.endpoint_id = e.id
+            LIMIT 1
+        ) h ON true
         CROSS JOIN LATERAL (
             SELECT d.id, d.endpoint_id, d.tenant_id, d.priority, d.next_attempt_at
             FROM deliveries d
@@ -280,28 +286,40 @@ LOCK_CLAIM_GATES = text(
                 ORDER BY d.endpoint_id LIMIT 1)
         FROM pending p WHERE p.endpoint_id IS NOT NULL
     ), live AS (
+        -- LATERAL ... LIMIT 1: primary-key probes for the pending endpoints only
         SELECT e.id AS endpoint_id, e.tenant_id, t.max_in_flight AS tenant_max_in_flight,
                t.max_per_second AS tenant_max_per_second,
                (t.max_in_flight IS NOT NULL OR t.max_per_second IS NOT NULL) AS tenant_capped
         FROM pending p
-        JOIN endpoints e ON e.id = p.endpoint_id AND e.enabled
-        JOIN tenants t ON t.id = e.tenant_id AND t.enabled
+        CROSS JOIN LATERAL (
+            SELECT x.id, x.tenant_id FROM endpoints x
+            WHERE x.id = p.endpoint_id AND x.enabled LIMIT 1
+        ) e
+        CROSS JOIN LATERAL (
+            SELECT x.max_in_flight, x.max_per_second FROM tenants x
+            WHERE x.id = e.tenant_id AND x.enabled LIMIT 1
+        ) t
     ), needed AS (
-        SELECT h.endpoint_id
-        FROM endpoint_health h JOIN live l ON l.endpoint_id = h.endpoint_id
-        WHERE h.breaker_state <> 'closed' OR h.max_in_flight IS NOT NULL
-              OR h.max_per_second IS NOT NULL OR h.ramp_until > :now
-              OR h.paused_until > :now
+        SELECT l.endpoint_id
+        FROM live l
+        CROSS JOIN LATERAL (
+            SELECT 1 FROM endpoint_health h
+            WHERE h.endpoint_id = l.endpoint_id
+              AND (h.breaker_state <> 'closed' OR h.max_in_flight IS NOT NULL
+                   OR h.max_per_second IS NOT NULL OR h.ramp_until > :now
+                   OR h.paused_until > :now)
+            LIMIT 1
+        ) h
     ), locked AS (
         SELECT h.*
         FROM endpoint_health h
-        WHERE h.endpoint_id IN (SELECT endpoint_id FROM needed)
+        WHERE h.endpoint_id = ANY(ARRAY(SELECT endpoint_id FROM needed))
         ORDER BY h.endpoint_id
         FOR UPDATE SKIP LOCKED
     ), tenant_locked AS (
         SELECT t.id
         FROM tenants t
-        WHERE t.id IN (SELECT tenant_id FROM live WHERE tenant_capped)
+        WHERE t.id = ANY(ARRAY(SELECT tenant_id FROM live WHERE tenant_capped))
         ORDER BY t.id
         FOR NO KEY UPDATE SKIP LOCKED
     )
@@ -314,7 +332,9 @@ LOCK_CLAIM_GATES = text(
     LEFT JOIN needed n ON n.endpoint_id = l.endpoint_id
     LEFT JOIN locked h ON h.endpoint_id = l.endpoint_id
     LEFT JOIN tenant_locked tl ON tl.id = l.tenant_id
-    LEFT JOIN tenant_buckets b ON b.tenant_id = tl.id
+    LEFT JOIN LATERAL (
+        SELECT x.tokens, x.tokens_at FROM tenant_buckets x WHERE x.tenant_id = tl.id LIMIT 1
+    ) b ON true
     ORDER BY l.endpoint_id
     """
 )

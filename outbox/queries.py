@@ -119,9 +119,15 @@ RELAY_BATCH = text(
             SELECT DISTINCT b.id AS event_id, s.endpoint_id
             FROM batch b
             CROSS JOIN LATERAL ({_CANDIDATE_PATTERNS}) c
-            JOIN endpoint_subscriptions s
-              ON s.pattern = c.pattern
-             AND (s.tenant_id = b.tenant_id OR s.tenant_id IS NULL)
+            -- two probes of (pattern, tenant_id) per candidate pattern, as a LATERAL so
+            -- the planner cannot trade them for a scan of the tenant's whole catalogue
+            CROSS JOIN LATERAL (
+                SELECT endpoint_id FROM endpoint_subscriptions
+                WHERE pattern = c.pattern AND tenant_id = b.tenant_id
+                UNION ALL
+                SELECT endpoint_id FROM endpoint_subscriptions
+                WHERE pattern = c.pattern AND tenant_id IS NULL
+            ) s
         ) r
         JOIN batch b ON b.id = r.event_id
         JOIN endpoints e ON e.id = r.endpoint_id AND e.enabled

@@ -4,10 +4,9 @@ retries and ordering keys. Real PostgreSQL, real receivers on 127.0.0.1, a manua
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -359,3 +358,117 @@ async def test_an_unrelayed_event_holds_its_own_tenants_key_not_another_tenants(
         other_tx.rollback()
         other.close()
     assert by_endpoint(claimed) == {b_endpoint.uid: 1}
+
+
+# -- cost follows the work ----------------------------------------------------------------------
+
+CATALOGUE = ("endpoints", "endpoint_subscriptions", "endpoint_health", "tenants", "tenant_buckets")
+
+
+def rows_visited(plan: dict[str, Any]) -> dict[str, float]:
+    """Rows each catalogue table's scans produced or filtered out, over all loops."""
+    visited: dict[str, float] = {}
+
+    def walk(node: dict[str, Any]) -> None:
+        relation = node.get("Relation Name")
+        if relation in CATALOGUE:
+            seen = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+            seen += node.get("Rows Removed by Index Recheck", 0)
+            visited[relation] = visited.get(relation, 0) + seen * node.get("Actual Loops", 1)
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan["Plan"])
+    return visited
+
+
+def idle_catalogue(engine: Engine, busy_tenant: str, count: int) -> None:
+    """`count` idle endpoints over 500 tenants (some subscribed to '*'), a few idle ones of the
+    busy tenant subscribed to other types, and a gated health row for each of them."""
+    execute(
+        engine,
+        """INSERT INTO tenants (uid) SELECT 'idle-' || g FROM generate_series(1, 500) AS g""",
+    )
+    execute(
+        engine,
+        """
+        INSERT INTO endpoints (uid, tenant_id, url, event_types, signing_secret)
+        SELECT 'ep_idle_' || g, t.id, 'http://127.0.0.1:1/idle',
+               CASE WHEN g % 3 = 0 THEN ARRAY['*'] ELSE ARRAY['order.*', 'invoice.paid'] END,
+               'unused'
+        FROM generate_series(1, :count) AS g
+        JOIN tenants t ON t.uid = 'idle-' || (1 + g % 500)
+        UNION ALL
+        SELECT 'ep_idle_own_' || g, t.id, 'http://127.0.0.1:1/idle', ARRAY['invoice.*'], 'unused'
+        FROM generate_series(1, 20) AS g, tenants t WHERE t.uid = :busy
+        """,
+        count=count,
+        busy=busy_tenant,
+    )
+    execute(
+        engine,
+        "INSERT INTO endpoint_health (endpoint_id, max_in_flight) "
+        "SELECT id, 5 FROM endpoints WHERE uid LIKE 'ep_idle%'",
+    )
+    execute(engine, "UPDATE tenants SET max_in_flight = 10 WHERE uid LIKE 'idle-%'")
+    execute(engine, "ANALYZE")
+
+
+async def test_relay_and_claim_do_not_visit_idle_endpoints(
+    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
+) -> None:
+    from delivery import health
+    from delivery import queries as delivery_queries
+    from outbox import queries as outbox_queries
+
+    tenants(engine, "busy")
+    busy = add_endpoint(engine, box, "http://127.0.0.1:1/busy", "order.*", tenant="busy").endpoint
+    idle_catalogue(engine, "busy", 3000)
+    assert scalar(engine, "SELECT count(*) FROM endpoint_subscriptions") > 4000
+    with engine.begin() as conn:
+        for i in range(5):
+            publish(conn, "order.created", {"i": i}, tenant="busy")
+
+    def explain(statement: Any) -> str:
+        return "EXPLAIN (ANALYZE, FORMAT JSON) " + str(statement.text)
+
+    with engine.begin() as conn:
+        plan = conn.execute(
+            text(explain(outbox_queries.RELAY_BATCH)),
+            {
+                "limit": 100,
+                "now": clock.now(),
+                "max_attempts": 5,
+                "rule_patterns": [],
+                "rule_max_attempts": [],
+            },
+        ).scalar_one()[0]
+    # The five events matched one endpoint's one pattern: nothing else was read.
+    assert scalar(engine, "SELECT count(*) FROM deliveries") == 5
+    relay_visits = rows_visited(plan)
+    assert relay_visits.get("endpoint_subscriptions", 0) <= 5
+    assert relay_visits.get("endpoints", 0) <= 5
+
+    async with async_engine.begin() as conn:
+        gates = await health.open_gates(conn, now=clock.now(), config=health.HealthConfig())
+        assert gates.endpoint_ids == [busy.id]
+        gate_plan = (
+            await conn.execute(
+                text(explain(delivery_queries.LOCK_CLAIM_GATES)), {"now": clock.now()}
+            )
+        ).scalar_one()[0]
+        claim_plan = (
+            await conn.execute(
+                text(explain(delivery_queries.CLAIM_DUE_DELIVERIES)),
+                {
+                    "now": clock.now(),
+                    "limit": 100,
+                    "worker_id": "w",
+                    "lease_expires_at": clock.now() + dt.timedelta(minutes=1),
+                    **gates.params(100),
+                },
+            )
+        ).scalar_one()[0]
+        await conn.rollback()
+    for name, visits in (("gates", rows_visited(gate_plan)), ("claim", rows_visited(claim_plan))):
+        assert all(count <= 10 for count in visits.values()), (name, visits)
