@@ -405,13 +405,53 @@ def tenant_after_claim(cap: TenantCap, claimed: int, *, now: dt.datetime) -> Ten
 
 
 @dataclass(frozen=True, slots=True)
+class Head:
+    """An endpoint's first due delivery in claim order, as the gates saw it."""
+
+    endpoint_id: int
+    tenant_id: int
+    priority: int
+    due_at: dt.datetime
+    delivery_id: int
+
+
+def choose_endpoints(
+    heads: Sequence[Head],
+    budgets: Mapping[int, int],
+    tenant_budgets: Mapping[int, int],
+    limit: int,
+) -> list[int]:
+    """The endpoints one claim visits: at most `limit`, in the claim's own order, so the
+    claim's cost follows its batch size, not the number of endpoints with due work.
+
+    The order is the claim's: priority first, then round robin across tenants (each
+    tenant's endpoints take turns by their heads' age), then the oldest head. An endpoint
+    served by this claim moves its head to a newer row, so the next claim rotates on to
+    the endpoints that waited. Endpoints or tenants with no budget left are not visited.
+    """
+    eligible = [
+        h
+        for h in heads
+        if budgets.get(h.endpoint_id, 1) > 0 and tenant_budgets.get(h.tenant_id, 1) > 0
+    ]
+    eligible.sort(key=lambda h: (h.tenant_id, -h.priority, h.due_at, h.delivery_id))
+    turns: Counter[tuple[int, int]] = Counter()
+    turn: dict[int, int] = {}
+    for head in eligible:
+        turns[head.tenant_id, head.priority] += 1
+        turn[head.endpoint_id] = turns[head.tenant_id, head.priority]
+    eligible.sort(key=lambda h: (-h.priority, turn[h.endpoint_id], h.due_at, h.delivery_id))
+    return [h.endpoint_id for h in eligible[:limit]]
+
+
+@dataclass(frozen=True, slots=True)
 class Gates:
-    """What one claim may take: the endpoints with scheduled work (enabled, of enabled
-    tenants), budgets of gated endpoints and capped tenants; the others are unlimited."""
+    """What one claim may take: the heads of the endpoints with due work (enabled, of
+    enabled tenants), budgets of gated endpoints and capped tenants (others: unlimited)."""
 
     budgets: dict[int, int]
     locked: dict[int, Health]
-    endpoint_ids: list[int] = dataclasses.field(default_factory=list)
+    heads: list[Head] = dataclasses.field(default_factory=list)
     tenant_budgets: dict[int, int] = dataclasses.field(default_factory=dict)
     tenants_locked: dict[int, TenantCap] = dataclasses.field(default_factory=dict)
     tenant_of: dict[int, int] = dataclasses.field(default_factory=dict)
@@ -421,11 +461,12 @@ class Gates:
         budgets = dict(self.budgets)
         for endpoint_id, cap in (local_caps or {}).items():
             budgets[endpoint_id] = min(budgets.get(endpoint_id, cap), cap)
+        chosen = choose_endpoints(self.heads, budgets, self.tenant_budgets, limit)
         # About twice each endpoint's fair share of the batch: enough to fill it when some
         # endpoints have less due, few enough that many busy endpoints lock few rows each.
-        per_endpoint = max(1, math.ceil(2 * limit / max(1, len(self.endpoint_ids))))
+        per_endpoint = max(1, math.ceil(2 * limit / max(1, len(chosen))))
         return {
-            "endpoint_ids": self.endpoint_ids,
+            "endpoint_ids": chosen,
             "per_endpoint": per_endpoint,
             "gate_ids": list(budgets),
             "gate_budgets": list(budgets.values()),
@@ -443,12 +484,14 @@ async def open_gates(conn: AsyncConnection, *, now: dt.datetime, config: HealthC
     """
     budgets: dict[int, int] = {}
     locked: dict[int, Health] = {}
-    endpoint_ids: list[int] = []
+    heads: list[Head] = []
     tenant_budgets: dict[int, int] = {}
     tenants_locked: dict[int, TenantCap] = {}
     tenant_of: dict[int, int] = {}
     for row in await conn.execute(queries.LOCK_CLAIM_GATES, {"now": now}):
-        endpoint_ids.append(row.endpoint_id)
+        heads.append(
+            Head(row.endpoint_id, row.tenant_id, row.head_priority, row.head_due_at, row.head_id)
+        )
         tenant_of[row.endpoint_id] = row.tenant_id
         if row.gated:
             if row.locked:
@@ -489,7 +532,7 @@ async def open_gates(conn: AsyncConnection, *, now: dt.datetime, config: HealthC
     return Gates(
         budgets=budgets,
         locked=locked,
-        endpoint_ids=endpoint_ids,
+        heads=heads,
         tenant_budgets=tenant_budgets,
         tenants_locked=tenants_locked,
         tenant_of=tenant_of,

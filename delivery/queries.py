@@ -10,9 +10,10 @@ from __future__ import annotations
 from sqlalchemy import text
 
 # Claim due deliveries of enabled endpoints and lease them; the claim commits before
-# any HTTP request starts. It starts from :endpoint_ids, the enabled endpoints of enabled
-# tenants that have scheduled work (LOCK_CLAIM_GATES), so idle endpoints cost nothing and
-# a disabled tenant's deliveries wait. delivery/health.py passes a budget for each gated
+# any HTTP request starts. It starts from :endpoint_ids, at most :limit endpoints with
+# due work chosen from their heads (LOCK_CLAIM_GATES, health.choose_endpoints), so idle
+# endpoints cost nothing, a thousand busy ones cost a batch's worth, and a disabled
+# tenant's deliveries wait. delivery/health.py passes a budget for each gated
 # endpoint (breaker open or half-open, limits, ramp, 429 pause) and each capped tenant;
 # the others are unlimited.
 #   fairness: each endpoint offers at most its budget (LATERAL, on its own index), rows
@@ -269,7 +270,9 @@ _HEALTH_COLUMNS = """
 # Everything a claim needs to know before it claims, visiting only endpoints that have
 # scheduled work: a skip scan of ix_deliveries_due_per_endpoint finds them (one index
 # probe per such endpoint; idle endpoints are never read). One row per such endpoint
-# that is enabled and whose tenant is enabled (a disabled tenant's deliveries wait).
+# that has a due delivery, is enabled and whose tenant is enabled (a disabled tenant's
+# deliveries wait), with its head (first due row in claim order): delivery/health.py
+# chooses from these heads the endpoints the claim will visit (at most one per slot).
 # The health rows of gated endpoints and the rows of capped tenants are locked with
 # SKIP LOCKED: `locked` / `tenant_locked` is false when another worker holds one, and
 # that endpoint or tenant is skipped by this claim. Tenant rows are locked FOR NO KEY
@@ -277,20 +280,39 @@ _HEALTH_COLUMNS = """
 # relay inserting deliveries) and serialises claimers on the tenant's bucket.
 LOCK_CLAIM_GATES = text(
     f"""
-    WITH RECURSIVE pending(endpoint_id) AS (
-        (SELECT endpoint_id FROM deliveries WHERE state = 'scheduled'
-         ORDER BY endpoint_id LIMIT 1)
+    WITH RECURSIVE pending AS (
+        -- the first row of each endpoint in index order is its head: highest priority,
+        -- earliest; the recursion jumps from one endpoint to the next
+        (SELECT endpoint_id, priority, next_attempt_at, id FROM deliveries
+         WHERE state = 'scheduled'
+         ORDER BY endpoint_id, priority DESC, next_attempt_at LIMIT 1)
         UNION ALL
-        SELECT (SELECT d.endpoint_id FROM deliveries d
-                WHERE d.state = 'scheduled' AND d.endpoint_id > p.endpoint_id
-                ORDER BY d.endpoint_id LIMIT 1)
-        FROM pending p WHERE p.endpoint_id IS NOT NULL
+        SELECT n.*
+        FROM pending p
+        CROSS JOIN LATERAL (
+            SELECT d.endpoint_id, d.priority, d.next_attempt_at, d.id FROM deliveries d
+            WHERE d.state = 'scheduled' AND d.endpoint_id > p.endpoint_id
+            ORDER BY d.endpoint_id, d.priority DESC, d.next_attempt_at LIMIT 1
+        ) n
+    ), due AS (
+        -- each endpoint's first due row; a second probe only where the head is not due
+        SELECT p.endpoint_id, h.priority, h.next_attempt_at, h.id
+        FROM pending p
+        CROSS JOIN LATERAL (
+            SELECT p.priority, p.next_attempt_at, p.id WHERE p.next_attempt_at <= :now
+            UNION ALL
+            (SELECT d.priority, d.next_attempt_at, d.id FROM deliveries d
+             WHERE p.next_attempt_at > :now AND d.endpoint_id = p.endpoint_id
+               AND d.state = 'scheduled' AND d.next_attempt_at <= :now
+             ORDER BY d.priority DESC, d.next_attempt_at LIMIT 1)
+        ) h
     ), live AS (
-        -- LATERAL ... LIMIT 1: primary-key probes for the pending endpoints only
+        -- LATERAL ... LIMIT 1: primary-key probes for these endpoints only
         SELECT e.id AS endpoint_id, e.tenant_id, t.max_in_flight AS tenant_max_in_flight,
                t.max_per_second AS tenant_max_per_second,
-               (t.max_in_flight IS NOT NULL OR t.max_per_second IS NOT NULL) AS tenant_capped
-        FROM pending p
+               (t.max_in_flight IS NOT NULL OR t.max_per_second IS NOT NULL) AS tenant_capped,
+               p.priority AS head_priority, p.next_attempt_at AS head_due_at, p.id AS head_id
+        FROM due p
         CROSS JOIN LATERAL (
             SELECT x.id, x.tenant_id FROM endpoints x
             WHERE x.id = p.endpoint_id AND x.enabled LIMIT 1
@@ -327,6 +349,7 @@ LOCK_CLAIM_GATES = text(
            h.endpoint_id IS NOT NULL AS locked, {_HEALTH_COLUMNS},
            l.tenant_capped, tl.id IS NOT NULL AS tenant_locked,
            l.tenant_max_in_flight, l.tenant_max_per_second,
+           l.head_priority, l.head_due_at, l.head_id,
            b.tokens AS tenant_tokens, b.tokens_at AS tenant_tokens_at
     FROM live l
     LEFT JOIN needed n ON n.endpoint_id = l.endpoint_id

@@ -130,7 +130,10 @@ RELAY_BATCH = text(
             ) s
         ) r
         JOIN batch b ON b.id = r.event_id
-        JOIN endpoints e ON e.id = r.endpoint_id AND e.enabled
+        CROSS JOIN LATERAL (  -- a primary-key probe per route, never a scan of endpoints
+            SELECT x.id, x.tenant_id, x.max_attempts FROM endpoints x
+            WHERE x.id = r.endpoint_id AND x.enabled LIMIT 1
+        ) e
         ORDER BY b.id, e.id
         ON CONFLICT (event_id, endpoint_id) WHERE replay_of IS NULL DO NOTHING
         RETURNING 1

@@ -451,7 +451,7 @@ async def test_relay_and_claim_do_not_visit_idle_endpoints(
 
     async with async_engine.begin() as conn:
         gates = await health.open_gates(conn, now=clock.now(), config=health.HealthConfig())
-        assert gates.endpoint_ids == [busy.id]
+        assert [head.endpoint_id for head in gates.heads] == [busy.id]
         gate_plan = (
             await conn.execute(
                 text(explain(delivery_queries.LOCK_CLAIM_GATES)), {"now": clock.now()}
@@ -472,3 +472,24 @@ async def test_relay_and_claim_do_not_visit_idle_endpoints(
         await conn.rollback()
     for name, visits in (("gates", rows_visited(gate_plan)), ("claim", rows_visited(claim_plan))):
         assert all(count <= 10 for count in visits.values()), (name, visits)
+
+
+def test_a_claim_visits_at_most_a_batch_of_endpoints_in_its_own_order() -> None:
+    from delivery.health import Head, choose_endpoints
+
+    t0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    # Tenant 1 has 5 endpoints with old heads; tenant 2 one with a newer head; endpoint 9
+    # has an urgent head; endpoint 8 has no budget left; tenant 3 is capped out.
+    heads = [Head(i, 1, 0, t0, i) for i in range(1, 6)]
+    heads += [
+        Head(6, 2, 0, t0 + dt.timedelta(hours=1), 100),
+        Head(9, 1, 50, t0 + dt.timedelta(hours=2), 200),
+        Head(8, 2, 0, t0, 0),
+        Head(7, 3, 0, t0, 0),
+    ]
+    chosen = choose_endpoints(heads, {8: 0}, {3: 0}, 3)
+    # Priority first; then each tenant's first turn (tenant 2's newer head beats tenant 1's
+    # second endpoint); never more than the batch.
+    assert chosen == [9, 1, 6]
+    assert choose_endpoints(heads, {8: 0}, {3: 0}, 100) == [9, 1, 6, 2, 3, 4, 5]
+    assert choose_endpoints([], {}, {}, 10) == []
