@@ -485,6 +485,7 @@ async def open_gates(conn: AsyncConnection, *, now: dt.datetime, config: HealthC
     budgets: dict[int, int] = {}
     locked: dict[int, Health] = {}
     heads: list[Head] = []
+    locked_ids: list[int] = []
     tenant_budgets: dict[int, int] = {}
     tenants_locked: dict[int, TenantCap] = {}
     tenant_of: dict[int, int] = {}
@@ -495,7 +496,7 @@ async def open_gates(conn: AsyncConnection, *, now: dt.datetime, config: HealthC
         tenant_of[row.endpoint_id] = row.tenant_id
         if row.gated:
             if row.locked:
-                locked[row.endpoint_id] = Health.from_row(row)
+                locked_ids.append(row.endpoint_id)
             else:
                 budgets[row.endpoint_id] = 0
         if row.tenant_capped:
@@ -509,6 +510,9 @@ async def open_gates(conn: AsyncConnection, *, now: dt.datetime, config: HealthC
                 )
             else:
                 tenant_budgets[row.tenant_id] = 0
+    if locked_ids:
+        result = await conn.execute(queries.SELECT_LOCKED_HEALTH, {"ids": locked_ids})
+        locked = {row.endpoint_id: Health.from_row(row) for row in result}
     in_flight: dict[int, int] = {}
     counted = [h.endpoint_id for h in locked.values() if h.max_in_flight is not None]
     if counted:
