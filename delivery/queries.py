@@ -47,7 +47,8 @@ CLAIM_DUE_DELIVERIES = text(
         -- (LATERAL ... LIMIT 1: one primary-key probe per endpoint, never a scan)
         FROM unnest(CAST(:endpoint_ids AS bigint[])) AS live(endpoint_id)
         CROSS JOIN LATERAL (
-            SELECT x.id, x.enabled FROM endpoints x WHERE x.id = live.endpoint_id LIMIT 1
+            SELECT x.id, x.enabled, x.all_tenants FROM endpoints x
+            WHERE x.id = live.endpoint_id LIMIT 1
         ) e
         LEFT JOIN gate g ON g.endpoint_id = e.id
         LEFT JOIN LATERAL (
@@ -62,6 +63,10 @@ CLAIM_DUE_DELIVERIES = text(
                   SELECT 1 FROM deliveries p
                   WHERE p.endpoint_id = d.endpoint_id AND p.ordering_key = d.ordering_key
                     AND p.id <> d.id
+                    -- an all-tenants endpoint orders each tenant's keys apart
+                    AND (NOT e.all_tenants
+                         OR (SELECT t.tenant_id FROM outbox_events t WHERE t.id = p.event_id)
+                          = (SELECT t.tenant_id FROM outbox_events t WHERE t.id = d.event_id))
                     AND (p.state = 'in_flight'
                          OR (p.event_id < d.event_id AND p.state = 'scheduled')
                          OR (p.event_id < d.event_id AND p.state = 'dead'

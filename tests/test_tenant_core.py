@@ -493,3 +493,26 @@ def test_a_claim_visits_at_most_a_batch_of_endpoints_in_its_own_order() -> None:
     assert chosen == [9, 1, 6]
     assert choose_endpoints(heads, {8: 0}, {3: 0}, 100) == [9, 1, 6, 2, 3, 4, 5]
     assert choose_endpoints([], {}, {}, 10) == []
+
+
+async def test_an_all_tenants_endpoint_orders_each_tenants_keys_apart(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    http: httpx.AsyncClient,
+) -> None:
+    tenants(engine, "a", "b")
+    warehouse = add_endpoint(engine, box, "http://127.0.0.1:1/w", "*", all_tenants=True).endpoint
+    with engine.begin() as conn:
+        set_endpoint_limits(conn, warehouse.uid, EndpointLimits(ordered=True), actor="test")
+        for i in range(2):
+            publish(conn, "order.paid", {"i": i}, tenant="a", ordering_key="k")
+        publish(conn, "order.paid", {"i": 0}, tenant="b", ordering_key="k")
+    await Relay(async_engine, clock).run_until_idle()
+    w = worker(async_engine, http, box, clock)
+    # The head of a's key and the head of b's key go together; a's second event waits.
+    first = await w.claim(10)
+    assert sorted(json.loads(c.request.body)["data"]["i"] for c in first) == [0, 0]
+    # a's head still in flight holds a's key only.
+    assert await w.claim(10) == []
