@@ -31,6 +31,7 @@ __all__ = [
     "Tenant",
     "TenantDetail",
     "add_tenant",
+    "count_tenants",
     "create_tenant",
     "delete_tenant",
     "get_tenant",
@@ -160,6 +161,14 @@ def require_tenant(conn: Connection, uid: object, *, scope: str | None = None) -
     ).first() is None:
         raise _not_found(uid)
     return uid
+
+
+def count_tenants(conn: Connection) -> dict[str, int]:
+    """How many tenants are enabled and disabled (a bounded metric, whatever the count)."""
+    counts = {"enabled": 0, "disabled": 0}
+    for row in conn.execute(queries.METRICS_TENANTS):
+        counts["enabled" if row.enabled else "disabled"] = int(row.n)
+    return counts
 
 
 def list_tenants(
