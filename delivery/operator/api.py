@@ -567,10 +567,13 @@ def _caps(data: dict[str, Any]) -> dict[str, Any]:
 async def create_tenant_route(call: Call) -> Any:
     call.unscoped_only("create tenants")
     data = await call.body()
+    uid = data.get("id")
+    if not isinstance(uid, str):
+        raise TenantError('give the tenant id (your customer id) as a string: {"id": "..."}')
     created = await call.api.write(
         lambda c: tenant_ops.add_tenant(
             c,
-            data.get("id"),  # validated inside
+            uid,
             actor=call.actor,
             name=str(data.get("name") or ""),
             metadata=data.get("metadata"),
