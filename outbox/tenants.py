@@ -28,6 +28,7 @@ MAX_TENANT_PAGE = 1000
 __all__ = [
     "DEFAULT_TENANT",
     "MAX_TENANT_ID",
+    "UNSET",
     "Tenant",
     "TenantDetail",
     "add_tenant",
@@ -241,15 +242,15 @@ def add_tenant(
     return get_tenant(conn, uid)
 
 
-_UNSET: Any = object()
+UNSET: Any = object()
 
 
 def _check_caps(max_in_flight: Any, max_per_second: Any) -> None:
-    if max_in_flight not in (_UNSET, None) and (
+    if max_in_flight not in (UNSET, None) and (
         isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight <= 0
     ):
         raise TenantError("max in flight must be a positive whole number (0 or none: no limit)")
-    if max_per_second not in (_UNSET, None) and (
+    if max_per_second not in (UNSET, None) and (
         isinstance(max_per_second, bool)
         or not isinstance(max_per_second, int | float)
         or not math.isfinite(max_per_second)
@@ -264,8 +265,8 @@ def _update(
     *,
     name: str | None = None,
     metadata: dict[str, Any] | None = None,
-    max_in_flight: Any = _UNSET,
-    max_per_second: Any = _UNSET,
+    max_in_flight: Any = UNSET,
+    max_per_second: Any = UNSET,
     now: dt.datetime | None,
 ) -> None:
     _check_caps(max_in_flight, max_per_second)
@@ -275,10 +276,10 @@ def _update(
             "uid": uid,
             "name": name,
             "metadata": None if metadata is None else _metadata_json(metadata),
-            "set_max_in_flight": max_in_flight is not _UNSET,
-            "max_in_flight": None if max_in_flight is _UNSET else max_in_flight,
-            "set_max_per_second": max_per_second is not _UNSET,
-            "max_per_second": None if max_per_second is _UNSET else max_per_second,
+            "set_max_in_flight": max_in_flight is not UNSET,
+            "max_in_flight": None if max_in_flight is UNSET else max_in_flight,
+            "set_max_per_second": max_per_second is not UNSET,
+            "max_per_second": None if max_per_second is UNSET else max_per_second,
             "now": now,
         },
     ).first()
@@ -294,8 +295,8 @@ def update_tenant(
     now: dt.datetime,
     name: str | None = None,
     metadata: dict[str, Any] | None = None,
-    max_in_flight: Any = _UNSET,
-    max_per_second: Any = _UNSET,
+    max_in_flight: Any = UNSET,
+    max_per_second: Any = UNSET,
     reason: str | None = None,
     request_id: str | None = None,
 ) -> Tenant:
@@ -306,9 +307,9 @@ def update_tenant(
         changes["name"] = name
     if metadata is not None:
         changes["metadata"] = metadata
-    if max_in_flight is not _UNSET:
+    if max_in_flight is not UNSET:
         changes["max_in_flight"] = max_in_flight
-    if max_per_second is not _UNSET:
+    if max_per_second is not UNSET:
         changes["max_per_second"] = max_per_second
     if not changes:
         raise TenantError(
