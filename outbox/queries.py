@@ -567,11 +567,19 @@ SELECT_TOKEN_FOR_AUTH = text(
 
 TOUCH_TOKEN = text("UPDATE admin_tokens SET last_used_at = :now WHERE id = :id")
 
+SELECT_TOKENS_TO_REVOKE = text(
+    """
+    SELECT id, token_id, tenant_uid FROM admin_tokens
+    WHERE (name = :name OR token_id = :name) AND revoked_at IS NULL
+      AND (CAST(:scope AS text) IS NULL OR tenant_uid = :scope)
+    ORDER BY id
+    """
+)
+
 REVOKE_TOKEN = text(
     """
     UPDATE admin_tokens SET revoked_at = :now
-    WHERE (name = :name OR token_id = :name) AND revoked_at IS NULL
-      AND (CAST(:scope AS text) IS NULL OR tenant_uid = :scope)
+    WHERE id = :id AND revoked_at IS NULL
     RETURNING token_id, tenant_uid
     """
 )

@@ -23,7 +23,7 @@ from sqlalchemy import Connection
 
 from outbox import queries
 from outbox.audit import record_audit
-from outbox.errors import OperationError, OutboxError
+from outbox.errors import NotFoundError, OperationError, OutboxError
 from outbox.tenants import require_tenant
 
 Role = Literal["viewer", "operator"]
@@ -111,7 +111,7 @@ def create_token(
         tenant = scope
     if tenant is not None:
         tenant = require_tenant(conn, tenant, scope=scope)
-    active = [t for t in list_tokens(conn) if t.name == name]
+    active = [t for t in list_tokens(conn, scope=tenant) if t.name == name and t.tenant == tenant]
     if active:
         raise OperationError(f"a token named {name!r} exists; revoke it first or pick another name")
     token_id = secrets.token_hex(8)
@@ -156,10 +156,20 @@ def list_tokens(
 def revoke_token(
     conn: Connection, name: str, *, actor: str, now: dt.datetime, scope: str | None = None
 ) -> str:
-    """Revoke by name or token id; returns the token id. The row stays for the record."""
-    row = conn.execute(queries.REVOKE_TOKEN, {"name": name, "now": now, "scope": scope}).first()
-    if row is None:
-        raise OperationError(f"no active token {name!r}; `outbox tokens list` shows them")
+    """Revoke by name or token id; returns the token id. The row stays for the record.
+
+    Names are unique per tenant, so an unscoped caller naming a token that several
+    tenants use is asked for the token id instead.
+    """
+    found = conn.execute(queries.SELECT_TOKENS_TO_REVOKE, {"name": name, "scope": scope}).all()
+    if not found:
+        raise NotFoundError(f"no active token {name!r}; `outbox tokens list` shows them")
+    if len(found) > 1:
+        ids = ", ".join(f"{r.token_id} ({r.tenant_uid or 'unscoped'})" for r in found)
+        raise OperationError(
+            f"{len(found)} active tokens are named {name!r}: revoke one by its token id ({ids})"
+        )
+    row = conn.execute(queries.REVOKE_TOKEN, {"id": found[0].id, "now": now}).one()
     record_audit(
         conn,
         actor=actor,

@@ -98,6 +98,7 @@ async def world(
             )
         ]
 
+    _token(engine, "b-bot", "viewer", B)  # seller-b's own token
     app = create_app(async_engine, box, clock=clock)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://admin") as http:
@@ -305,6 +306,19 @@ async def _create_token(w: World) -> None:
     not_found(await w.post("/v1/tokens", {"name": "b-bot", "role": "viewer", "tenant": B}))
     made = (await w.post("/v1/tokens", {"name": "a-bot", "role": "viewer"})).json()
     assert made["tenant"] == A  # a scoped caller's tokens are confined like itself
+    # Names are unique per tenant: seller-b's token names cannot be probed by a clash.
+    same = await w.post("/v1/tokens", {"name": "b-bot", "role": "viewer"})
+    assert same.status_code == 200 and same.json()["tenant"] == A
+
+
+async def _revoke_token(w: World) -> None:
+    b_token_id = scalar(w.engine, "SELECT token_id FROM admin_tokens WHERE name = 'b-bot'")
+    not_found(await w.delete(f"/v1/tokens/{b_token_id}"))
+    not_found(await w.delete("/v1/tokens/b-bot"))
+    not_found(await w.delete("/v1/tokens/root"))  # an unscoped token is no tenant's
+    revoked = await w.delete("/v1/tokens/a-ops")
+    assert revoked.status_code == 200  # its own: the token just revoked itself
+    assert (await w.get("/v1/tokens")).status_code == 401
 
 
 CASES: dict[tuple[str, str], Case] = {
@@ -333,6 +347,7 @@ CASES: dict[tuple[str, str], Case] = {
     ("DELETE", "/v1/tenants/{tenant}"): _delete_tenant,
     ("GET", "/v1/tokens"): _list_tokens,
     ("POST", "/v1/tokens"): _create_token,
+    ("DELETE", "/v1/tokens/{token}"): _revoke_token,
 }
 
 # Routes that need no token and hold no tenant's data.
@@ -422,4 +437,4 @@ async def test_bad_tenant_ids_are_one_line_errors_that_write_nothing(
         assert says in error and "\n" not in error
     assert scalar(world.engine, "SELECT count(*) FROM tenants") == tenants
     assert rows(world.engine, "SELECT count(*) AS n FROM audit_log")[0]["n"] == before
-    assert scalar(world.engine, "SELECT count(*) FROM admin_tokens") == 2
+    assert scalar(world.engine, "SELECT count(*) FROM admin_tokens") == 3

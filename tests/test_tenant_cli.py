@@ -213,3 +213,21 @@ async def test_tenant_filters_on_endpoints_deliveries_replay_stats_and_audit(
         ).output
     )
     assert [t["tenant"] for t in as_json(outbox("tokens", "list", "--json"))] == ["seller-7"] * 2
+
+
+def test_token_names_are_unique_per_tenant_and_an_ambiguous_revoke_asks_for_the_id(
+    engine: Engine, outbox: Any
+) -> None:
+    outbox("tenants", "add", "seller-7")
+    outbox("tokens", "create", "ci", "--role", "viewer")
+    scoped = as_json(outbox("tokens", "create", "ci", "--role", "viewer", "--tenant", "seller-7",
+                            "--json"))  # fmt: skip
+    one_line_error(
+        outbox("tokens", "create", "ci", "--role", "viewer", "--tenant", "seller-7", ok=False),
+        "exists",
+    )
+    one_line_error(outbox("tokens", "revoke", "ci", ok=False), "2 active tokens are named 'ci'")
+    assert scalar(engine, "SELECT count(*) FROM admin_tokens WHERE revoked_at IS NULL") == 2
+    outbox("tokens", "revoke", scoped["token_id"])
+    outbox("tokens", "revoke", "ci")
+    assert scalar(engine, "SELECT count(*) FROM admin_tokens WHERE revoked_at IS NULL") == 0

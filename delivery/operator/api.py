@@ -57,6 +57,7 @@ from outbox.tokens import (
     authenticate,
     create_token,
     list_tokens,
+    revoke_token,
     role_allows,
 )
 
@@ -670,6 +671,15 @@ async def create_token_route(call: Call) -> Any:
     return await call.api.write(create)
 
 
+async def revoke_token_route(call: Call) -> Any:
+    """By name or token id; a scoped caller can revoke its own tenant's tokens only."""
+    name, now, scope = str(call.request.path_params["token"]), call.api.clock.now(), call.scope
+    revoked = await call.api.write(
+        lambda c: revoke_token(c, name, actor=call.actor, now=now, scope=scope)
+    )
+    return {"revoked": revoked}
+
+
 async def healthz(call: Call) -> Any:
     return {"status": "ok"}
 
@@ -1030,6 +1040,14 @@ ROUTES: tuple[Operation, ...] = (
                 "tenant": {"type": "string"},
             },
         },
+    ),
+    Operation(
+        "DELETE",
+        "/v1/tokens/{token}",
+        "operator",
+        "Revoke a token by name or token id; it stops working at once.",
+        revoke_token_route,
+        (Param("token", "Token name or token id.", where="path"),),
     ),
 )
 
