@@ -194,6 +194,8 @@ async def test_tenant_filters_on_endpoints_deliveries_replay_stats_and_audit(
     assert stats["tenant"] == "seller-8"
     assert stats["counts_by_state"]["dead"] == 2 and stats["counts_by_state"]["succeeded"] == 0
     assert [e["uid"] for e in stats["endpoints"]] == [eight]
+    status = as_json(outbox("endpoints", "status", "--tenant", "seller-8", "--json"))
+    assert [(e["uid"], e["tenant"], e["dead"]) for e in status] == [(eight, "seller-8", 2)]
     everything = as_json(outbox("stats", "--json"))
     assert everything["counts_by_state"]["succeeded"] == 3  # the warehouse's
 

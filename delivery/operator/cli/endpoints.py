@@ -387,12 +387,18 @@ def endpoints_rotate_secret(
 
 @endpoints.command("status")
 @click.option("--window", default="1h", show_default=True, help="How far back rates look.")
+@tenant_option
 @json_option
 @friendly_errors
-def endpoints_status(window: str, as_json: bool) -> None:
+def endpoints_status(window: str, tenant: str | None, as_json: bool) -> None:
     """Each endpoint's state, circuit breaker, recent success rate, latency and backlog."""
     with database() as (_, db), db.engine.connect() as conn:
-        stats = collect_stats(conn, now=SystemClock().now(), window=parse_duration(window))
+        stats = collect_stats(
+            conn,
+            now=SystemClock().now(),
+            window=parse_duration(window),
+            scope=tenant_filter(conn, tenant),
+        )
     if as_json:
         echo_json([item.as_json() for item in stats.endpoints])
         return
