@@ -885,7 +885,7 @@ LOCK_TENANT = text("SELECT id FROM tenants WHERE uid = :uid FOR UPDATE")
 # CASCADE), including deliveries of its events to other tenants' all-tenants endpoints.
 # Their attempts and the events go through the same tally as retention, so the totals
 # on /metrics never go backwards.
-TALLY_TENANT_HISTORY = text(
+DELETE_TENANT_ATTEMPTS_TALLIED = text(
     f"""
     WITH doomed AS (
         SELECT d.id FROM deliveries d WHERE d.tenant_id = :id

@@ -12,7 +12,7 @@ import datetime as dt
 import json
 import math
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection
@@ -127,7 +127,6 @@ class TenantDetail:
     unrelayed_events: int
     other_pending: int
     tokens: int
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def pending(self) -> int:
@@ -226,6 +225,7 @@ def add_tenant(
     request_id: str | None = None,
 ) -> Tenant:
     """`create_tenant` for an operator: optional caps, and an audit row."""
+    _check_caps(max_in_flight, max_per_second)
     create_tenant(conn, uid, name=name, metadata=metadata)
     if max_in_flight is not None or max_per_second is not None:
         _update(conn, uid, max_in_flight=max_in_flight, max_per_second=max_per_second, now=None)
@@ -412,7 +412,7 @@ def delete_tenant(
     from outbox.operations import LATENCY_BUCKETS  # operations imports this module
 
     tally = conn.execute(
-        queries.TALLY_TENANT_HISTORY,
+        queries.DELETE_TENANT_ATTEMPTS_TALLIED,
         {"id": detail.tenant.id, "buckets": list(LATENCY_BUCKETS)},
     ).one()
     conn.execute(queries.DELETE_TENANT, {"id": detail.tenant.id})

@@ -106,12 +106,13 @@ class Call:
         """The tenant a scoped token is confined to; None for an unscoped caller."""
         return self.principal.tenant if self.principal else None
 
-    async def tenant(self, requested: Any = None) -> str | None:
+    async def tenant(self, requested: Any = None, *, from_query: bool = True) -> str | None:
         """The tenant to narrow to: the scope, or the `tenant` asked for (which must exist).
 
-        A scoped caller asking for another tenant gets the not-found an unknown one gets.
+        `requested` defaults to the `tenant` query parameter. A scoped caller asking for
+        another tenant gets the not-found an unknown one gets.
         """
-        if requested is None:
+        if requested is None and from_query:
             requested = self.query("tenant")
         if requested is None:
             return self.scope
@@ -272,7 +273,8 @@ async def replay_many(call: Call) -> Any:
         )
         return result.as_json()
     criteria = data.get("filter") or {}
-    flt = _filter_from_body(criteria, await call.tenant(criteria.get("tenant")))
+    tenant = await call.tenant(criteria.get("tenant"), from_query=False)
+    flt = _filter_from_body(criteria, tenant)
     result = await call.api.write(
         lambda c: ops.bulk_replay(
             c,
@@ -353,7 +355,7 @@ async def create_endpoint_route(call: Call) -> Any:
     all_tenants = bool(data.get("all_tenants"))
     if all_tenants:
         call.unscoped_only("create an endpoint that receives every tenant's events")
-    owner = await call.tenant(data.get("tenant")) or DEFAULT_TENANT
+    owner = await call.tenant(data.get("tenant"), from_query=False) or DEFAULT_TENANT
 
     def create(conn: Connection) -> dict[str, Any]:
         created = ops.add_endpoint(
