@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.operator.api import AdminConfig, create_app, serve
@@ -82,13 +82,7 @@ class Site:
 
     def token(self, role: str, name: str, tenant: str | None = None) -> str:
         with self.engine.begin() as conn:
-            info, secret = create_token(conn, name=name, role=role, actor="test")
-            if tenant is not None:
-                conn.execute(
-                    text("UPDATE admin_tokens SET tenant_uid = :t WHERE token_id = :id"),
-                    {"t": tenant, "id": info.token_id},
-                )
-            return secret
+            return create_token(conn, name=name, role=role, actor="test", tenant=tenant)[1]
 
     def tenant(self, uid: str) -> str:
         with self.engine.begin() as conn:

@@ -85,26 +85,12 @@ SELECT_TENANTS_OVERVIEW = text(
 
 SELECT_TOKEN_TENANT = text("SELECT tenant_uid FROM admin_tokens WHERE id = :id")
 
-# --- tenant scope ------------------------------------------------------------------------
-# Until the operator functions in outbox/ take a tenant scope of their own, the console
-# and the portal confine a session to its tenant here, in SQL: lists filter on the
-# tenant's id, and a lookup by id first proves the row is the tenant's (an unknown id
-# and another tenant's id answer the same not-found). Rows never change tenant (an
-# endpoint keeps its tenant, a delivery copies its endpoint's), so a check followed by
-# the action in the same transaction cannot be raced into another tenant.
+# --- the console's own reads ---------------------------------------------------------------
+# Tenant scope comes from outbox's shared filter (:scope); these add what it lacks.
 _TENANT_ID = "(SELECT st.id FROM tenants st WHERE st.uid = CAST(:tenant_uid AS text))"
-_IN_TENANT = f"(CAST(:tenant_uid AS text) IS NULL OR {{column}} = {_TENANT_ID})"
 
-DELIVERY_IN_TENANT = text(
-    f"SELECT 1 FROM deliveries WHERE id = :id AND {_IN_TENANT.format(column='tenant_id')}"
-)
-
-ENDPOINT_IN_TENANT = text(
-    f"SELECT 1 FROM endpoints WHERE uid = :uid AND {_IN_TENANT.format(column='tenant_id')}"
-)
-
-# The search of `outbox deliveries list` (the same filter text, so the two agree), plus
-# the tenant and the message id (webhook-id).
+# The search of `outbox deliveries list` (the same filter text, tenant scope included, so
+# the two agree), plus the message id (webhook-id).
 SEARCH_DELIVERIES = text(
     f"""
     SELECT {_DELIVERY_COLUMNS}
@@ -112,62 +98,8 @@ SEARCH_DELIVERIES = text(
     JOIN endpoints e ON e.id = d.endpoint_id
     JOIN outbox_events ev ON ev.id = d.event_id
     WHERE {_DELIVERY_FILTER}
-      AND {_IN_TENANT.format(column="d.tenant_id")}
       AND (CAST(:message_id AS text) IS NULL OR ev.message_id = :message_id)
     ORDER BY d.id DESC
-    LIMIT :limit
-    """
-)
-
-SELECT_TENANT_ENDPOINTS = text(
-    f"""
-    SELECT id, uid, url, description, event_types, enabled, disabled_reason, disabled_at,
-           created_at
-    FROM endpoints WHERE {_IN_TENANT.format(column="tenant_id")}
-    ORDER BY id
-    """
-)
-
-# The overview tiles of one tenant (the unscoped overview reads outbox.stats).
-TENANT_OVERVIEW = text(
-    f"""
-    SELECT
-        (SELECT coalesce(jsonb_object_agg(state, n), '{{}}') FROM (
-            SELECT state, count(*) AS n FROM deliveries
-            WHERE tenant_id = {_TENANT_ID} GROUP BY state) s) AS counts,
-        (SELECT count(*) FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id
-         WHERE d.tenant_id = {_TENANT_ID} AND d.state = 'scheduled'
-           AND d.next_attempt_at <= :now AND e.enabled) AS due_now,
-        (SELECT min(d.next_attempt_at) FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id
-         WHERE d.tenant_id = {_TENANT_ID} AND d.state = 'scheduled'
-           AND d.next_attempt_at <= :now AND e.enabled) AS oldest_due,
-        (SELECT min(created_at) FROM outbox_events
-         WHERE tenant_id = {_TENANT_ID} AND relayed_at IS NULL) AS oldest_unrelayed,
-        (SELECT count(*) FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id
-         WHERE d.tenant_id = {_TENANT_ID} AND a.started_at >= :since
-           AND a.started_at <= :now) AS attempts
-    """
-)
-
-# Audit rows about one tenant: marked with it, or naming the tenant, one of its
-# endpoints or one of its deliveries (rows written before audit_log.tenant_uid was set).
-SELECT_TENANT_AUDIT = text(
-    f"""
-    SELECT a.id, a.at, a.actor, a.action, a.target_type, a.target_id, a.reason, a.details,
-           a.request_id
-    FROM audit_log a
-    WHERE (CAST(:actor AS text) IS NULL OR a.actor = :actor)
-      AND (CAST(:action AS text) IS NULL OR a.action = :action
-           OR starts_with(a.action, :action || '.'))
-      AND (a.tenant_uid = :tenant_uid
-           OR (a.target_type = 'tenant' AND a.target_id = :tenant_uid)
-           OR (a.target_type = 'endpoint' AND EXISTS (
-                SELECT 1 FROM endpoints e
-                WHERE e.uid = a.target_id AND e.tenant_id = {_TENANT_ID}))
-           OR (a.target_type = 'delivery' AND a.target_id ~ '^[0-9]{{1,18}}$' AND EXISTS (
-                SELECT 1 FROM deliveries d
-                WHERE d.id = CAST(a.target_id AS bigint) AND d.tenant_id = {_TENANT_ID})))
-    ORDER BY a.id DESC
     LIMIT :limit
     """
 )

@@ -1,17 +1,17 @@
 """What the console and the portal read and do, confined to a session's tenant.
 
 `tenant` None is an unscoped operator (everything); a tenant uid confines every read and
-write to that tenant, in the SQL (see queries.py): another tenant's delivery or endpoint
-answers exactly like one that does not exist. The actions themselves are the functions
-the CLI and the admin API call (outbox.operations, outbox.endpoints), each with its audit
-row in the same transaction, so the three surfaces never disagree.
+write to that tenant. The confinement is outbox's own (`scope=` on the operator
+functions, enforced in their SQL): another tenant's delivery or endpoint answers exactly
+like one that does not exist. The actions are the functions the CLI and the admin API
+call, each with its audit row in the same transaction, so the three surfaces agree.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import Connection
@@ -20,14 +20,8 @@ from delivery.operator.console import queries
 from outbox import operations as ops
 from outbox.audit import record_audit
 from outbox.crypto import SecretBox
-from outbox.endpoints import (
-    CreatedEndpoint,
-    Endpoint,
-    create_endpoint,
-    get_endpoint,
-    reveal_secret,
-    set_enabled,
-)
+from outbox.endpoints import CreatedEndpoint, Endpoint, get_endpoint, reveal_secret, set_enabled
+from outbox.endpoints import list_endpoints as list_all_endpoints
 from outbox.errors import EndpointError, NotFoundError
 from outbox.ids import new_message_id
 from outbox.stats import collect_stats
@@ -35,18 +29,8 @@ from outbox.stats import collect_stats
 TEST_EVENT_TYPE = "webhook.test"
 
 
-def require_delivery(conn: Connection, delivery_id: int, tenant: str | None) -> None:
-    found = conn.execute(
-        queries.DELIVERY_IN_TENANT, {"id": delivery_id, "tenant_uid": tenant}
-    ).first()
-    if found is None:
-        raise NotFoundError(f"no delivery {delivery_id}")
-
-
-def require_endpoint(conn: Connection, uid: str, tenant: str | None) -> None:
-    found = conn.execute(queries.ENDPOINT_IN_TENANT, {"uid": uid, "tenant_uid": tenant}).first()
-    if found is None:
-        raise NotFoundError(f"no endpoint {uid}")
+def require_endpoint(conn: Connection, uid: str, tenant: str | None) -> Endpoint:
+    return get_endpoint(conn, uid, scope=tenant)
 
 
 # -- reads ----------------------------------------------------------------------------------
@@ -56,28 +40,24 @@ def search_deliveries(
     conn: Connection, flt: ops.DeliveryFilter, *, tenant: str | None, message_id: str | None
 ) -> list[ops.DeliverySummary]:
     """Newest first, one page; `tenant` is the session's scope or the operator's filter."""
-    # `scope` too: the shared filter text takes the tenant under that name once outbox's
-    # own scoping lands (tenant-surfaces); a name a statement does not use is ignored.
-    params = {**flt.params(), "tenant_uid": tenant, "scope": tenant, "message_id": message_id}
+    scoped = replace(flt, tenant=tenant)
+    params = {**scoped.params(), "message_id": message_id}
     rows = conn.execute(queries.SEARCH_DELIVERIES, params).mappings()
     fields = ops.DeliverySummary.__dataclass_fields__
     return [ops.DeliverySummary(**{name: row[name] for name in fields}) for row in rows]
 
 
 def get_delivery(conn: Connection, delivery_id: int, tenant: str | None) -> ops.DeliveryDetail:
-    require_delivery(conn, delivery_id, tenant)
-    return ops.get_delivery(conn, delivery_id)
+    return ops.get_delivery(conn, delivery_id, scope=tenant)
 
 
 def list_endpoints(conn: Connection, tenant: str | None) -> list[Endpoint]:
-    rows = conn.execute(queries.SELECT_TENANT_ENDPOINTS, {"tenant_uid": tenant}).mappings()
-    return [Endpoint(**row) for row in rows]
+    return list_all_endpoints(conn, scope=tenant)
 
 
 def endpoint_page(conn: Connection, uid: str, tenant: str | None) -> dict[str, Any]:
     """An endpoint with its limits, retry policy and rules."""
-    require_endpoint(conn, uid, tenant)
-    endpoint = get_endpoint(conn, uid)
+    endpoint = require_endpoint(conn, uid, tenant)
     settings = conn.execute(queries.SELECT_ENDPOINT_SETTINGS, {"uid": uid}).mappings().one()
     return {"endpoint": endpoint, "settings": dict(settings)}
 
@@ -109,48 +89,22 @@ def overview(
     window: dt.timedelta,
     thresholds: Any,
 ) -> Overview:
-    stats = collect_stats(conn, now=now, window=window, thresholds=thresholds)
-    if tenant is None:
-        return Overview(
-            counts_by_state=dict(stats.counts_by_state),
-            due_now=stats.due_now,
-            oldest_due_age_seconds=stats.oldest_due_age_seconds,
-            relay_lag_seconds=stats.relay_lag_seconds,
-            window=dict(stats.window),
-            alerts=list(stats.alerts),
-            endpoints=list(stats.endpoints),
-        )
-    row = conn.execute(
-        queries.TENANT_OVERVIEW, {"tenant_uid": tenant, "now": now, "since": now - window}
-    ).one()
-    counts = {state: 0 for state in stats.counts_by_state}
-    counts.update({str(k): int(v) for k, v in (row.counts or {}).items()})
-    mine = {e.uid for e in list_endpoints(conn, tenant)}
-
-    def age(since: dt.datetime | None) -> float | None:
-        return None if since is None else max(0.0, (now - since).total_seconds())
-
-    # Alerts are about the whole installation: a tenant-scoped session sees none.
+    stats = collect_stats(conn, now=now, window=window, thresholds=thresholds, scope=tenant)
     return Overview(
-        counts_by_state=counts,
-        due_now=int(row.due_now),
-        oldest_due_age_seconds=age(row.oldest_due),
-        relay_lag_seconds=age(row.oldest_unrelayed),
-        window={"attempts": int(row.attempts)},
-        endpoints=[e for e in stats.endpoints if e.uid in mine],
+        counts_by_state=dict(stats.counts_by_state),
+        due_now=stats.due_now,
+        oldest_due_age_seconds=stats.oldest_due_age_seconds,
+        relay_lag_seconds=stats.relay_lag_seconds,
+        window=dict(stats.window),
+        alerts=list(stats.alerts),
+        endpoints=list(stats.endpoints),
     )
 
 
 def list_audit(
     conn: Connection, tenant: str | None, *, actor: str | None, action: str | None, limit: int
 ) -> list[ops.AuditEntry]:
-    if tenant is None:
-        return ops.list_audit(conn, actor=actor, action=action, limit=limit)
-    rows = conn.execute(
-        queries.SELECT_TENANT_AUDIT,
-        {"tenant_uid": tenant, "actor": actor, "action": action, "limit": limit},
-    ).mappings()
-    return [ops.AuditEntry(**row) for row in rows]
+    return ops.list_audit(conn, actor=actor, action=action, limit=limit, scope=tenant)
 
 
 # -- actions --------------------------------------------------------------------------------
@@ -165,8 +119,7 @@ def replay(
     reason: str | None,
     now: dt.datetime,
 ) -> ops.ReplayResult:
-    require_delivery(conn, delivery_id, tenant)
-    return ops.replay(conn, [delivery_id], actor=actor, reason=reason, now=now)
+    return ops.replay(conn, [delivery_id], actor=actor, reason=reason, now=now, scope=tenant)
 
 
 def discard(
@@ -178,8 +131,7 @@ def discard(
     reason: str | None,
     now: dt.datetime,
 ) -> list[int]:
-    require_delivery(conn, delivery_id, tenant)
-    return ops.discard(conn, [delivery_id], actor=actor, reason=reason, now=now)
+    return ops.discard(conn, [delivery_id], actor=actor, reason=reason, now=now, scope=tenant)
 
 
 def add_endpoint(
@@ -194,24 +146,16 @@ def add_endpoint(
     https_only: bool,
 ) -> CreatedEndpoint:
     """A new endpoint of `tenant` (never all_tenants from here), audited."""
-    created = create_endpoint(
+    return ops.add_endpoint(
         conn,
         box,
+        actor=actor,
         url=url,
         event_types=event_types,
         description=description,
         https_only=https_only,
         tenant=tenant,
     )
-    record_audit(
-        conn,
-        actor=actor,
-        action="endpoint.create",
-        target_type="endpoint",
-        target_id=created.endpoint.uid,
-        details={"url": created.endpoint.url, "event_types": created.endpoint.event_types},
-    )
-    return created
 
 
 def update_endpoint(
@@ -225,7 +169,6 @@ def update_endpoint(
     event_types: list[str] | None,
     https_only: bool,
 ) -> Endpoint:
-    require_endpoint(conn, uid, tenant)
     return ops.update_endpoint(
         conn,
         uid,
@@ -234,6 +177,7 @@ def update_endpoint(
         description=description,
         event_types=event_types,
         https_only=https_only,
+        scope=tenant,
     )
 
 
@@ -246,20 +190,19 @@ def set_endpoint_enabled(
     actor: str,
     reason: str | None,
 ) -> Endpoint:
-    require_endpoint(conn, uid, tenant)
-    return set_enabled(conn, uid, enabled=enabled, reason=reason, actor=actor)
+    return set_enabled(conn, uid, enabled=enabled, reason=reason, actor=actor, scope=tenant)
 
 
 def delete_endpoint(
     conn: Connection, uid: str, tenant: str | None, *, actor: str, reason: str | None
 ) -> dict[str, int]:
-    require_endpoint(conn, uid, tenant)
-    return ops.delete_endpoint(conn, uid, actor=actor, reason=reason)
+    return ops.delete_endpoint(conn, uid, actor=actor, reason=reason, scope=tenant)
 
 
 def reveal(conn: Connection, box: SecretBox, uid: str, tenant: str | None, *, actor: str) -> str:
-    require_endpoint(conn, uid, tenant)
-    return reveal_secret(conn, box, uid, actor=actor, reason="shown in the web console")
+    return reveal_secret(
+        conn, box, uid, actor=actor, reason="shown in the web console", scope=tenant
+    )
 
 
 def rotate(
@@ -272,8 +215,7 @@ def rotate(
     now: dt.datetime,
     grace: dt.timedelta,
 ) -> ops.RotatedSecret:
-    require_endpoint(conn, uid, tenant)
-    return ops.rotate_secret(conn, box, uid, actor=actor, now=now, grace=grace)
+    return ops.rotate_secret(conn, box, uid, actor=actor, now=now, grace=grace, scope=tenant)
 
 
 def send_test_event(

@@ -99,12 +99,6 @@ def close_session(conn: Connection, cookie: str) -> None:
     conn.execute(queries.DELETE_SESSION, {"id_hash": _hash(cookie)})
 
 
-def token_tenant(conn: Connection, token_row: int) -> str | None:
-    """The tenant an admin token is confined to (None: unscoped)."""
-    value = conn.execute(queries.SELECT_TOKEN_TENANT, {"id": token_row}).scalar_one_or_none()
-    return None if value is None else str(value)
-
-
 def issue_portal_link(
     conn: Connection, tenant_uid: str, *, actor: str, now: dt.datetime, ttl: dt.timedelta
 ) -> str:
@@ -131,6 +125,7 @@ def issue_portal_link(
         target_type="tenant",
         target_id=tenant_uid,
         details={"expires_at": (now + ttl).isoformat()},
+        tenant=tenant_uid,
     )
     return secret
 

@@ -38,11 +38,10 @@ from delivery.operator.console.sessions import (
     open_session,
     portal_link,
     redeem_portal_link,
-    token_tenant,
 )
 from outbox import operations as ops
 from outbox.errors import NotFoundError, OutboxError
-from outbox.tokens import authenticate
+from outbox.tokens import TokenRefusedError, authenticate
 
 if TYPE_CHECKING:
     from delivery.operator.api import AdminApi
@@ -239,7 +238,10 @@ class Console:
         presented = str(form.get("token") or "")
 
         def sign_in(conn: Connection) -> tuple[str, WebSession] | None:
-            principal = authenticate(conn, presented, now=now)
+            try:
+                principal = authenticate(conn, presented, now=now)
+            except TokenRefusedError:
+                return None  # its tenant was deleted: unknown, as far as signing in goes
             if principal is None:
                 return None
             return open_session(
@@ -247,7 +249,7 @@ class Console:
                 kind="console",
                 actor=principal.actor,
                 role=principal.role,
-                tenant_uid=token_tenant(conn, principal.token_row),
+                tenant_uid=principal.tenant,
                 now=now,
                 ttl=self.config.session_ttl,
             )
