@@ -203,6 +203,7 @@ async def screenshots(base: str, ids: dict[str, str], out: Path, token: str) -> 
         portal = await browser.new_page(viewport={"width": 1360, "height": 900})
         await portal.goto(base + ids["screenshot_link"])
         await portal.goto(f"{base}/portal/endpoints/{ids['billing']}")
+        await portal.locator("[data-chart][data-rendered=true]").nth(1).wait_for()
         await portal.screenshot(path=str(out / "portal.png"), full_page=True)
         await browser.close()
 
