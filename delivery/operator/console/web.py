@@ -393,8 +393,8 @@ class Console:
             query=query,
             next_page=next_page,
             states=("scheduled", "in_flight", "succeeded", "dead", "discarded"),
-            # A bulk replay matches across tenants until outbox.operations takes a scope.
-            bulk=session.tenant_uid is None and "tenant" not in query and "message_id" not in query,
+            # A bulk replay takes the filter's fields (the tenant among them), not a message id.
+            bulk=session.kind == "console" and "message_id" not in query,
         )
 
     def _delivery_id(self, request: Request) -> int:
@@ -453,14 +453,14 @@ class Console:
 
     async def bulk_replay(self, request: Request, session: WebSession) -> Response:
         """Step one (no `confirm`): a dry run shown to the operator. Step two: the replay."""
-        if session.tenant_uid is not None:
-            raise PageError(403, "bulk replay is for unscoped operators; replay one by one")
         form: dict[str, str] = request.state.form
         flt = ops.DeliveryFilter(
             states=(form.get("state") or "dead",),
             endpoint=form.get("endpoint") or None,
             event_type=form.get("event_type") or None,
             error=form.get("error") or None,
+            # A scoped session's tenant, whatever the form says; else the operator's filter.
+            tenant=session.tenant_uid or form.get("tenant") or None,
         )
         now = self.api.clock.now()
         confirm = form.get("confirm") == "yes"
