@@ -83,7 +83,6 @@ SELECT_TENANTS_OVERVIEW = text(
     """
 )
 
-SELECT_TOKEN_TENANT = text("SELECT tenant_uid FROM admin_tokens WHERE id = :id")
 
 # --- the console's own reads ---------------------------------------------------------------
 # Tenant scope comes from outbox's shared filter (:scope); these add what it lacks.
