@@ -96,7 +96,45 @@ def targets(results: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def drain_report(drain: dict[str, Any]) -> list[str]:
+    """The backlog-drain rows (issue 11), each with its ratio, target and verdict."""
+    slow, ceiling = drain["slow"], drain["ceiling"]
+    one, two = drain["instant_1"], drain["instant_2"]
+    ratios, goals = drain["ratios"], drain["targets"]
+    rows = [
+        [
+            f"slow partner ({slow['latency_ms']} ms), {slow['backlog']} backlog",
+            f"{slow['deliveries_per_s']}/s",
+            f"{slow['slots']} slots / {slow['latency_ms']} ms = {slow['slots_per_latency']:g}/s",
+            "slow_share_of_slots",
+        ],
+        [
+            f"instant partner, {one['backlog']} backlog, 1 process",
+            f"{one['deliveries_per_s']}/s",
+            f"raw aiohttp ceiling {ceiling['requests_per_s']}/s",
+            "instant_share_of_ceiling",
+        ],
+        [
+            "instant partner, 2 processes",
+            f"{two['deliveries_per_s']}/s",
+            f"1 process {one['deliveries_per_s']}/s",
+            "two_over_one",
+        ],
+    ]
+    table = []
+    for name, rate, against, key in rows:
+        value, goal = ratios[key], goals[key]
+        verdict = "met" if value >= goal else f"missed by {(goal - value) / goal:.0%}"
+        table.append([name, rate, against, f"{value:g}", f">= {goal:g}", verdict])
+    return [
+        "backlog drains (issue 11; first to last arrival, ratios within this run)",
+        _table(table, ["drain", "rate", "against", "ratio", "goal", "verdict"]),
+    ]
+
+
 def report(results: dict[str, Any]) -> str:
+    if not results["end_to_end"]:  # --only drain
+        return "\n".join(drain_report(results["drain"]))
     e2e_rows = []
     for r in results["end_to_end"]:
         e2e_rows.append(
@@ -161,6 +199,7 @@ def report(results: dict[str, Any]) -> str:
         "targets (issue 7)",
         _table(targets(results), ["target", "measured", "goal", "verdict"]),
         "",
+        *([*drain_report(results["drain"]), ""] if "drain" in results else []),
         f"total {results['total_seconds']} s",
     ]
     return "\n".join(parts)
@@ -177,11 +216,19 @@ def report(results: dict[str, Any]) -> str:
 )
 @click.option("--no-peer", is_flag=True, help="Skip the pgqueuer runs.")
 @click.option("--repeat", type=click.IntRange(min=1), default=None, help="Repeat each run N times.")
-def main(quick: bool, out: Path, no_peer: bool, repeat: int | None) -> None:
+@click.option(
+    "--only",
+    type=click.Choice(["core", "drain"]),
+    multiple=True,
+    help="Run only these sections (repeatable): core = the issue-7 rows, drain = backlog drains.",
+)
+def main(quick: bool, out: Path, no_peer: bool, repeat: int | None, only: tuple[str, ...]) -> None:
     """Benchmark webhook-outbox end to end (and pgqueuer on the same workload)."""
     plan = Plan.quick() if quick else Plan()
     if no_peer:
         plan = dataclasses.replace(plan, peer=False)
+    if only:
+        plan = dataclasses.replace(plan, sections=only)
     if repeat:
         plan = dataclasses.replace(plan, repeat=repeat)
     started = time.monotonic()

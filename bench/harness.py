@@ -90,6 +90,12 @@ class Plan:
     worker_batch_size: int = 100
     peer: bool = True
     repeat: int = 2
+    # Backlog drains (bench/drain.py): a partner answering in `drain_latency` s, one at once.
+    drain_latency: float = 0.2
+    drain_slow_backlog: int = 3000
+    drain_backlog: int = 20_000
+    # "core": the issue-7 rows; "drain": bench/drain.py (`python -m bench --only drain`).
+    sections: tuple[str, ...] = ("core", "drain")
 
     @classmethod
     def quick(cls) -> Plan:
@@ -109,6 +115,8 @@ class Plan:
             rss_in_flight=40,
             slow_delay=2.0,
             repeat=1,
+            drain_slow_backlog=300,
+            drain_backlog=300,
         )
 
 
@@ -933,6 +941,13 @@ async def _run(
 ) -> dict[str, Any]:
     results: dict[str, Any] = {"end_to_end": []}
     async with receiver.client():
+        if "drain" in plan.sections:
+            from bench.drain import drains
+
+            progress("backlog drains: slow partner, instant partner, raw ceiling, 2 processes")
+            results["drain"] = await drains(cluster, receiver, plan, logs)
+        if "core" not in plan.sections:
+            return results
         progress("transports: httpx default pool vs aiohttp transport")
         results["transports"] = await transports(receiver, plan)
         progress("relay alone")

@@ -40,6 +40,8 @@ def test_quick_benchmark_measures_every_figure() -> None:
         transport_seconds=0.2,
         rss_in_flight=20,
         slow_delay=1.0,
+        drain_slow_backlog=150,
+        drain_backlog=200,
     )
     messages: list[str] = []
     results = run(plan, messages.append)
@@ -83,6 +85,17 @@ def test_quick_benchmark_measures_every_figure() -> None:
         assert outcome["unsigned_requests"] == 0
     assert set(results["ratios"]) == {"fanout_1", "fanout_2"}
 
+    drain = results["drain"]
+    for key, backlog in (("slow", 150), ("instant_1", 200), ("instant_2", 200)):
+        # Every delivery of the backlog arrived exactly once, and the drain was timed.
+        assert drain[key]["arrived"] == drain[key]["distinct"] == backlog, drain[key]
+        assert drain[key]["deliveries_per_s"] > 0
+    assert drain["instant_2"]["processes"] == 2
+    assert drain["ceiling"]["requests_per_s"] > 0
+    assert set(drain["ratios"]) == set(drain["targets"]) == set(drain["verdicts"])
+
     text = report(results)
     assert "pgqueuer fan-out 2" in text
     assert "targets (issue 7)" in text
+    assert "instant_share_of_ceiling" not in text  # rows are named, ratios shown
+    assert "raw aiohttp ceiling" in text and "slow partner (200 ms)" in text
