@@ -126,9 +126,14 @@ def drain_report(drain: dict[str, Any]) -> list[str]:
         value, goal = ratios[key], goals[key]
         verdict = "met" if value >= goal else f"missed by {(goal - value) / goal:.0%}"
         table.append([name, rate, against, f"{value:g}", f">= {goal:g}", verdict])
+    cpu = ", ".join(
+        f"{label} {drain[key]['worker_cpu_ms_per_delivery']:.3f}"
+        for label, key in (("slow", "slow"), ("instant", "instant_1"), ("2 proc", "instant_2"))
+    )
     return [
-        "backlog drains (issue 11; first to last arrival, ratios within this run)",
+        "backlog drains (issue 11; first arrival to last answer, ratios within this run)",
         _table(table, ["drain", "rate", "against", "ratio", "goal", "verdict"]),
+        f"worker CPU ms per delivery during the drains: {cpu}",
     ]
 
 
@@ -222,9 +227,24 @@ def report(results: dict[str, Any]) -> str:
     multiple=True,
     help="Run only these sections (repeatable): core = the issue-7 rows, drain = backlog drains.",
 )
-def main(quick: bool, out: Path, no_peer: bool, repeat: int | None, only: tuple[str, ...]) -> None:
+@click.option(
+    "--event-loop",
+    type=click.Choice(["auto", "uvloop", "asyncio"]),
+    default="auto",
+    show_default=True,
+    help="OUTBOX_EVENT_LOOP of the worker processes (to compare loops).",
+)
+def main(
+    quick: bool,
+    out: Path,
+    no_peer: bool,
+    repeat: int | None,
+    only: tuple[str, ...],
+    event_loop: str,
+) -> None:
     """Benchmark webhook-outbox end to end (and pgqueuer on the same workload)."""
     plan = Plan.quick() if quick else Plan()
+    plan = dataclasses.replace(plan, event_loop=event_loop)
     if no_peer:
         plan = dataclasses.replace(plan, peer=False)
     if only:

@@ -96,6 +96,7 @@ class Plan:
     drain_backlog: int = 20_000
     # "core": the issue-7 rows; "drain": bench/drain.py (`python -m bench --only drain`).
     sections: tuple[str, ...] = ("core", "drain")
+    event_loop: str = "auto"  # OUTBOX_EVENT_LOOP of the worker processes
 
     @classmethod
     def quick(cls) -> Plan:
@@ -567,6 +568,7 @@ async def end_to_end(
                 "OUTBOX_HTTP_TRANSPORT": transport,
                 "OUTBOX_ALLOWED_NETWORKS": LOOPBACK,
                 "OUTBOX_LOG_LEVEL": "WARNING",
+                "OUTBOX_EVENT_LOOP": plan.event_loop,
             },
             logs / f"{database}.log",
         )
