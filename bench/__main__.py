@@ -128,7 +128,18 @@ def targets(results: dict[str, Any]) -> list[list[str]]:
         }
         for key, name in names.items():
             checks.append((name, drain["ratios"][key], drain["targets"][key], True))
-    checks.append(("1,000,000 backlog, 10,000,000 history vs empty", None, 1.2, False))
+    flat = results.get("flat")
+    checks.append(
+        (
+            f"slowdown with {flat['grown']['backlog']:,} backlog, "
+            f"{flat['grown']['history']:,} history (worst of relay, claim+record)"
+            if flat
+            else "slowdown with 1,000,000 backlog, 10,000,000 history",
+            flat["worst_slowdown"] if flat else None,
+            1.2,
+            False,
+        )
+    )
     rows = []
     for name, value, goal, higher in checks:
         if value is None:
@@ -187,9 +198,25 @@ def drain_report(drain: dict[str, Any]) -> list[str]:
     ]
 
 
+def flat_report(results: dict[str, Any]) -> list[str]:
+    flat = results.get("flat")
+    if not flat:
+        return []
+    empty, grown = flat["empty"], flat["grown"]
+    return [
+        f"flat cost: relay {empty['relay_rows_per_s']} rows/s empty, "
+        f"{grown['relay_rows_per_s']} grown; claim+record {empty['claim_complete_per_s']}/s "
+        f"empty, {grown['claim_complete_per_s']}/s grown ({grown['backlog']:,} backlog, "
+        f"{grown['history']:,} history rows built in {grown['build_seconds']:g} s); "
+        f"slowdown {flat['slowdown']}",
+        "",
+    ]
+
+
 def report(results: dict[str, Any]) -> str:
-    if not results["end_to_end"]:  # --only drain
-        return "\n".join([*drain_report(results["drain"]), "", target_table(results)])
+    if not results["end_to_end"]:  # --only drain / flat
+        parts = [*drain_report(results["drain"]), ""] if "drain" in results else []
+        return "\n".join([*parts, *flat_report(results), target_table(results)])
     e2e_rows = []
     for r in results["end_to_end"]:
         e2e_rows.append(
@@ -255,6 +282,7 @@ def report(results: dict[str, Any]) -> str:
         target_table(results),
         "",
         *([*drain_report(results["drain"]), ""] if "drain" in results else []),
+        *flat_report(results),
         f"total {results['total_seconds']} s",
     ]
     return "\n".join(parts)
@@ -273,9 +301,10 @@ def report(results: dict[str, Any]) -> str:
 @click.option("--repeat", type=click.IntRange(min=1), default=None, help="Repeat each run N times.")
 @click.option(
     "--only",
-    type=click.Choice(["core", "drain"]),
+    type=click.Choice(["core", "drain", "flat"]),
     multiple=True,
-    help="Run only these sections (repeatable): core = the issue-7 rows, drain = backlog drains.",
+    help="Run only these sections (repeatable): core = the issue-7 rows, drain = backlog "
+    "drains, flat = grown tables against empty ones.",
 )
 @click.option(
     "--event-loop",

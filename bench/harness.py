@@ -94,8 +94,12 @@ class Plan:
     drain_latency: float = 0.2
     drain_slow_backlog: int = 3000
     drain_backlog: int = 20_000
-    # "core": the issue-7 rows; "drain": bench/drain.py (`python -m bench --only drain`).
-    sections: tuple[str, ...] = ("core", "drain")
+    # Flat cost (bench/flat.py): a grown database against an empty one.
+    flat_backlog: int = 1_000_000
+    flat_history: int = 10_000_000
+    flat_events: int = 20_000
+    # "core": the issue-7 rows; "drain": bench/drain.py; "flat": bench/flat.py.
+    sections: tuple[str, ...] = ("core", "drain", "flat")
     event_loop: str = "auto"  # OUTBOX_EVENT_LOOP of the worker processes
 
     @classmethod
@@ -118,6 +122,9 @@ class Plan:
             repeat=1,
             drain_slow_backlog=300,
             drain_backlog=300,
+            flat_backlog=500,
+            flat_history=2_000,
+            flat_events=500,
         )
 
 
@@ -948,6 +955,14 @@ async def _run(
 
             progress("backlog drains: slow partner, instant partner, raw ceiling, 2 processes")
             results["drain"] = await drains(cluster, receiver, plan, logs)
+        if "flat" in plan.sections:
+            from bench.flat import flat_cost
+
+            progress(
+                f"flat cost: {plan.flat_backlog} backlog and {plan.flat_history} history "
+                "rows against empty tables"
+            )
+            results["flat"] = await flat_cost(cluster, plan)
         if "core" not in plan.sections:
             return results
         progress("transports: httpx default pool vs aiohttp transport")

@@ -42,6 +42,9 @@ def test_quick_benchmark_measures_every_figure() -> None:
         slow_delay=1.0,
         drain_slow_backlog=150,
         drain_backlog=200,
+        flat_backlog=300,
+        flat_history=1_000,
+        flat_events=200,
     )
     messages: list[str] = []
     results = run(plan, messages.append)
@@ -94,8 +97,17 @@ def test_quick_benchmark_measures_every_figure() -> None:
     assert drain["ceiling"]["requests_per_s"] > 0
     assert set(drain["ratios"]) == set(drain["targets"]) == set(drain["verdicts"])
 
+    flat = results["flat"]
+    assert flat["grown"]["backlog"] == plan.flat_backlog
+    assert flat["grown"]["history"] == plan.flat_history
+    for side in ("empty", "grown"):
+        # The same measured work on both sides: every new event relayed, claimed, recorded.
+        assert flat[side]["relayed"] == flat[side]["claimed_and_recorded"] == plan.flat_events
+    assert flat["worst_slowdown"] == max(flat["slowdown"].values()) > 0
+
     text = report(results)
     assert "pgqueuer fan-out 2" in text
-    assert "targets (issue 7)" in text
+    assert "targets (issues 7 and 11)" in text
+    assert "slowdown with 300 backlog, 1,000 history" in text
     assert "instant_share_of_ceiling" not in text  # rows are named, ratios shown
     assert "raw aiohttp ceiling" in text and "slow partner (200 ms)" in text
