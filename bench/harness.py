@@ -323,7 +323,7 @@ class WorkerProcesses:
 
 
 def ours_commands(processes: int) -> list[list[str]]:
-    run = "from delivery.cli import main; main()"
+    run = "from delivery.operator.cli import main; main()"
     return [[sys.executable, "-c", run, "run", "--processes", str(processes)]]
 
 

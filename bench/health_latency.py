@@ -33,8 +33,8 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
-from delivery.app import Service
 from delivery.health import HealthConfig
+from delivery.operator.app import Service
 from delivery.reaper import ReaperConfig
 from delivery.receiver import Receiver
 from delivery.worker import WorkerConfig

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from delivery.admin import create_app, openapi_document, serve
+from delivery.operator.api import create_app, openapi_document, serve
 from delivery.receiver import Receiver
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox

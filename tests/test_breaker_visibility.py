@@ -25,9 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from delivery.admin import create_app, openapi_document
-from delivery.cli import main
 from delivery.http import build_http_client
+from delivery.operator.api import create_app, openapi_document
+from delivery.operator.cli import main
 from delivery.receiver import Receiver
 from outbox import publish
 from outbox.clock import ManualClock

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import Engine
 
-from delivery.cli import main
+from delivery.operator.cli import main
 from outbox.crypto import generate_key
 from tests.helpers import rows, scalar
 

@@ -11,7 +11,8 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks import Webhook
 
-from delivery.cli import main, parse_duration
+from delivery.operator.cli import main
+from delivery.operator.cli.common import parse_duration
 from delivery.receiver import Receiver
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox, generate_key

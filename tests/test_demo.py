@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from delivery import demo
-from delivery.cli import main
+from delivery.operator import demo
+from delivery.operator.cli import main
 
 
 def test_demo_delivers_retries_and_verifies(monkeypatch: pytest.MonkeyPatch) -> None:

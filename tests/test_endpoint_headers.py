@@ -10,8 +10,8 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks import Webhook
 
-from delivery.cli import main
 from delivery.http import build_http_client
+from delivery.operator.cli import main
 from delivery.receiver import Receiver
 from delivery.worker import Worker
 from outbox import publish

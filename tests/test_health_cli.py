@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine
 
-from delivery.cli import main
+from delivery.operator.cli import main
 from outbox.crypto import SecretBox
 from tests.helpers import add_endpoint, rows, scalar
 

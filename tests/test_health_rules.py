@@ -7,7 +7,6 @@ import datetime as dt
 
 import pytest
 
-from delivery.app import worker_config
 from delivery.health import (
     CLOSED,
     HALF_OPEN,
@@ -22,6 +21,7 @@ from delivery.health import (
     disable_reason,
     summarize,
 )
+from delivery.operator.app import worker_config
 from delivery.policy import Outcome
 from outbox.errors import ConfigurationError
 from outbox.settings import load_settings

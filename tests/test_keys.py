@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, make_url
 from standardwebhooks import Webhook
 
-from delivery.cli import main
+from delivery.operator.cli import main
 from outbox.crypto import generate_key
 from tests.helpers import rows
 

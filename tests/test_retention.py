@@ -7,7 +7,7 @@ import asyncio
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from delivery import app
+from delivery.operator import app
 from delivery.receiver import Receiver
 from delivery.retention import Retention, RetentionConfig
 from delivery.worker import WorkerConfig

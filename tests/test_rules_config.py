@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import Engine
 
-from delivery import app
-from delivery.cli import main
+from delivery.operator import app
+from delivery.operator.cli import main
 from outbox.crypto import SecretBox, generate_key
 from outbox.endpoint_rules import DeliveryRules, get_delivery_rules, set_delivery_rules
 from outbox.errors import ConfigurationError, EndpointError

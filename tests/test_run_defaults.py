@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from delivery import cli
-from delivery.loop import run_loop, uvloop_available
-from delivery.supervisor import ProcessSpec, default_processes
+from delivery.operator import cli
+from delivery.operator.cli import service
+from delivery.operator.loop import run_loop, uvloop_available
+from delivery.operator.supervisor import ProcessSpec, default_processes
 from outbox.crypto import generate_key
 from outbox.errors import ConfigurationError
 
@@ -20,14 +21,14 @@ async def _loop_module() -> str:
 
 
 def test_auto_runs_on_uvloop_when_installed_and_asyncio_on_request() -> None:
-    assert uvloop_available()  # a dependency on this platform
+    assert uvloop_available()  # installed with the test extra (pgqueuer depends on it)
     assert run_loop(_loop_module(), "auto").startswith("uvloop")
     assert run_loop(_loop_module(), "uvloop").startswith("uvloop")
     assert run_loop(_loop_module(), "asyncio").startswith("asyncio")
 
 
 def test_auto_falls_back_to_asyncio_without_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("delivery.loop.uvloop_available", lambda: False)
+    monkeypatch.setattr("delivery.operator.loop.uvloop_available", lambda: False)
     assert run_loop(_loop_module(), "auto").startswith("asyncio")
     with pytest.raises(ConfigurationError, match="uvloop is not installed: pip install uvloop"):
         run_loop(_loop_module(), "uvloop")
@@ -44,8 +45,8 @@ def test_run_starts_one_process_per_core_by_default(
         started.append((spec, processes))
         return 0
 
-    monkeypatch.setattr("delivery.supervisor.run_supervised", fake_supervised)
-    monkeypatch.setattr(cli, "default_processes", lambda: 3)
+    monkeypatch.setattr("delivery.operator.supervisor.run_supervised", fake_supervised)
+    monkeypatch.setattr(service, "default_processes", lambda: 3)
     monkeypatch.setenv("OUTBOX_DATABASE_URL", database_url)
     monkeypatch.setenv("OUTBOX_SECRET_KEYS", generate_key("k1"))
     monkeypatch.setenv("OUTBOX_EVENT_LOOP", "asyncio")

@@ -6,7 +6,7 @@ import asyncio
 
 from sqlalchemy import Engine
 
-from delivery.app import Service
+from delivery.operator.app import Service
 from delivery.receiver import Receiver
 from delivery.worker import WorkerConfig
 from outbox import publish

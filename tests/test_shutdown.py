@@ -15,7 +15,7 @@ from outbox import publish
 from outbox.crypto import SecretBox, generate_key
 from tests.helpers import add_endpoint, rows, scalar
 
-RUN = [sys.executable, "-c", "from delivery.cli import main; main()", "run"]
+RUN = [sys.executable, "-c", "from delivery.operator.cli import main; main()", "run"]
 
 
 async def _start(database_url: str, key: str) -> asyncio.subprocess.Process:

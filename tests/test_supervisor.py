@@ -12,9 +12,9 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
+from delivery.operator.supervisor import ProcessSpec, child_spec
 from delivery.reaper import ReaperConfig
 from delivery.receiver import Receiver
-from delivery.supervisor import ProcessSpec, child_spec
 from delivery.worker import WorkerConfig
 from outbox import publish
 from outbox.crypto import SecretBox, generate_key
@@ -76,7 +76,7 @@ async def test_two_processes_deliver_everything_restart_a_killed_child_and_stop_
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
-        "from delivery.cli import main; main()",
+        "from delivery.operator.cli import main; main()",
         "run",
         "--processes",
         "2",

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 from sqlalchemy import text
 
-from delivery import app
+from delivery.operator import app
 from delivery.reaper import ReaperConfig
 from delivery.receiver import Receiver
 from delivery.signing import sign

@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from delivery.metrics import render_metrics
+from delivery.operator.metrics import render_metrics
 from outbox import operations as ops
 from outbox.audit import record_audit
 from outbox.clock import Clock, SystemClock

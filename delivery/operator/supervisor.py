@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
-from delivery.loop import run_loop
+from delivery.operator.loop import run_loop
 from delivery.reaper import ReaperConfig
 from delivery.retention import RetentionConfig
 from delivery.worker import WorkerConfig
@@ -79,7 +79,7 @@ def child_spec(spec: ProcessSpec, index: int) -> ProcessSpec:
 
 
 def _child_main(spec: ProcessSpec) -> None:
-    from delivery.app import Service
+    from delivery.operator.app import Service
 
     configure_logging(spec.log_level)  # redacting, and quiet about each httpx request
     service = Service(

@@ -13,9 +13,9 @@ import httpx
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from delivery.admin import AdminConfig
 from delivery.health import HealthConfig
 from delivery.http import build_http_client
+from delivery.operator.api import AdminConfig
 from delivery.reaper import Reaper, ReaperConfig
 from delivery.retention import Retention, RetentionConfig
 from delivery.worker import Worker, WorkerConfig

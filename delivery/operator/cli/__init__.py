@@ -1,0 +1,54 @@
+"""The `outbox` command: the operator's composition root, one module per command group.
+
+Every command that prints data takes `--json`. Errors the user can fix are printed
+as one clear line (exit status 1), never as a traceback. Shared helpers live in
+`common.py`; a new command group is a new module here plus one line below.
+"""
+
+from __future__ import annotations
+
+import click
+
+from delivery.operator.cli import (
+    deliveries,
+    endpoints,
+    keys,
+    priorities,
+    publish,
+    service,
+    stats,
+    tokens,
+)
+from outbox.logging_setup import configure_logging
+
+
+@click.group()
+@click.version_option(package_name="webhook-outbox")
+def main() -> None:
+    """Reliable webhooks from a transactional outbox in PostgreSQL.
+
+    With OUTBOX_DATABASE_URL unset, commands use an embedded PostgreSQL kept in
+    OUTBOX_DATA_DIR (default ~/.local/share/webhook-outbox).
+    """
+    configure_logging("WARNING")
+
+
+for command in (
+    service.migrate,
+    service.run,
+    service.serve,
+    service.demo,
+    publish.publish,
+    endpoints.endpoints,
+    deliveries.deliveries,
+    deliveries.replay,
+    deliveries.discard,
+    keys.keys,
+    tokens.tokens,
+    stats.stats,
+    stats.audit,
+    priorities.priorities,
+):
+    main.add_command(command)
+
+__all__ = ["main"]

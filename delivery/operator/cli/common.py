@@ -1,0 +1,170 @@
+"""What the command modules share.
+
+Errors as one line, settings and the database, tables and JSON, and the duration,
+time and endpoint-health formatting that more than one command group prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import functools
+import getpass
+import json
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import click
+
+from delivery.operator import app
+from outbox.errors import OutboxError
+from outbox.settings import Settings, load_settings
+from outbox.stats import Breaker, Stats
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+
+
+def friendly_errors(func: F) -> F:
+    """Turn the project's own errors into one readable line and exit status 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except OutboxError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def settings() -> Settings:
+    return load_settings()
+
+
+@contextlib.contextmanager
+def database(auto_migrate: bool | None = None) -> Iterator[tuple[Settings, app.Database]]:
+    current = settings()
+    with app.open_database(current, auto_migrate=auto_migrate) as db:
+        yield current, db
+
+
+def default_actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "cli:unknown"
+
+
+def print_table(rows: Sequence[Sequence[object]], headers: Sequence[str]) -> None:
+    cells = [[str(cell) for cell in row] for row in rows]
+    widths = [
+        max(len(header), *(len(row[i]) for row in cells)) if cells else len(header)
+        for i, header in enumerate(headers)
+    ]
+    click.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+    for row in cells:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: str) -> dt.timedelta:
+    """'90', '90s', '15m', '24h', '7d' -> a timedelta."""
+    match = _DURATION.match(value)
+    if match is None:
+        raise click.BadParameter(f"{value!r} is not a duration: use e.g. 90s, 15m, 24h or 7d")
+    return dt.timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def parse_when(value: str | None, now: dt.datetime) -> dt.datetime | None:
+    """An ISO time, or a duration meaning that long ago ('2h' = two hours ago)."""
+    if value is None:
+        return None
+    if _DURATION.match(value):
+        return now - parse_duration(value)
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise click.BadParameter(
+            f"{value!r} is neither an ISO time (2026-11-29T03:00:00Z) nor an age like 2h"
+        ) from exc
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def ago(value: dt.datetime | None, now: dt.datetime) -> str:
+    if value is None:
+        return "-"
+    seconds = (now - value).total_seconds()
+    if seconds < 0:
+        return f"in {span(-seconds)}"
+    return f"{span(seconds)} ago"
+
+
+def span(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def short(text: str | None, width: int = 60) -> str:
+    if not text:
+        return "-"
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+HEALTH_HEADERS = [
+    "ENDPOINT", "STATE", "BREAKER", "ATTEMPTS", "SUCCESS", "P50", "P99", "PENDING", "DEAD",
+]  # fmt: skip
+
+
+def _breaker_cell(breaker: Breaker) -> str:
+    """The state first (what a grep or an eye looks for), then when it changes next."""
+    text = breaker.state
+    if breaker.state == "open":
+        text += f" (since {_clock_time(breaker.opened_at)}, probe in "
+        text += f"{span(breaker.cooldown_remaining_seconds)})"
+    elif breaker.state == "half_open":
+        text += f" (probe out until {_clock_time(breaker.probe_until)})"
+    if breaker.paused:
+        text += f", paused by 429 until {_clock_time(breaker.paused_until)}"
+    return text
+
+
+def _clock_time(at: dt.datetime | None) -> str:
+    return "-" if at is None else at.astimezone(dt.UTC).strftime("%H:%M:%SZ")
+
+
+def health_rows(stats: Stats) -> list[list[object]]:
+    return [
+        [
+            e.uid,
+            "enabled"
+            if e.enabled
+            else ("auto-disabled" if e.auto_disabled else "disabled") + f" ({e.disabled_reason})",
+            _breaker_cell(e.breaker),
+            e.attempts,
+            pct(e.success_rate),
+            "-" if e.p50_ms is None else f"{e.p50_ms:.0f}ms",
+            "-" if e.p99_ms is None else f"{e.p99_ms:.0f}ms",
+            e.pending,
+            e.dead,
+        ]
+        for e in stats.endpoints
+    ]

@@ -1,0 +1,290 @@
+"""Finding and acting on deliveries: `deliveries list|show`, `replay`, `discard`."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from delivery.operator.cli.common import (
+    F,
+    ago,
+    database,
+    default_actor,
+    echo_json,
+    friendly_errors,
+    json_option,
+    parse_when,
+    print_table,
+    short,
+)
+from outbox import operations
+from outbox.clock import SystemClock
+
+
+def filter_options(func: F) -> F:
+    """The delivery filter shared by `deliveries list` and `replay`."""
+    options = [
+        click.option(
+            "--state", "states", multiple=True, help="scheduled, in_flight, succeeded, dead, ..."
+        ),
+        click.option("--endpoint", default=None, help="Endpoint id (ep_...)."),
+        click.option("--event-type", default=None, help="Exact event type."),
+        click.option("--error", default=None, help="Text in the last error or any attempt's."),
+        click.option("--since", default=None, help="Created at/after: ISO time or age (2h)."),
+        click.option("--until", default=None, help="Created before: ISO time or age."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _filter(
+    states: Sequence[str],
+    endpoint: str | None,
+    event_type: str | None,
+    error: str | None,
+    since: str | None,
+    until: str | None,
+    now: dt.datetime,
+    **extra: Any,
+) -> operations.DeliveryFilter:
+    flat = tuple(s.strip() for item in states for s in item.split(",") if s.strip())
+    return operations.DeliveryFilter(
+        states=flat,
+        endpoint=endpoint,
+        event_type=event_type,
+        error=error,
+        since=parse_when(since, now),
+        until=parse_when(until, now),
+        **extra,
+    )
+
+
+def _delivery_rows(
+    items: Sequence[operations.DeliverySummary], now: dt.datetime
+) -> list[list[object]]:
+    return [
+        [
+            item.id,
+            item.state + (f" (replay of {item.replay_of})" if item.replay_of else ""),
+            f"{item.attempts}/{item.max_attempts}",
+            item.endpoint_uid,
+            item.event_type,
+            ago(item.created_at, now),
+            short(item.final_reason or item.last_error, 50),
+        ]
+        for item in items
+    ]
+
+
+_DELIVERY_HEADERS = ["ID", "STATE", "TRIES", "ENDPOINT", "EVENT", "CREATED", "LAST ERROR"]
+
+
+@click.group()
+def deliveries() -> None:
+    """Find and inspect deliveries."""
+
+
+@deliveries.command("list")
+@filter_options
+@click.option("--unreplayed", is_flag=True, help="Only deliveries nobody has replayed yet.")
+@click.option("--limit", default=50, show_default=True, help="Page size (1..1000).")
+@click.option("--before", type=int, default=None, help="Next page: ids below this one.")
+@json_option
+@friendly_errors
+def deliveries_list(
+    states: Sequence[str],
+    endpoint: str | None,
+    event_type: str | None,
+    error: str | None,
+    since: str | None,
+    until: str | None,
+    unreplayed: bool,
+    limit: int,
+    before: int | None,
+    as_json: bool,
+) -> None:
+    """List deliveries, newest first: outbox deliveries list --state dead --error timeout."""
+    now = SystemClock().now()
+    flt = _filter(
+        states,
+        endpoint,
+        event_type,
+        error,
+        since,
+        until,
+        now,
+        unreplayed=unreplayed,
+        limit=limit,
+        before_id=before,
+    )
+    with database() as (_, db), db.engine.connect() as conn:
+        items = operations.search_deliveries(conn, flt)
+    next_before = items[-1].id if len(items) == limit else None
+    if as_json:
+        echo_json({"items": [item.as_json() for item in items], "next_before": next_before})
+        return
+    if not items:
+        click.echo("no deliveries match")
+        return
+    print_table(_delivery_rows(items, now), _DELIVERY_HEADERS)
+    if next_before:
+        click.echo(f"more: add --before {next_before}")
+
+
+@deliveries.command("show")
+@click.argument("delivery_id", type=int)
+@json_option
+@friendly_errors
+def deliveries_show(delivery_id: int, as_json: bool) -> None:
+    """A delivery with its event, every attempt and any replays."""
+    with database() as (_, db), db.engine.connect() as conn:
+        detail = operations.get_delivery(conn, delivery_id)
+    data = detail.as_json()
+    if as_json:
+        echo_json(data)
+        return
+    d = detail.delivery
+    click.echo(f"delivery {d.id}: {d.state}, {d.attempts}/{d.max_attempts} attempts")
+    click.echo(f"endpoint:  {d.endpoint_uid} {d.endpoint_url}")
+    click.echo(f"event:     {d.message_id} {d.event_type} (webhook-id)")
+    click.echo(f"payload:   {short(json.dumps(detail.payload), 200)}")
+    if d.replay_of:
+        click.echo(f"replay of: {d.replay_of}")
+    if d.state == "scheduled":
+        click.echo(f"next try:  {d.next_attempt_at.isoformat()}")
+    if d.final_reason:
+        click.echo(f"reason:    {d.final_reason}")
+    if detail.attempts:
+        click.echo("\nattempts:")
+        print_table(
+            [
+                [
+                    a["attempt_number"],
+                    a["started_at"],
+                    a["outcome"],
+                    a["status_code"] or "-",
+                    f"{a['duration_ms']}ms",
+                    short(a["error"], 40),
+                    short(a["response_excerpt"], 40),
+                ]
+                for a in detail.attempts
+            ],
+            ["#", "STARTED", "OUTCOME", "STATUS", "TOOK", "ERROR", "RESPONSE"],
+        )
+    if detail.replays:
+        click.echo("\nreplays:")
+        print_table(
+            [
+                [r["id"], r["state"], r["created_at"], r["actor"], r["reason"]]
+                for r in detail.replays
+            ],
+            ["ID", "STATE", "AT", "BY", "WHY"],
+        )
+
+
+@click.command()
+@click.argument("delivery_ids", nargs=-1, type=int)
+@click.option("--reason", required=True, help="Why, for the audit log.")
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@click.option("--force", is_flag=True, help="Also replay succeeded deliveries.")
+@click.option("--dry-run", is_flag=True, help="Show the count and a sample; change nothing.")
+@filter_options
+@click.option("--max", "max_count", default=1000, show_default=True, help="At most this many.")
+@click.option(
+    "--rate", type=float, default=None, help="Replays per minute (default OUTBOX_REPLAY_RATE...)."
+)
+@json_option
+@friendly_errors
+def replay(
+    delivery_ids: tuple[int, ...],
+    reason: str,
+    actor: str | None,
+    force: bool,
+    dry_run: bool,
+    states: Sequence[str],
+    endpoint: str | None,
+    event_type: str | None,
+    error: str | None,
+    since: str | None,
+    until: str | None,
+    max_count: int,
+    rate: float | None,
+    as_json: bool,
+) -> None:
+    """Replay deliveries as new ones with the same webhook-id; the old rows stay as they were.
+
+    Give ids (outbox replay 12 13 --reason ...) or a filter
+    (outbox replay --endpoint ep_... --since 2h --reason ... [--dry-run]).
+    """
+    now = SystemClock().now()
+    has_filter = any([states, endpoint, event_type, error, since, until])
+    if bool(delivery_ids) == has_filter:
+        raise click.UsageError("give delivery ids or a filter (--endpoint, --state, ...), not both")
+    who = actor or default_actor()
+    with database() as (current, db), db.engine.begin() as conn:
+        per_minute = rate or current.replay_rate_per_minute
+        if delivery_ids and dry_run:
+            found = [operations.get_delivery(conn, i).delivery for i in delivery_ids]
+            result = operations.ReplayResult(dry_run=True, matched=len(found), sample=found)
+        elif delivery_ids:
+            result = operations.replay(
+                conn,
+                delivery_ids,
+                actor=who,
+                reason=reason,
+                now=now,
+                force=force,
+                rate_per_minute=per_minute,
+            )
+        else:
+            result = operations.bulk_replay(
+                conn,
+                _filter(states, endpoint, event_type, error, since, until, now),
+                actor=who,
+                reason=reason,
+                now=now,
+                dry_run=dry_run,
+                force=force,
+                max_count=max_count,
+                rate_per_minute=per_minute,
+            )
+    if as_json:
+        echo_json(result.as_json())
+        return
+    if result.dry_run:
+        click.echo(f"dry run: {result.matched} deliveries would be replayed; nothing changed")
+        if result.sample:
+            print_table(_delivery_rows(result.sample, now), _DELIVERY_HEADERS)
+        return
+    click.echo(f"replayed {len(result.replayed)} of {result.matched} matching deliveries")
+    for old, new in result.replayed[:20]:
+        click.echo(f"  {old} -> {new}")
+    if result.last_due and result.first_due and result.last_due > result.first_due:
+        click.echo(f"spread until {result.last_due.isoformat()} ({per_minute:g}/minute)")
+
+
+@click.command()
+@click.argument("delivery_ids", nargs=-1, type=int, required=True)
+@click.option("--reason", required=True, help="Why, for operators and the audit log.")
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@json_option
+@friendly_errors
+def discard(delivery_ids: tuple[int, ...], reason: str, actor: str | None, as_json: bool) -> None:
+    """Give up on scheduled or dead deliveries, for good (all or nothing)."""
+    with database() as (_, db), db.engine.begin() as conn:
+        done = operations.discard(
+            conn,
+            delivery_ids,
+            actor=actor or default_actor(),
+            reason=reason,
+            now=SystemClock().now(),
+        )
+    if as_json:
+        echo_json({"discarded": done})
+    else:
+        click.echo(f"discarded {len(done)}: {' '.join(map(str, done))}")

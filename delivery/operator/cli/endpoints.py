@@ -1,0 +1,504 @@
+"""`outbox endpoints`: add, list, change, enable, disable and inspect endpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from delivery.operator import app
+from delivery.operator.cli.common import (
+    HEALTH_HEADERS,
+    database,
+    default_actor,
+    echo_json,
+    friendly_errors,
+    health_rows,
+    json_option,
+    parse_duration,
+    print_table,
+)
+from outbox import operations
+from outbox.clock import SystemClock
+from outbox.endpoint_rules import (
+    DeliveryRules,
+    get_delivery_rules,
+    parse_status_override,
+    set_delivery_rules,
+)
+from outbox.endpoints import Endpoint, list_endpoints, reveal_secret, set_enabled
+from outbox.headers import get_headers, parse_header_argument, set_headers
+from outbox.stats import collect_stats
+
+
+@click.group()
+def endpoints() -> None:
+    """Add, list, enable and disable endpoints."""
+
+
+def _endpoint_rows(items: Sequence[Endpoint]) -> list[list[object]]:
+    return [
+        [
+            item.uid,
+            "enabled" if item.enabled else f"disabled ({item.disabled_reason})",
+            ",".join(item.event_types),
+            item.url,
+        ]
+        for item in items
+    ]
+
+
+@endpoints.command("add")
+@click.argument("url")
+@click.option("--events", required=True, help="Comma-separated patterns: 'order.*,invoice.paid'.")
+@click.option("--secret", default=None, help="A whsec_ secret to use instead of a generated one.")
+@click.option("--description", default="", help="A note for operators.")
+@json_option
+@friendly_errors
+def endpoints_add(
+    url: str, events: str, secret: str | None, description: str, as_json: bool
+) -> None:
+    """Add an endpoint; prints its id and its signing secret (shown only now)."""
+    with database() as (current, db):
+        box = app.secret_box(current, db)
+        with db.engine.begin() as conn:
+            created = operations.add_endpoint(
+                conn,
+                box,
+                actor=default_actor(),
+                url=url,
+                event_types=events,
+                secret=secret,
+                description=description,
+                https_only=current.https_only,
+            )
+    if as_json:
+        echo_json({**created.endpoint.as_json(), "secret": created.secret})
+    else:
+        click.echo(f"id:     {created.endpoint.uid}")
+        click.echo(f"secret: {created.secret}")
+        click.echo("Give the secret to the receiver; it is stored encrypted and not shown again.")
+
+
+@endpoints.command("list")
+@json_option
+@friendly_errors
+def endpoints_list(as_json: bool) -> None:
+    """List endpoints."""
+    with database() as (_, db), db.engine.connect() as conn:
+        items = list_endpoints(conn)
+    if as_json:
+        echo_json([item.as_json() for item in items])
+    elif not items:
+        click.echo("no endpoints yet: outbox endpoints add URL --events 'order.*'")
+    else:
+        print_table(_endpoint_rows(items), ["ID", "STATE", "EVENTS", "URL"])
+
+
+def _show_endpoint(item: Endpoint, as_json: bool) -> None:
+    if as_json:
+        echo_json(item.as_json())
+    else:
+        print_table(_endpoint_rows([item]), ["ID", "STATE", "EVENTS", "URL"])
+
+
+def _set_enabled(uid: str, enabled: bool, reason: str | None, actor: str, as_json: bool) -> None:
+    with database() as (_, db), db.engine.begin() as conn:
+        item = set_enabled(conn, uid, enabled=enabled, reason=reason, actor=actor)
+    _show_endpoint(item, as_json)
+
+
+@endpoints.command("enable")
+@click.argument("endpoint_id")
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@json_option
+@friendly_errors
+def endpoints_enable(endpoint_id: str, actor: str | None, as_json: bool) -> None:
+    """Enable an endpoint; its waiting deliveries resume."""
+    _set_enabled(endpoint_id, True, None, actor or default_actor(), as_json)
+
+
+@endpoints.command("disable")
+@click.argument("endpoint_id")
+@click.option("--reason", required=True, help="Why, for operators and the audit log.")
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@json_option
+@friendly_errors
+def endpoints_disable(endpoint_id: str, reason: str, actor: str | None, as_json: bool) -> None:
+    """Disable an endpoint; its pending deliveries wait, nothing is dropped."""
+    _set_enabled(endpoint_id, False, reason, actor or default_actor(), as_json)
+
+
+def _rule_number(value: str | None, kind: type[float] | type[int], what: str) -> Any:
+    """'default' (or '') means "use the global default"; anything else must be a number."""
+    if value is None or value.strip().lower() in {"", "default"}:
+        return None
+    try:
+        return kind(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{what} must be a number or 'default', not {value!r}") from exc
+
+
+def _parse_schedule(value: str) -> tuple[float, ...] | None:
+    if value.strip().lower() in {"", "default"}:
+        return None
+    try:
+        return tuple(float(part) for part in value.split(",") if part.strip())
+    except ValueError as exc:
+        raise click.BadParameter(
+            f"--schedule takes seconds separated by commas, e.g. '5,60,300', not {value!r}"
+        ) from exc
+
+
+@endpoints.command("rules")
+@click.argument("endpoint_id")
+@click.option("--timeout", default=None, help="Attempt deadline in seconds, or 'default'.")
+@click.option("--max-attempts", default=None, help="Attempts per delivery, or 'default'.")
+@click.option(
+    "--schedule", default=None, help="Seconds between attempts: '5,60,300', or 'default'."
+)
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    help="Override one status: '404=retryable' (succeeded|retryable|permanent); repeatable.",
+)
+@click.option("--clear-status", "cleared", multiple=True, type=int, help="Drop one override.")
+@click.option("--reset", is_flag=True, help="Drop every endpoint rule first (global defaults).")
+@click.option("--reason", default=None, help="Why, for the audit log.")
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@json_option
+@friendly_errors
+def endpoints_rules(
+    endpoint_id: str,
+    timeout: str | None,
+    max_attempts: str | None,
+    schedule: str | None,
+    statuses: tuple[str, ...],
+    cleared: tuple[int, ...],
+    reset: bool,
+    reason: str | None,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Show or change an endpoint's delivery rules; options not given stay as they are."""
+    changing = any((timeout, max_attempts, schedule, statuses, cleared, reset))
+    with database() as (_, db), db.engine.begin() as conn:
+        rules = DeliveryRules() if reset else get_delivery_rules(conn, endpoint_id)
+        if changing:
+            overrides = dict(rules.status_overrides)
+            for code in cleared:
+                overrides.pop(code, None)
+            overrides.update(parse_status_override(item) for item in statuses)
+            rules = DeliveryRules(
+                timeout_seconds=rules.timeout_seconds
+                if timeout is None
+                else _rule_number(timeout, float, "--timeout"),
+                max_attempts=rules.max_attempts
+                if max_attempts is None
+                else _rule_number(max_attempts, int, "--max-attempts"),
+                retry_schedule=rules.retry_schedule
+                if schedule is None
+                else _parse_schedule(schedule),
+                status_overrides=overrides,
+            )
+            rules = set_delivery_rules(
+                conn, endpoint_id, rules, actor=actor or default_actor(), reason=reason
+            )
+    shown = rules.as_json()
+    if as_json:
+        echo_json({"id": endpoint_id, **shown})
+        return
+    for name, value in shown.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items()) or None
+        elif isinstance(value, list):
+            value = ",".join(f"{v:g}" for v in value)
+        click.echo(f"{name + ':':18}{'(global default)' if value is None else value}")
+
+
+@endpoints.command("reveal-secret")
+@click.argument("endpoint_id")
+@click.option("--reason", required=True, help="Why the secret is needed, for the audit log.")
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@json_option
+@friendly_errors
+def endpoints_reveal_secret(
+    endpoint_id: str, reason: str, actor: str | None, as_json: bool
+) -> None:
+    """Print an endpoint's signing secret (audited)."""
+    with database() as (current, db):
+        box = app.secret_box(current, db)
+        with db.engine.begin() as conn:
+            secret = reveal_secret(
+                conn, box, endpoint_id, actor=actor or default_actor(), reason=reason
+            )
+    if as_json:
+        echo_json({"id": endpoint_id, "secret": secret})
+    else:
+        click.echo(secret)
+
+
+@endpoints.command("update")
+@click.argument("endpoint_id")
+@click.option("--url", default=None)
+@click.option("--events", default=None, help="Comma-separated patterns (replaces the list).")
+@click.option("--description", default=None)
+@click.option("--timeout", type=float, default=None, help="Per-attempt deadline in seconds.")
+@click.option("--max-attempts", type=int, default=None)
+@click.option("--reason", default=None, help="Why, for the audit log.")
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@json_option
+@friendly_errors
+def endpoints_update(
+    endpoint_id: str,
+    url: str | None,
+    events: str | None,
+    description: str | None,
+    timeout: float | None,
+    max_attempts: int | None,
+    reason: str | None,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Change an endpoint's URL, events, description, timeout or attempts."""
+    with database() as (current, db), db.engine.begin() as conn:
+        item = operations.update_endpoint(
+            conn,
+            endpoint_id,
+            https_only=current.https_only,
+            actor=actor or default_actor(),
+            url=url,
+            description=description,
+            event_types=events,
+            timeout_seconds=timeout,
+            max_attempts=max_attempts,
+            reason=reason,
+        )
+    _show_endpoint(item, as_json)
+
+
+@endpoints.command("delete")
+@click.argument("endpoint_id")
+@click.option("--reason", required=True, help="Why, for the audit log.")
+@click.option("--force", is_flag=True, help="Delete even with pending deliveries.")
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@json_option
+@friendly_errors
+def endpoints_delete(
+    endpoint_id: str, reason: str, force: bool, actor: str | None, as_json: bool
+) -> None:
+    """Delete an endpoint and its delivery history (disable is the reversible option)."""
+    with database() as (_, db), db.engine.begin() as conn:
+        result = operations.delete_endpoint(
+            conn, endpoint_id, actor=actor or default_actor(), reason=reason, force=force
+        )
+    if as_json:
+        echo_json({"deleted": endpoint_id, **result})
+    else:
+        click.echo(
+            f"deleted {endpoint_id} with {result['deliveries']} deliveries "
+            f"and {result['attempts']} attempts"
+        )
+
+
+@endpoints.command("rotate-secret")
+@click.argument("endpoint_id")
+@click.option(
+    "--grace", default="24h", show_default=True, help="How long the old secret also signs."
+)
+@click.option("--secret", default=None, help="A whsec_ secret to use instead of a generated one.")
+@click.option("--reason", default=None, help="Why, for the audit log.")
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@json_option
+@friendly_errors
+def endpoints_rotate_secret(
+    endpoint_id: str,
+    grace: str,
+    secret: str | None,
+    reason: str | None,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """New signing secret; both old and new signatures are sent during the grace period."""
+    with database() as (current, db):
+        box = app.secret_box(current, db)
+        with db.engine.begin() as conn:
+            rotated = operations.rotate_secret(
+                conn,
+                box,
+                endpoint_id,
+                actor=actor or default_actor(),
+                now=SystemClock().now(),
+                grace=parse_duration(grace),
+                secret=secret,
+                reason=reason,
+            )
+    if as_json:
+        echo_json(
+            {
+                **rotated.endpoint.as_json(),
+                "secret": rotated.secret,
+                "previous_secret_expires_at": rotated.previous_expires_at.isoformat(),
+            }
+        )
+    else:
+        click.echo(f"secret: {rotated.secret}")
+        click.echo(
+            f"the old secret also signs until {rotated.previous_expires_at.isoformat()}; "
+            "give the receiver the new one before then"
+        )
+
+
+@endpoints.command("status")
+@click.option("--window", default="1h", show_default=True, help="How far back rates look.")
+@json_option
+@friendly_errors
+def endpoints_status(window: str, as_json: bool) -> None:
+    """Each endpoint's state, circuit breaker, recent success rate, latency and backlog."""
+    with database() as (_, db), db.engine.connect() as conn:
+        stats = collect_stats(conn, now=SystemClock().now(), window=parse_duration(window))
+    if as_json:
+        echo_json([item.as_json() for item in stats.endpoints])
+        return
+    print_table(health_rows(stats), HEALTH_HEADERS)
+
+
+@endpoints.command("limits")
+@click.argument("endpoint_id")
+@click.option("--max-in-flight", type=int, default=None, help="Concurrent deliveries; 0: no limit.")
+@click.option(
+    "--max-per-second", type=float, default=None, help="Requests per second; 0: no limit."
+)
+@click.option(
+    "--ordered/--unordered",
+    default=None,
+    help="Deliver events with the same ordering key one at a time, in publish order.",
+)
+@click.option(
+    "--dead-head",
+    type=click.Choice(["block", "skip"]),
+    default=None,
+    help="When a key's oldest delivery dies: block the key until an operator acts, or skip it.",
+)
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@json_option
+@friendly_errors
+def endpoints_limits(
+    endpoint_id: str,
+    max_in_flight: int | None,
+    max_per_second: float | None,
+    ordered: bool | None,
+    dead_head: str | None,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Show or change an endpoint's limits and ordering; options not given stay as they are."""
+    from delivery.health import EndpointLimits, get_endpoint_limits, set_endpoint_limits
+
+    with database() as (_, db), db.engine.begin() as conn:
+        current = get_endpoint_limits(conn, endpoint_id)
+        if any(value is not None for value in (max_in_flight, max_per_second, ordered, dead_head)):
+            current = set_endpoint_limits(
+                conn,
+                endpoint_id,
+                EndpointLimits(
+                    max_in_flight=current.max_in_flight
+                    if max_in_flight is None
+                    else (max_in_flight or None),
+                    max_per_second=current.max_per_second
+                    if max_per_second is None
+                    else (max_per_second or None),
+                    ordered=current.ordered if ordered is None else ordered,
+                    dead_head=current.dead_head if dead_head is None else dead_head,
+                ),
+                actor=actor or default_actor(),
+            )
+    if as_json:
+        echo_json({"id": endpoint_id, **current.as_json()})
+    else:
+        print_table(
+            [
+                [
+                    endpoint_id,
+                    current.max_in_flight or "-",
+                    f"{current.max_per_second:g}" if current.max_per_second else "-",
+                    "yes" if current.ordered else "no",
+                    current.dead_head,
+                ]
+            ],
+            ["ID", "MAX IN FLIGHT", "MAX/S", "ORDERED", "DEAD HEAD"],
+        )
+
+
+@endpoints.command("health")
+@json_option
+@friendly_errors
+def endpoints_health(as_json: bool) -> None:
+    """Circuit breaker state, limits and backlog of every endpoint."""
+    from delivery.health import endpoint_health_report
+
+    with database() as (_, db), db.engine.connect() as conn:
+        report = endpoint_health_report(conn)
+    if as_json:
+        echo_json(report)
+        return
+    rows = []
+    for item in report:
+        state = item["breaker_state"]
+        if state == "open" and item["open_until"]:
+            state += f" until {item['open_until']}"
+        if not item["enabled"]:
+            state = f"disabled ({item['disabled_reason']})"
+        rows.append(
+            [
+                item["endpoint"],
+                state,
+                item["in_flight"],
+                item["scheduled"],
+                item["last_failure"] or "",
+            ]
+        )
+    print_table(rows, ["ID", "BREAKER", "IN FLIGHT", "SCHEDULED", "LAST FAILURE"])
+
+
+@endpoints.command("headers")
+@click.argument("endpoint_id")
+@click.option(
+    "--set", "to_set", multiple=True, help="'Name: value' to send with every request (repeat)."
+)
+@click.option("--unset", multiple=True, help="A header name to stop sending (repeat).")
+@click.option("--clear", is_flag=True, help="Remove every custom header.")
+@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@json_option
+@friendly_errors
+def endpoints_headers(
+    endpoint_id: str,
+    to_set: tuple[str, ...],
+    unset: tuple[str, ...],
+    clear: bool,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Show (names only) or change an endpoint's custom request headers, stored encrypted.
+
+    The signature, body framing, host and hop-by-hop headers cannot be set.
+    """
+    with database() as (current, db):
+        box = app.secret_box(current, db)
+        with db.engine.begin() as conn:
+            headers = {} if clear else get_headers(conn, box, endpoint_id)
+            for name in unset:
+                headers.pop(name.lower(), None)
+            for item in to_set:
+                name, value = parse_header_argument(item)
+                headers[name.lower()] = value
+            if to_set or unset or clear:
+                names = set_headers(conn, box, endpoint_id, headers, actor=actor or default_actor())
+            else:
+                names = sorted(headers)
+    if as_json:
+        echo_json({"id": endpoint_id, "headers": names})
+    else:
+        click.echo(", ".join(names) if names else "no custom headers")

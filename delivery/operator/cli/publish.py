@@ -1,0 +1,52 @@
+"""`outbox publish`: put one event in the outbox."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from delivery.operator.cli.common import database, echo_json, friendly_errors, json_option
+from outbox.publish import publish as publish_event
+
+
+@click.command()
+@click.argument("event_type")
+@click.argument("payload")
+@click.option("--idempotency-key", default=None, help="Publishing the same key again is a no-op.")
+@click.option("--ordering-key", default=None, help="Events with one key are delivered in order.")
+@click.option(
+    "--priority",
+    type=int,
+    default=None,
+    help="-100..100, higher first; default: the event type's (outbox priorities).",
+)
+@json_option
+@friendly_errors
+def publish(
+    event_type: str,
+    payload: str,
+    idempotency_key: str | None,
+    ordering_key: str | None,
+    priority: int | None,
+    as_json: bool,
+) -> None:
+    """Publish an event: outbox publish order.created '{"id": 42}'."""
+    try:
+        data = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="PAYLOAD") from exc
+    with database() as (current, db), db.engine.begin() as conn:
+        message_id = publish_event(
+            conn,
+            event_type,
+            data,
+            idempotency_key=idempotency_key,
+            ordering_key=ordering_key,
+            priority=priority,
+            max_payload_bytes=current.max_payload_bytes,
+        )
+    if as_json:
+        echo_json({"message_id": message_id, "event_type": event_type})
+    else:
+        click.echo(message_id)
