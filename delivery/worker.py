@@ -173,8 +173,10 @@ class Worker:
         # (this worker's share used up, or a health gate), whether every slot was busy, and
         # the earliest moment a health gate opens by itself.
         self._gated: frozenset[int] = frozenset()
+        self._capped: frozenset[int] = frozenset()
         self._waiting: frozenset[int] = frozenset()
         self._full = False
+        self._finished_while_claiming: list[int] | None = None  # endpoint ids, during a claim
         self._freed = 0
         self._refilled = asyncio.Event()
         self.next_gate_at: dt.datetime | None = None
@@ -187,6 +189,7 @@ class Worker:
         now = self._clock.now()
         self.claims += 1
         self.next_gate_at = None  # a failed claim must not leave a stale wake-up behind
+        local = self._slots_left()
         async with self._engine.begin() as conn:
             gates = await health.open_gates(conn, now=now, config=self.config.health)
             rows = (
@@ -197,18 +200,22 @@ class Worker:
                         "limit": limit,
                         "worker_id": self.config.worker_id,
                         "lease_expires_at": now + dt.timedelta(seconds=self.config.lease_seconds),
-                        **gates.params(self._slots_left()),
+                        **gates.params(local),
                     },
                 )
             ).all()
+            taken = health.claimed_per_endpoint(row.endpoint_id for row in rows)
             self.next_gate_at = await health.close_gates(
-                conn,
-                gates,
-                health.claimed_per_endpoint(row.endpoint_id for row in rows),
-                now=now,
-                config=self.config.health,
+                conn, gates, taken, now=now, config=self.config.health
             )
         self._gated = frozenset(gates.budgets)
+        # Endpoints whose share of this worker's slots the claim used up (or found used up).
+        cap = self.config.endpoint_slots
+        self._capped = frozenset(
+            endpoint_id
+            for endpoint_id in {*local, *taken}
+            if taken.get(endpoint_id, 0) >= local.get(endpoint_id, cap)
+        )
         return [self._prepare(row, now) for row in rows]
 
     def _slots_left(self) -> dict[int, int]:
@@ -488,21 +495,28 @@ class Worker:
                     self._refilled.clear()
                     self._freed = 0
                     want = min(self.config.batch_size, free)
+                    self._finished_while_claiming = []
                     try:
                         claimed = await self.claim(want)
                     except Exception:
                         log.exception("claiming failed; retrying after the poll interval")
                         claimed = []
+                    finally:
+                        meanwhile, self._finished_while_claiming = (
+                            self._finished_while_claiming,
+                            None,
+                        )
                     for item in claimed:
                         task = asyncio.create_task(self._attempt_and_buffer(item))
                         in_flight[task] = item
                         self._slots_held[item.endpoint_id] += 1
                         task.add_done_callback(lambda done: self._finished(in_flight, done))
                     self._full = len(in_flight) >= self.config.max_in_flight
-                    cap = self.config.endpoint_slots
-                    self._waiting = self._gated | {
-                        endpoint_id for endpoint_id, held in self._slots_held.items() if held >= cap
-                    }
+                    self._waiting = self._gated | self._capped
+                    # Slots freed while the claim ran, of endpoints it has just found wanting.
+                    for endpoint_id in meanwhile:
+                        if endpoint_id in self._waiting:
+                            self._note_freed()
                     if len(claimed) == want and not self._full:
                         continue  # a full batch: more may be due
                 await wait_for_any(stop, wake, self._slot_free, timeout=self._idle_timeout())
@@ -532,12 +546,17 @@ class Worker:
         self._slots_held[item.endpoint_id] -= 1
         if self._slots_held[item.endpoint_id] <= 0:
             del self._slots_held[item.endpoint_id]
+        if self._finished_while_claiming is not None:
+            self._finished_while_claiming.append(item.endpoint_id)
         if self._full or item.endpoint_id in self._waiting:
             # A slot the last claim could not fill is free: that claim left work behind.
-            self._freed += 1
-            self._slot_free.set()
-            if self._freed >= self.config.refill:
-                self._refilled.set()
+            self._note_freed()
+
+    def _note_freed(self) -> None:
+        self._freed += 1
+        self._slot_free.set()
+        if self._freed >= self.config.refill:
+            self._refilled.set()
 
     async def _attempt_and_buffer(self, claimed: ClaimedDelivery) -> None:
         try:
