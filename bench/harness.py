@@ -98,6 +98,7 @@ class Plan:
     flat_backlog: int = 1_000_000
     flat_history: int = 10_000_000
     flat_events: int = 20_000
+    flat_rounds: int = 3
     # "core": the issue-7 rows; "drain": bench/drain.py; "flat": bench/flat.py.
     sections: tuple[str, ...] = ("core", "drain", "flat")
     event_loop: str = "auto"  # OUTBOX_EVENT_LOOP of the worker processes
@@ -125,6 +126,7 @@ class Plan:
             flat_backlog=500,
             flat_history=2_000,
             flat_events=500,
+            flat_rounds=1,
         )
 
 
