@@ -102,6 +102,7 @@ class Plan:
     # "core": the issue-7 rows; "drain": bench/drain.py; "flat": bench/flat.py.
     sections: tuple[str, ...] = ("core", "drain", "flat")
     event_loop: str = "auto"  # OUTBOX_EVENT_LOOP of the worker processes
+    scale_quick: bool = False  # bench/scale.py at its quick sizes
 
     @classmethod
     def quick(cls) -> Plan:
@@ -127,6 +128,7 @@ class Plan:
             flat_history=2_000,
             flat_events=500,
             flat_rounds=1,
+            scale_quick=True,
         )
 
 
@@ -981,6 +983,10 @@ async def _run(
         results["claim_complete_2"] = await claim_and_complete(
             cluster, plan, batch_size=500, processes=2
         )
+        from bench import scale  # (imports this module)
+
+        scale_plan = scale.ScalePlan.quick() if plan.scale_quick else scale.ScalePlan()
+        results["scale"] = await scale.measure(cluster, scale_plan, progress)
         # Ours and the peer alternate so that background noise hits both alike.
         paired: list[dict[str, Any]] = []
         for fanout in plan.fanouts:

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.__main__ import drain_report, target_table
+from bench import scale
+from bench.__main__ import _table, drain_report, target_table
 
 BEGIN = "<!-- bench: {path} -->"
 END = "<!-- /bench -->"
@@ -32,6 +33,13 @@ def render(path: str, results: dict[str, Any]) -> str:
     ]
     if "drain" in results:
         lines += ["", *drain_report(results["drain"])]
+    if "scale" in results:
+        lines += [
+            "",
+            "scale (issue 10, ratios within this run)",
+            "",
+            _table(scale.verdicts(results["scale"]), ["target", "measured", "goal", "verdict"]),
+        ]
     lines.append(END)
     return "\n".join(lines)
 

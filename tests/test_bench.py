@@ -88,6 +88,21 @@ def test_quick_benchmark_measures_every_figure() -> None:
         assert outcome["unsigned_requests"] == 0
     assert set(results["ratios"]) == {"fanout_1", "fanout_2"}
 
+    # Scale (issue 10), at its quick sizes: every drain delivered everything due, the relay
+    # fanned each event out to the busy endpoint only, and both ratios have a verdict.
+    scale = results["scale"]
+    deliveries = scale["plan"]["deliveries"]
+    assert [r["deliveries"] for r in scale["idle"].values()] == [deliveries] * 3
+    assert scale["idle"]["1000"]["endpoints"] == 1 + 1000 + 20
+    assert scale["many_busy"]["deliveries"] == deliveries
+    relay_events = scale["plan"]["relay_events"]
+    assert all(r["deliveries"] == r["events"] == relay_events for r in scale["relay"].values())
+    assert set(scale["ratios"]) == {
+        "idle_max_over_none",
+        "many_busy_over_one",
+        "relay_max_over_none",
+    }
+
     drain = results["drain"]
     for key, backlog in (("slow", 150), ("instant_1", 200), ("instant_2", 200)):
         # Every delivery of the backlog arrived exactly once, and the drain was timed.
@@ -110,6 +125,8 @@ def test_quick_benchmark_measures_every_figure() -> None:
     text = report(results)
     assert "pgqueuer fan-out 2" in text
     assert "targets (issues 7 and 11)" in text
+    assert "targets (issue 10, ratios within this run)" in text
+    assert "busy endpoints / one busy" in text
     assert "slowdown with 300 backlog, 1,000 history" in text
     assert "instant_share_of_ceiling" not in text  # rows are named, ratios shown
     assert "raw aiohttp ceiling" in text and "slow partner (200 ms)" in text
