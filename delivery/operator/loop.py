@@ -1,9 +1,10 @@
 """The event loop `outbox run` uses: uvloop when it is installed, else asyncio's own.
 
-Why: a worker's CPU goes to the loop's socket handling and callbacks as much as to
-our code; on the backlog-drain bench uvloop raised one process's rate (README,
-performance). It is optional: without it (or with OUTBOX_EVENT_LOOP=asyncio) the
-standard loop runs the same code.
+Why: the event loop's own socket handling and callbacks are a visible share of a
+worker's profile, and uvloop does that part in C. Measured on the backlog drain its
+effect on worker CPU per delivery was within the shared box's noise (README,
+performance; docs/performance-history.md), so it is optional, not a dependency:
+without it (or with OUTBOX_EVENT_LOOP=asyncio) the standard loop runs the same code.
 """
 
 from __future__ import annotations
