@@ -308,7 +308,8 @@ def report(results: dict[str, Any]) -> str:
     "--only",
     type=click.Choice(["core", "drain", "flat"]),
     multiple=True,
-    help="Run only these sections (repeatable): core = the issue-7 rows, drain = backlog "
+    help="Run only these sections (repeatable): core = end to end, relay, claim, scale, RSS; "
+    "drain = backlog "
     "drains, flat = grown tables against empty ones.",
 )
 @click.option(
