@@ -47,6 +47,8 @@ from outbox.notify import wait_for_any
 from outbox.settings import DEFAULT_RETRY_SCHEDULE, LEASE_MARGIN_SECONDS
 
 log = logging.getLogger(__name__)
+# How long an endpoint whose visit found nothing claimable comes last in the claim order.
+BARREN_FOR = dt.timedelta(seconds=1)
 T = TypeVar("T")
 
 
@@ -160,17 +162,36 @@ class Worker:
         self.stats = BatchStats()
         self._slots_held: collections.Counter[int] = collections.Counter()
         self._health_rows: set[int] = set()
+        # Endpoints a recent claim visited without finding anything claimable, set aside
+        # until then (health.choose_endpoints puts them last).
+        self._barren: dict[int, dt.datetime] = {}
 
     # -- claiming -------------------------------------------------------------------
 
     async def claim(self, limit: int) -> list[ClaimedDelivery]:
-        """Claim up to `limit` due deliveries, within each endpoint's breaker and limits."""
+        """Claim up to `limit` due deliveries, within each endpoint's breaker and limits.
+
+        A claim visits at most `limit` endpoints. When some of them had nothing claimable
+        (per-key ordering held every due row) and other endpoints were left out, it claims
+        again at once with those set aside, so stuck endpoints cannot starve the rest.
+        """
+        claimed: list[ClaimedDelivery] = []
+        for _ in range(3):
+            found, retry = await self._claim_round(limit - len(claimed))
+            claimed += found
+            if len(claimed) >= limit or not retry:
+                break
+        return claimed
+
+    async def _claim_round(self, limit: int) -> tuple[list[ClaimedDelivery], bool]:
         now = self._clock.now()
+        self._barren = {eid: until for eid, until in self._barren.items() if until > now}
         async with self._engine.begin() as conn:
             gates = await health.open_gates(conn, now=now, config=self.config.health)
-            params = gates.params(limit, self._slots_left())
+            params = gates.params(limit, self._slots_left(), self._barren.keys())
+            more = params.pop("more")
             if not params["endpoint_ids"]:
-                return []  # nothing due (or all held: disabled tenants, no budget left)
+                return [], False  # nothing due (or all held: disabled tenants, no budget)
             rows = (
                 await conn.execute(
                     queries.CLAIM_DUE_DELIVERIES,
@@ -190,7 +211,11 @@ class Worker:
                 now=now,
                 config=self.config.health,
             )
-        return [self._prepare(row, now) for row in rows]
+        served = {row.endpoint_id for row in rows}
+        barren = [eid for eid in params["endpoint_ids"] if eid not in served]
+        for endpoint_id in barren:
+            self._barren[endpoint_id] = now + BARREN_FOR
+        return [self._prepare(row, now) for row in rows], bool(barren) and more
 
     def _slots_left(self) -> dict[int, int]:
         """Per endpoint with attempts running here: how many more slots it may take."""
