@@ -187,6 +187,10 @@ deliveries = Table(
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     # Times the reaper took it back from a worker that died mid-attempt (not attempts).
     Column("rescues", Integer, nullable=False, server_default=text("0")),
+    # The fencing token: every claim bumps it and every write back (outcome, release,
+    # rescue) must match the value its claim returned, so a worker that lost its claim
+    # can only add history. Also the attempt number: one attempt per claim at most.
+    Column("claims", Integer, nullable=False, server_default=text("0")),
     Column("max_attempts", Integer, nullable=False),
     Column("next_attempt_at", DateTime(timezone=True), nullable=False),
     Column("locked_by", Text),
@@ -286,7 +290,14 @@ delivery_attempts = Table(
     CheckConstraint(
         "outcome IN ('succeeded', 'retryable', 'permanent', 'ambiguous')", name="known_outcome"
     ),
-    Index("ix_delivery_attempts_delivery_id", "delivery_id"),
+    # Attempt numbers are claim numbers (deliveries.claims), unique per delivery: a late
+    # outcome from a lost claim keeps its own number (migration 0007).
+    Index(
+        "uq_delivery_attempts_delivery_id_attempt_number",
+        "delivery_id",
+        "attempt_number",
+        unique=True,
+    ),
     # Stats and metrics read the attempts of a recent window (migration 0005).
     Index("ix_delivery_attempts_started_at", "started_at"),
 )
@@ -329,11 +340,20 @@ admin_tokens = Table(
     # so a token whose tenant was deleted is refused by name (deleting revokes it too).
     Column("tenant_uid", Text),
     CheckConstraint("role IN ('viewer', 'operator')", name="known_role"),
+    # Active names are unique among unscoped tokens, and per tenant among scoped ones, so
+    # a tenant's names reveal nothing of another tenant's tokens (migration 0013).
     Index(
         "uq_admin_tokens_active_name",
         "name",
         unique=True,
-        postgresql_where=text("revoked_at IS NULL"),
+        postgresql_where=text("revoked_at IS NULL AND tenant_uid IS NULL"),
+    ),
+    Index(
+        "uq_admin_tokens_active_tenant_uid_name",
+        "tenant_uid",
+        "name",
+        unique=True,
+        postgresql_where=text("revoked_at IS NULL AND tenant_uid IS NOT NULL"),
     ),
 )
 

@@ -6,7 +6,7 @@ step with `endpoints` by a trigger (so every writer is covered, SQL by hand incl
 counts a tenant's in-flight deliveries for its max_in_flight cap.
 
 Revision ID: 0010
-Revises: 0006
+Revises: 0007
 Create Date: 2026-11-30
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0010"
-down_revision = "0006"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
