@@ -110,5 +110,7 @@ def downgrade() -> None:
     op.drop_table("tenant_buckets")
     op.execute("DROP TRIGGER endpoints_subscriptions_on_update ON endpoints")
     op.execute("DROP TRIGGER endpoints_subscriptions_on_insert ON endpoints")
+    # the single trigger of this migration's first version, on databases migrated with it
+    op.execute("DROP TRIGGER IF EXISTS endpoints_sync_subscriptions ON endpoints")
     op.execute("DROP FUNCTION outbox_sync_endpoint_subscriptions()")
     op.drop_table("endpoint_subscriptions")
