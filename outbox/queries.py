@@ -281,6 +281,25 @@ SELECT_DELIVERY_STATES = text(
     "SELECT id, state FROM deliveries WHERE id = ANY(CAST(:ids AS bigint[]))"
 )
 
+# A replay locks the rows it replays, in id order (so concurrent replays never
+# deadlock): a second replay of the same delivery waits for the first to commit and
+# then sees its replay. The originals are terminal, so no worker ever waits on this.
+LOCK_DELIVERIES_FOR_REPLAY = text(
+    """
+    SELECT id, state FROM deliveries WHERE id = ANY(CAST(:ids AS bigint[]))
+    ORDER BY id FOR UPDATE
+    """
+)
+
+# The newest replay of each of these deliveries, if any (read after the lock above).
+SELECT_LATEST_REPLAYS = text(
+    """
+    SELECT DISTINCT ON (replay_of) replay_of, id, state
+    FROM deliveries WHERE replay_of = ANY(CAST(:ids AS bigint[]))
+    ORDER BY replay_of, id DESC
+    """
+)
+
 # A replay is a NEW row for the same event and endpoint (so the same webhook-id);
 # the old row is only read. Each replay gets its own start time so a bulk replay is
 # spread out (the rate cap). The WHERE re-checks the states under the same snapshot.
@@ -300,6 +319,8 @@ INSERT_REPLAYS = text(
         JOIN endpoints e ON e.id = d.endpoint_id
         WHERE d.state = ANY(CAST(:allowed AS text[]))
         ORDER BY w.due, d.id
+        ON CONFLICT (replay_of)
+            WHERE replay_of IS NOT NULL AND state IN ('scheduled', 'in_flight') DO NOTHING
         RETURNING id, replay_of
     ), woken AS (
         SELECT pg_notify('outbox_deliveries', '') WHERE EXISTS (SELECT 1 FROM inserted)

@@ -206,6 +206,7 @@ async def replay_one(call: Call) -> Any:
             reason=data.get("reason"),
             now=now,
             force=bool(data.get("force")),
+            again=bool(data.get("again")),
             request_id=call.request_id,
         )
     )
@@ -226,6 +227,7 @@ async def replay_many(call: Call) -> Any:
                 reason=data.get("reason"),
                 now=now,
                 force=bool(data.get("force")),
+                again=bool(data.get("again")),
                 rate_per_minute=rate,
                 request_id=call.request_id,
             )
@@ -524,7 +526,11 @@ ROUTES: tuple[Operation, ...] = (
         {
             "type": "object",
             "required": ["reason"],
-            "properties": {**_REASON, "force": {"type": "boolean"}},
+            "properties": {
+                **_REASON,
+                "force": {"type": "boolean"},
+                "again": {"type": "boolean", "description": "Replay it even if replayed before."},
+            },
         },
     ),
     Operation(
@@ -543,6 +549,7 @@ ROUTES: tuple[Operation, ...] = (
                 "filter": _FILTER_SCHEMA,
                 "dry_run": {"type": "boolean"},
                 "force": {"type": "boolean"},
+                "again": {"type": "boolean", "description": "With ids: replay them once more."},
                 "max_count": {"type": "integer"},
                 "rate_per_minute": {"type": "number"},
             },

@@ -192,6 +192,7 @@ def deliveries_show(delivery_id: int, as_json: bool) -> None:
 @click.option("--reason", required=True, help="Why, for the audit log.")
 @click.option("--actor", default=None, help="Who is acting, for the audit log.")
 @click.option("--force", is_flag=True, help="Also replay succeeded deliveries.")
+@click.option("--again", is_flag=True, help="Replay ids that were replayed before, once more.")
 @click.option("--dry-run", is_flag=True, help="Show the count and a sample; change nothing.")
 @filter_options
 @click.option("--max", "max_count", default=1000, show_default=True, help="At most this many.")
@@ -205,6 +206,7 @@ def replay(
     reason: str,
     actor: str | None,
     force: bool,
+    again: bool,
     dry_run: bool,
     states: Sequence[str],
     endpoint: str | None,
@@ -219,11 +221,18 @@ def replay(
     """Replay deliveries as new ones with the same webhook-id; the old rows stay as they were.
 
     Give ids (outbox replay 12 13 --reason ...) or a filter
-    (outbox replay --endpoint ep_... --since 2h --reason ... [--dry-run]).
+    (outbox replay --endpoint ep_... --since 2h --reason ... [--dry-run]); a filter
+    replays dead deliveries unless --state says otherwise, and skips any that were
+    replayed before. An id that was replayed before needs --again.
     """
     now = SystemClock().now()
     has_filter = any([states, endpoint, event_type, error, since, until])
-    if bool(delivery_ids) == has_filter:
+    if not delivery_ids and not has_filter:
+        raise click.UsageError(
+            "give the delivery ids to replay, or a filter (--state, --endpoint, --event-type, "
+            "--error, --since, --until); `outbox deliveries list --state dead` finds them"
+        )
+    if delivery_ids and has_filter:
         raise click.UsageError("give delivery ids or a filter (--endpoint, --state, ...), not both")
     who = actor or default_actor()
     with database() as (current, db), db.engine.begin() as conn:
@@ -239,6 +248,7 @@ def replay(
                 reason=reason,
                 now=now,
                 force=force,
+                again=again,
                 rate_per_minute=per_minute,
             )
         else:
