@@ -58,6 +58,7 @@ class DeliveryFilter:
     endpoint: str | None = None
     event_type: str | None = None
     error: str | None = None
+    message_id: str | None = None  # the event's webhook-id: every delivery and replay of it
     since: dt.datetime | None = None
     until: dt.datetime | None = None
     unreplayed: bool = False
@@ -79,6 +80,7 @@ class DeliveryFilter:
             "endpoint": self.endpoint,
             "event_type": self.event_type,
             "error": self.error or None,
+            "message_id": self.message_id,
             "since": self.since,
             "until": self.until,
             "unreplayed": self.unreplayed,
@@ -390,6 +392,7 @@ def bulk_replay(
         endpoint=flt.endpoint,
         event_type=flt.event_type,
         error=flt.error,
+        message_id=flt.message_id,
         since=flt.since,
         until=flt.until,
         unreplayed=True,

@@ -205,6 +205,7 @@ _DELIVERY_FILTER = """
     (CAST(:states AS text[]) IS NULL OR d.state = ANY(CAST(:states AS text[])))
     AND (CAST(:endpoint AS text) IS NULL OR e.uid = :endpoint)
     AND (CAST(:event_type AS text) IS NULL OR ev.event_type = :event_type)
+    AND (CAST(:message_id AS text) IS NULL OR ev.message_id = :message_id)
     AND (CAST(:since AS timestamptz) IS NULL OR d.created_at >= :since)
     AND (CAST(:until AS timestamptz) IS NULL OR d.created_at < :until)
     AND (CAST(:before_id AS bigint) IS NULL OR d.id < :before_id)

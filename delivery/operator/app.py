@@ -166,6 +166,10 @@ def admin_config(settings: Settings) -> AdminConfig:
         replay_rate_per_minute=settings.replay_rate_per_minute,
         metrics_public=settings.admin_metrics_public,
         https_only=settings.https_only,
+        allowed_networks=tuple(settings.allowed_networks),
+        max_body_bytes=settings.admin_max_body_bytes,
+        refused_interval=dt.timedelta(seconds=settings.admin_refused_interval_seconds),
+        unauthenticated_per_minute=settings.admin_unauthenticated_per_minute,
     )
 
 

@@ -73,7 +73,10 @@ def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+# ASCII digits only: `\d` would also take full-width and other scripts' digits.
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*$")
+# A duration longer than this is a typo (and would overflow a timedelta).
+MAX_DURATION = dt.timedelta(days=3650)
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -82,7 +85,10 @@ def parse_duration(value: str) -> dt.timedelta:
     match = _DURATION.match(value)
     if match is None:
         raise click.BadParameter(f"{value!r} is not a duration: use e.g. 90s, 15m, 24h or 7d")
-    return dt.timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds > MAX_DURATION.total_seconds():
+        raise click.BadParameter(f"{value!r} is longer than {MAX_DURATION.days} days")
+    return dt.timedelta(seconds=seconds)
 
 
 def parse_when(value: str | None, now: dt.datetime) -> dt.datetime | None:

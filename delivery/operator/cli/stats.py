@@ -22,6 +22,7 @@ from delivery.operator.cli.common import (
     short,
     span,
 )
+from delivery.operator.validation import AuditQuery, StatsQuery, given, parse
 from outbox import operations
 from outbox.clock import SystemClock
 from outbox.stats import Stats, collect_stats
@@ -65,10 +66,9 @@ def stats(
     window: str | None, watch: bool, interval: float, times: int | None, as_json: bool
 ) -> None:
     """Backlog, relay lag, rates, per-endpoint health, top errors and alert signals."""
+    seconds = parse(StatsQuery, given(window=window and parse_duration(window).total_seconds()))
     with database() as (current, db):
-        period = (
-            parse_duration(window) if window else dt.timedelta(seconds=current.stats_window_seconds)
-        )
+        period = dt.timedelta(seconds=seconds.window or current.stats_window_seconds)
         thresholds = app.alert_thresholds(current)
         shown = 0
         while True:
@@ -96,8 +96,8 @@ def stats(
 @click.option("--action", default=None, help="An action or prefix: delivery, endpoint.update.")
 @click.option("--target", default=None, help="Only this target id.")
 @click.option("--since", default=None, help="ISO time or age (2h).")
-@click.option("--limit", default=50, show_default=True)
-@click.option("--before", type=int, default=None, help="Next page: ids below this one.")
+@click.option("--limit", default="50", show_default=True)
+@click.option("--before", default=None, help="Next page: ids below this one.")
 @json_option
 @friendly_errors
 def audit(
@@ -105,20 +105,31 @@ def audit(
     action: str | None,
     target: str | None,
     since: str | None,
-    limit: int,
-    before: int | None,
+    limit: str,
+    before: str | None,
     as_json: bool,
 ) -> None:
     """The audit log, newest first: who did what to which row, when and why."""
+    query = parse(
+        AuditQuery,
+        given(
+            actor=actor,
+            action=action,
+            target=target,
+            since=parse_when(since, SystemClock().now()),
+            before=before,
+            limit=limit,
+        ),
+    )
     with database() as (_, db), db.engine.connect() as conn:
         entries = operations.list_audit(
             conn,
-            actor=actor,
-            action=action,
-            target_id=target,
-            since=parse_when(since, SystemClock().now()),
-            before_id=before,
-            limit=limit,
+            actor=query.actor,
+            action=query.action,
+            target_id=query.target,
+            since=query.since,
+            before_id=query.before,
+            limit=query.limit,
         )
     if as_json:
         echo_json([entry.as_json() for entry in entries])
