@@ -510,6 +510,47 @@ PRUNE_EVENTS = text(
 
 SELECT_PRUNED_TOTALS = text("SELECT name, value FROM pruned_totals")
 
+# The oldest audit rows, a batch at a time (OUTBOX_AUDIT_RETENTION_DAYS).
+PRUNE_AUDIT = text(
+    """
+    WITH doomed AS (
+        SELECT id FROM audit_log WHERE at < :before ORDER BY at LIMIT :limit
+    ), gone AS (
+        DELETE FROM audit_log a USING doomed WHERE a.id = doomed.id RETURNING 1
+    )
+    SELECT count(*) AS audit FROM gone
+    """
+)
+
+# Refused API calls are aggregated: one row per actor, client, status and reason per
+# interval, whose details.count grows. The lookup walks ix_audit_log_at from the
+# interval's start, which holds few rows precisely because they are aggregated.
+BUMP_REFUSAL = text(
+    """
+    UPDATE audit_log
+    SET details = details || jsonb_build_object(
+            'count', COALESCE(CAST(details ->> 'count' AS bigint), 1) + :count,
+            'last_at', CAST(:last_at AS text)),
+        request_id = :request_id
+    WHERE id = (
+        SELECT id FROM audit_log
+        WHERE at >= :since AND action = 'api.refused' AND actor = :actor AND reason = :reason
+          AND details ->> 'client' IS NOT DISTINCT FROM CAST(:client AS text)
+          AND details ->> 'status' = CAST(:status AS text)
+        ORDER BY id LIMIT 1
+    )
+    RETURNING id
+    """
+)
+
+INSERT_REFUSAL = text(
+    """
+    INSERT INTO audit_log (at, actor, action, target_type, target_id, reason, details, request_id)
+    VALUES (:now, :actor, 'api.refused', 'http', :target_id, :reason, CAST(:details AS jsonb),
+            :request_id)
+    """
+)
+
 # Admin API tokens.
 INSERT_TOKEN = text(
     """

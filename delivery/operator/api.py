@@ -37,6 +37,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from delivery.operator.metrics import render_metrics
+from delivery.operator.refusals import RATE_LIMITED, UnauthenticatedLimiter, record_refusal
 from delivery.operator.validation import (
     AuditQuery,
     DeliveryRef,
@@ -56,7 +57,6 @@ from delivery.operator.validation import (
 )
 from delivery.ssrf import AddressPolicy, refusal_warning
 from outbox import operations as ops
-from outbox.audit import record_audit
 from outbox.clock import Clock, SystemClock
 from outbox.crypto import SecretBox
 from outbox.endpoints import get_endpoint, list_endpoints, set_enabled
@@ -773,6 +773,7 @@ class AdminApi:
         self.box = box
         self.clock = clock or SystemClock()
         self.config = config or AdminConfig()
+        self.limiter = UnauthenticatedLimiter(self.config.unauthenticated_per_minute)
         self.head = head_revision()
 
     async def address_warnings(self, url: str) -> list[str]:
@@ -790,7 +791,11 @@ class AdminApi:
             return await conn.run_sync(func)
 
     async def authorize(self, call: Call, needed: Role) -> Response | None:
-        """None when allowed; otherwise the 401/403 answer, after auditing the refusal."""
+        """None when allowed; otherwise the 401/403/429 answer (see delivery.operator.refusals).
+
+        401 and 403 are audited, aggregated per client and reason; a client without a
+        valid token past its rate limit gets 429 and costs no write at all.
+        """
         header = call.request.headers.get("authorization", "")
         scheme, _, presented = header.partition(" ")
         now = self.clock.now()
@@ -798,6 +803,14 @@ class AdminApi:
         if scheme.lower() == "bearer" and presented:
             principal = await self.write(lambda c: authenticate(c, presented, now=now))
         if principal is None:
+            client = call.request.client.host if call.request.client else "unknown"
+            wait = self.limiter.take(client, now)
+            if wait is not None:
+                return JSONResponse(
+                    {"error": f"{RATE_LIMITED}; try again in {wait:.0f}s with a valid token"},
+                    429,
+                    headers={"retry-after": f"{wait:.0f}"},
+                )
             why = "no bearer token" if not header else "invalid or revoked bearer token"
             await self._refuse(call, 401, why, "anonymous")
             return JSONResponse(
@@ -815,20 +828,28 @@ class AdminApi:
 
     async def _refuse(self, call: Call, status: int, why: str, actor: str) -> None:
         request = call.request
-        target = f"{request.method} {request.url.path}"
         client = request.client.host if request.client else None
+        # The client's 429s so far ride along with its next written 401.
+        limited = self.limiter.limited_since_written(client or "unknown") if status == 401 else 0
+        now = self.clock.now()
 
         def audit(conn: Connection) -> None:
-            record_audit(
-                conn,
-                actor=actor,
-                action="api.refused",
-                target_type="http",
-                target_id=target,
-                reason=why,
-                details={"status": status, "client": client},
-                request_id=call.request_id,
-            )
+            for code, reason, count in ((status, why, 1), (429, RATE_LIMITED, limited)):
+                if count:
+                    record_refusal(
+                        conn,
+                        now=now,
+                        interval=self.config.refused_interval,
+                        actor=actor,
+                        client=client,
+                        status=code,
+                        reason=reason,
+                        method=request.method,
+                        path=request.url.path,
+                        user_agent=request.headers.get("user-agent"),
+                        request_id=call.request_id,
+                        count=count,
+                    )
 
         await self.write(audit)
 

@@ -145,6 +145,7 @@ def retention_config(settings: Settings) -> RetentionConfig:
     return RetentionConfig(
         retention_days=settings.retention_days,
         dead_retention_days=settings.dead_retention_days,
+        audit_retention_days=settings.audit_retention_days,
         batch_size=settings.retention_batch_size,
         interval=settings.retention_interval,
     )
