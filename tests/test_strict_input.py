@@ -187,6 +187,8 @@ async def test_endpoint_bodies_are_strict_too(
     assert patched.status_code == 400 and "max_attempts: must be a whole number" in patched.text
     patched = await client.patch(f"/v1/endpoints/{uid}", json={"timeout_seconds": 1e300})
     assert patched.status_code == 400 and "timeout_seconds: Input should be less" in patched.text
+    maybe = await client.delete(f"/v1/endpoints/{uid}", params={"reason": "r", "force": "maybe"})
+    assert maybe.status_code == 400 and "force: must be true or false" in maybe.text
     nul_uid = await client.post("/v1/endpoints/ep%00x/enable", json={})
     assert nul_uid.status_code == 400 and "uid: contains a NUL" in nul_uid.text
     assert scalar(engine, "SELECT count(*) FROM endpoints") == 1

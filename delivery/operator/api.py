@@ -46,6 +46,7 @@ from delivery.operator.validation import (
     DiscardOne,
     EndpointAction,
     EndpointCreate,
+    EndpointDelete,
     EndpointRef,
     EndpointUpdate,
     ReplayFilter,
@@ -412,8 +413,8 @@ async def rotate_endpoint_secret(call: Call) -> Any:
 
 async def delete_endpoint_route(call: Call) -> Any:
     uid = call.path_uid()
-    force = (call.query("force") or "").lower() in ("1", "true", "yes")
-    reason = call.query_as(EndpointAction).reason
+    query = call.query_as(EndpointDelete)
+    force, reason = query.force, query.reason
 
     def delete(conn: Connection) -> dict[str, Any]:
         get_endpoint(conn, uid)

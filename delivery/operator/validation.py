@@ -264,6 +264,23 @@ class RotateSecret(_Input):
     reason: Reason | None = None
 
 
+def _flag(value: Any) -> Any:
+    """A query-string flag: true/false, 1/0, yes/no; anything else is refused, not False."""
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in ("1", "true", "yes"):
+            return True
+        if word in ("0", "false", "no"):
+            return False
+        raise ValueError("must be true or false")
+    return value
+
+
+class EndpointDelete(_Input):
+    reason: Reason | None = None
+    force: Annotated[StrictBool, BeforeValidator(_flag)] = False
+
+
 class EndpointRef(_Input):
     uid: Text
 
