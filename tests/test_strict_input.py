@@ -380,3 +380,55 @@ async def test_endpoint_add_and_update_warn_when_the_guard_will_refuse(
     assert "loopback" in json.loads(as_json.stdout)["warnings"][0]
     quiet = outbox("endpoints", "add", "https://93.184.216.34/h", "--events", "*")
     assert quiet.exit_code == 0 and "warning" not in quiet.output
+
+
+async def test_a_real_server_answers_a_300_mb_upload_413_before_it_arrives(
+    engine: Engine, async_engine: AsyncEngine, cli_box: SecretBox, clock: ManualClock
+) -> None:
+    """Over a socket, as an operator's curl would: the answer comes while it still sends."""
+    import asyncio
+
+    from delivery.operator.api import serve
+
+    with engine.begin() as conn:
+        _, secret = create_token(conn, name="oncall", role="operator", actor="test")
+    stop, started = asyncio.Event(), asyncio.Event()
+    port: list[int] = []
+
+    def on_started(bound: int) -> None:
+        port.append(bound)
+        started.set()
+
+    app = create_app(async_engine, cli_box, clock=clock)
+    task = asyncio.create_task(
+        serve(app, host="127.0.0.1", port=0, stop=stop, on_started=on_started)
+    )
+    try:
+        await asyncio.wait_for(started.wait(), timeout=10)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port[0])
+        total = 300 * 1024 * 1024
+        writer.write(
+            (
+                "POST /v1/replays HTTP/1.1\r\nhost: admin\r\ncontent-type: application/json\r\n"
+                f"authorization: Bearer {secret}\r\ncontent-length: {total}\r\n\r\n"
+            ).encode()
+        )
+        started_at = time.monotonic()
+        sent, chunk = 0, b" " * (256 * 1024)
+        answer = asyncio.ensure_future(reader.readline())
+        while not answer.done() and sent < total:
+            try:
+                writer.write(chunk)
+                await asyncio.wait_for(writer.drain(), timeout=1)
+            except (ConnectionError, TimeoutError):
+                break
+            sent += len(chunk)
+        status_line = await asyncio.wait_for(answer, timeout=5)
+        elapsed = time.monotonic() - started_at
+        writer.close()
+        assert status_line.startswith(b"HTTP/1.1 413"), status_line
+        assert sent < 64 * 1024 * 1024  # answered long before the 300 MB were sent
+        assert elapsed < 5
+    finally:
+        stop.set()
+        await task
