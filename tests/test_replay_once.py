@@ -256,3 +256,35 @@ async def test_cli_replay_twice_says_so_and_again_replays(
     again = outbox("replay", str(dead), "--reason", "fixed", "--again")
     assert again.exit_code == 0, again.output
     assert _replays_per_original(engine) == {dead: 2}
+
+
+async def test_api_replay_twice_says_so_and_again_true_replays(
+    engine: Engine, async_engine: Any, box: SecretBox, clock: ManualClock
+) -> None:
+    import httpx
+
+    from delivery.operator.api import create_app
+    from outbox.tokens import create_token
+
+    [dead] = await _dead_deliveries(engine, async_engine, box, clock, 1)
+    with engine.begin() as conn:
+        _, secret = create_token(conn, name="oncall", role="operator", actor="test")
+    transport = httpx.ASGITransport(app=create_app(async_engine, box, clock=clock))
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://admin", headers={"authorization": f"Bearer {secret}"}
+    ) as http:
+        path = f"/v1/deliveries/{dead}/replay"
+        assert (await http.post(path, json={"reason": "r"})).status_code == 200
+        pending = await http.post(path, json={"reason": "r", "again": True})
+        assert pending.status_code == 400 and "already being replayed" in pending.text
+        with engine.begin() as conn:
+            conn.execute(
+                text("UPDATE deliveries SET state = 'dead' WHERE replay_of = :id"), {"id": dead}
+            )
+        twice = await http.post(path, json={"reason": "r"})
+        assert twice.status_code == 400 and '"again": true' in twice.json()["error"]
+        many = await http.post("/v1/replays", json={"reason": "r", "ids": [dead]})
+        assert many.status_code == 400
+        again = await http.post("/v1/replays", json={"reason": "r", "ids": [dead], "again": True})
+        assert again.status_code == 200, again.text
+    assert _replays_per_original(engine) == {dead: 2}

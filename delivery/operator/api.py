@@ -737,7 +737,11 @@ def openapi_document() -> dict[str, Any]:
             spec["x-required-role"] = op.role
             spec["responses"]["401"] = {"description": "No valid bearer token"}
             spec["responses"]["403"] = {"description": f"Needs the {op.role} role"}
+            spec["responses"]["429"] = {
+                "description": "Too many calls without a valid token; see Retry-After"
+            }
         if op.body is not None:
+            spec["responses"]["413"] = {"description": "Body over OUTBOX_ADMIN_MAX_BODY_BYTES"}
             spec["requestBody"] = {
                 "required": bool(op.body.get("required")),
                 "content": {"application/json": {"schema": op.body}},
