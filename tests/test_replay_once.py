@@ -185,7 +185,7 @@ def test_migration_0008_discards_duplicate_pending_replays(empty_database_url: s
 
     engine = make_engine(empty_database_url)
     try:
-        upgrade(engine, "0007")
+        upgrade(engine, "0013")
         with engine.begin() as conn:
             conn.execute(
                 text(

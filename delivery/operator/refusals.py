@@ -105,8 +105,13 @@ def record_refusal(
     user_agent: str | None,
     request_id: str,
     count: int = 1,
+    tenant: str | None = None,
 ) -> None:
-    """Add `count` refusals to this interval's row for (actor, client, status, reason)."""
+    """Add `count` refusals to this interval's row for (actor, client, status, reason).
+
+    `tenant`: the scoped token's tenant when the refusal was a 403 (so that tenant's
+    own audit view shows it), else None.
+    """
     seconds = interval.total_seconds()
     since = dt.datetime.fromtimestamp(now.timestamp() // seconds * seconds, dt.UTC)
     params = {
@@ -119,6 +124,7 @@ def record_refusal(
         "request_id": request_id,
         "count": count,
         "last_at": now.isoformat(),
+        "tenant": tenant,
     }
     if conn.execute(queries.BUMP_REFUSAL, params).first() is not None:
         return

@@ -31,6 +31,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictStr,
     TypeAdapter,
     ValidationError,
 )
@@ -171,8 +172,10 @@ class DeliverySearch(_Input):
     before: Id | None = None
     limit: Limit = 50
 
-    def to_filter(self) -> ops.DeliveryFilter:
+    def to_filter(self, *, tenant: str | None = None) -> ops.DeliveryFilter:
+        """`tenant` is resolved by the caller (it must exist, and a scope wins)."""
         return ops.DeliveryFilter(
+            tenant=tenant,
             states=self.state,
             endpoint=self.endpoint,
             event_type=self.event_type,
@@ -196,12 +199,13 @@ class ReplayFilter(_Input):
     message_id: Text | None = None
     since: Time | None = None
     until: Time | None = None
+    # Checked by the tenant rules themselves when it is resolved (outbox.tenants).
+    tenant: StrictStr | None = None
 
-    def is_empty(self) -> bool:
-        return not any(getattr(self, name) for name in type(self).model_fields)
-
-    def to_filter(self) -> ops.DeliveryFilter:
-        return DeliverySearch(**self.model_dump()).to_filter()
+    def to_filter(self, *, tenant: str | None = None) -> ops.DeliveryFilter:
+        """`tenant` is the resolved one (see DeliverySearch.to_filter), not `self.tenant`."""
+        fields = self.model_dump(exclude={"tenant"})
+        return DeliverySearch(**fields).to_filter(tenant=tenant)
 
 
 class ReplayOne(_Input):
@@ -241,6 +245,8 @@ class EndpointCreate(_Input):
     event_types: Text | Annotated[list[Text], Field(min_length=1, max_length=100)]
     description: Reason = ""
     secret: Text | None = None
+    tenant: StrictStr | None = None  # checked when resolved, by the tenant rules
+    all_tenants: StrictBool = False
 
 
 class EndpointUpdate(_Input):
@@ -344,6 +350,26 @@ def given(**values: Any) -> dict[str, Any]:
 
 
 _TEXT: TypeAdapter[str] = TypeAdapter(Text)
+_INTEGER: TypeAdapter[int] = TypeAdapter(Annotated[int, BeforeValidator(_integer)])
+_TIME: TypeAdapter[dt.datetime] = TypeAdapter(Time)
+
+
+def integer_value(name: str, value: Any, *, ge: int = 0, le: int = MAX_ID) -> int:
+    """One integer (a query parameter, a path segment) checked like the models' fields."""
+    try:
+        number = _INTEGER.validate_python(value)
+    except ValidationError as exc:
+        raise InputError(f"{name}: {_message(exc.errors()[0])}") from None
+    if not ge <= number <= le:
+        raise InputError(f"{name}: must be from {ge} to {le}")
+    return number
+
+
+def time_value(name: str, value: Any) -> dt.datetime:
+    try:
+        return _TIME.validate_python(value)
+    except ValidationError as exc:
+        raise InputError(f"{name}: {_message(exc.errors()[0])}") from None
 
 
 def text_option(name: str, value: str | None) -> str | None:

@@ -6,7 +6,7 @@ discarded here, keeping the oldest replay of each delivery, so the index can be
 built and nothing pending is sent twice; each one gets a final reason saying so.
 
 Revision ID: 0008
-Revises: 0007
+Revises: 0013
 Create Date: 2026-11-30
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0008"
-down_revision = "0007"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 

@@ -21,6 +21,7 @@ from delivery.operator.cli.common import (
     parse_when,
     print_table,
     short,
+    tenant_filter,
 )
 from delivery.operator.validation import (
     DeliveryRef,
@@ -52,6 +53,9 @@ def filter_options(func: F) -> F:
         ),
         click.option("--since", default=None, help="Created at/after: ISO time or age (2h)."),
         click.option("--until", default=None, help="Created before: ISO time or age."),
+        click.option(
+            "--tenant", default=None, help="Only this tenant's (its endpoints' deliveries)."
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -70,7 +74,10 @@ def _search(
     model: type[M],
     **extra: Any,
 ) -> M:
-    """The filter options as `model`, validated like the API's (delivery.operator.validation)."""
+    """The filter options as `model`, validated like the API's (delivery.operator.validation).
+
+    `--tenant` is not in the model: it is resolved against the database (tenant_filter).
+    """
     return parse(
         model,
         given(
@@ -92,6 +99,7 @@ def _delivery_rows(
     return [
         [
             item.id,
+            item.tenant,
             item.state + (f" (replay of {item.replay_of})" if item.replay_of else ""),
             f"{item.attempts}/{item.max_attempts}",
             item.endpoint_uid,
@@ -103,7 +111,9 @@ def _delivery_rows(
     ]
 
 
-_DELIVERY_HEADERS = ["ID", "STATE", "TRIES", "ENDPOINT", "EVENT", "CREATED", "LAST ERROR"]
+_DELIVERY_HEADERS = [
+    "ID", "TENANT", "STATE", "TRIES", "ENDPOINT", "EVENT", "CREATED", "LAST ERROR",
+]  # fmt: skip
 
 
 @click.group()
@@ -126,6 +136,7 @@ def deliveries_list(
     message_id: str | None,
     since: str | None,
     until: str | None,
+    tenant: str | None,
     unreplayed: bool,
     limit: str,
     before: str | None,
@@ -147,8 +158,8 @@ def deliveries_list(
         limit=limit,
         before=before,
     )
-    flt = search.to_filter()
     with database() as (_, db), db.engine.connect() as conn:
+        flt = search.to_filter(tenant=tenant_filter(conn, tenant))
         items = operations.search_deliveries(conn, flt)
     next_before = items[-1].id if len(items) == flt.limit else None
     if as_json:
@@ -240,6 +251,7 @@ def replay(
     message_id: str | None,
     since: str | None,
     until: str | None,
+    tenant: str | None,
     max_count: str,
     rate: str | None,
     as_json: bool,
@@ -252,11 +264,12 @@ def replay(
     replayed before. An id that was replayed before needs --again.
     """
     now = SystemClock().now()
-    has_filter = any([states, endpoint, event_type, error, message_id, since, until])
+    has_filter = any([states, endpoint, event_type, error, message_id, since, until, tenant])
     if not delivery_ids and not has_filter:
         raise click.UsageError(
             "give the delivery ids to replay, or a filter (--state, --endpoint, --event-type, "
-            "--error, --since, --until); `outbox deliveries list --state dead` finds them"
+            "--error, --message-id, --since, --until, --tenant); `outbox deliveries list "
+            "--state dead` finds them"
         )
     if delivery_ids and has_filter:
         raise click.UsageError("give delivery ids or a filter (--endpoint, --state, ...), not both")
@@ -293,7 +306,7 @@ def replay(
         else:
             result = operations.bulk_replay(
                 conn,
-                (request.filter or ReplayFilter()).to_filter(),
+                (request.filter or ReplayFilter()).to_filter(tenant=tenant_filter(conn, tenant)),
                 actor=who,
                 reason=reason,
                 now=now,
