@@ -432,3 +432,24 @@ async def test_a_real_server_answers_a_300_mb_upload_413_before_it_arrives(
     finally:
         stop.set()
         await task
+
+
+async def test_a_nul_anywhere_is_refused_on_every_route(
+    engine: Engine, client: httpx.AsyncClient
+) -> None:
+    """Routes without a model of their own (tenants, tokens) still never reach PostgreSQL
+    with a NUL, which it cannot store (it answered 500 before)."""
+    tenants = scalar(engine, "SELECT count(*) FROM tenants")
+    cases = [
+        ("/v1/tenants", {"id": "t1", "name": "a\x00"}, "name: contains a NUL"),
+        ("/v1/tenants", {"id": "t2", "metadata": {"deep": ["ok", "\x00"]}}, "metadata.deep[1]"),
+        ("/v1/tokens", {"name": "x\x00", "role": "viewer"}, "name: contains a NUL"),
+    ]
+    for path, body, message in cases:
+        answer = await client.post(path, json=body)
+        assert answer.status_code == 400, (path, answer.text)
+        assert message in answer.json()["error"]
+    listed = await client.get("/v1/tenants", params={"after": "\x00"})
+    assert listed.status_code == 400 and "after: contains a NUL" in listed.text
+    assert scalar(engine, "SELECT count(*) FROM tenants") == tenants
+    assert scalar(engine, "SELECT count(*) FROM admin_tokens") == 1

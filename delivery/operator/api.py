@@ -53,12 +53,14 @@ from delivery.operator.validation import (
     EndpointDelete,
     EndpointRef,
     EndpointUpdate,
+    InputError,
     ReplayFilter,
     ReplayMany,
     ReplayOne,
     RotateSecret,
     StatsQuery,
     integer_value,
+    nul_in,
     parse,
     time_value,
 )
@@ -152,6 +154,10 @@ class Call:
 
     def query(self, name: str) -> str | None:
         value = self.request.query_params.get(name)
+        if value and "\x00" in value:
+            # PostgreSQL cannot hold a NUL anywhere: refused for every route, not only
+            # those whose parameters go through a model.
+            raise InputError(f"{name}: contains a NUL: remove it")
         return value if value not in (None, "") else None
 
     def query_as(self, model: type[M], **renamed: str) -> M:
@@ -196,6 +202,9 @@ class Call:
                 raise ApiError(400, "the request body nests too deeply") from exc
             if not isinstance(self._body, dict):
                 raise ApiError(400, "the request body must be a JSON object")
+            where = nul_in(self._body)
+            if where is not None:
+                raise InputError(f"{where}: contains a NUL: remove it")
         return dict(self._body)
 
     async def body_as(self, model: type[M]) -> M:

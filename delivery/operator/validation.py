@@ -92,6 +92,29 @@ def bad_character(value: str) -> str | None:
     return None
 
 
+def nul_in(document: Any) -> str | None:
+    """Where the first NUL in a parsed JSON document is (`filter.error`, `ids[2]`), else None.
+
+    PostgreSQL stores no NUL in text or jsonb, so a body holding one is refused whole,
+    whatever route it is for. Iterative: a deep document cannot exhaust the stack.
+    """
+    stack: list[tuple[Any, str]] = [(document, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                return where or "body"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                path = f"{where}.{key}" if where else str(key)
+                if "\x00" in str(key):
+                    return path
+                stack.append((item, path))
+        elif isinstance(value, list):
+            stack.extend((item, f"{where}[{index}]") for index, item in enumerate(value))
+    return None
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"must be a string, not {_json_type(value)}")
