@@ -124,8 +124,8 @@ def deliveries() -> None:
 @deliveries.command("list")
 @filter_options
 @click.option("--unreplayed", is_flag=True, help="Only deliveries nobody has replayed yet.")
-@click.option("--limit", default="50", show_default=True, help="Page size (1..1000).")
-@click.option("--before", default=None, help="Next page: ids below this one.")
+@click.option("--limit", default="50", metavar="N", show_default=True, help="Page size (1..1000).")
+@click.option("--before", default=None, metavar="ID", help="Next page: ids below this one.")
 @json_option
 @friendly_errors
 def deliveries_list(
@@ -233,8 +233,15 @@ def deliveries_show(delivery_id: str, as_json: bool) -> None:
 @click.option("--again", is_flag=True, help="Replay ids that were replayed before, once more.")
 @click.option("--dry-run", is_flag=True, help="Show the count and a sample; change nothing.")
 @filter_options
-@click.option("--max", "max_count", default="1000", show_default=True, help="At most this many.")
-@click.option("--rate", default=None, help="Replays per minute (default OUTBOX_REPLAY_RATE...).")
+@click.option(
+    "--max", "max_count", default="1000", metavar="N", show_default=True, help="At most this many."
+)
+@click.option(
+    "--rate",
+    default=None,
+    metavar="PER_MINUTE",
+    help="Replays per minute (default OUTBOX_REPLAY_RATE...).",
+)
 @json_option
 @friendly_errors
 def replay(

@@ -301,8 +301,8 @@ def endpoints_reveal_secret(
 @click.option("--url", default=None)
 @click.option("--events", default=None, help="Comma-separated patterns (replaces the list).")
 @click.option("--description", default=None)
-@click.option("--timeout", default=None, help="Per-attempt deadline in seconds.")
-@click.option("--max-attempts", default=None)
+@click.option("--timeout", default=None, metavar="SECONDS", help="Per-attempt deadline in seconds.")
+@click.option("--max-attempts", default=None, metavar="N")
 @click.option("--reason", default=None, help="Why, for the audit log.")
 @click.option("--actor", default=None, help="Who is acting, for the audit log.")
 @json_option

@@ -111,8 +111,8 @@ def stats(
 @click.option("--action", default=None, help="An action or prefix: delivery, endpoint.update.")
 @click.option("--target", default=None, help="Only this target id.")
 @click.option("--since", default=None, help="ISO time or age (2h).")
-@click.option("--limit", default="50", show_default=True)
-@click.option("--before", default=None, help="Next page: ids below this one.")
+@click.option("--limit", default="50", metavar="N", show_default=True)
+@click.option("--before", default=None, metavar="ID", help="Next page: ids below this one.")
 @tenant_option
 @json_option
 @friendly_errors
