@@ -160,15 +160,15 @@ class Call:
             raise InputError(f"{name}: contains a NUL: remove it")
         return value if value not in (None, "") else None
 
-    def query_as(self, model: type[M], **renamed: str) -> M:
+    def query_as(self, model: type[M]) -> M:
         """The query string as `model` (shared with the CLI: delivery.operator.validation).
 
-        Parameters the model does not know are left alone (they may be another
-        feature's); `renamed` maps a model field to a differently named parameter.
+        Parameters the model does not know are left alone: `tenant`, for one, is
+        resolved against the database by `tenant()`.
         """
         data = {}
         for name in model.model_fields:
-            value = self.query(renamed.get(name, name))
+            value = self.query(name)
             if value is not None:
                 data[name] = value
         return parse(model, data)
