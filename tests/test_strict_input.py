@@ -453,3 +453,19 @@ async def test_a_nul_anywhere_is_refused_on_every_route(
     assert listed.status_code == 400 and "after: contains a NUL" in listed.text
     assert scalar(engine, "SELECT count(*) FROM tenants") == tenants
     assert scalar(engine, "SELECT count(*) FROM admin_tokens") == 1
+
+
+def test_cli_output_never_passes_control_characters_to_the_terminal(
+    engine: Engine, dead_ids: list[int], outbox: Any
+) -> None:
+    """A hostile receiver's text (reason phrase, error) cannot rewrite the operator's screen."""
+    hostile = "500 \x1b[2J\x1b]0;pwned\x07 Server Error"
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE deliveries SET final_reason = :r, last_error = :r"), {"r": hostile}
+        )
+    for args in (("deliveries", "show", str(dead_ids[0])), ("deliveries", "list")):
+        result = outbox(*args)
+        assert result.exit_code == 0, result.output
+        assert "\x1b" not in result.output and "\x07" not in result.output
+        assert "Server Error" in result.output

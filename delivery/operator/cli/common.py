@@ -68,8 +68,17 @@ def default_actor() -> str:
         return "cli:unknown"
 
 
+def printable(value: object) -> str:
+    """`value` as text a terminal shows as is: control characters (an ANSI escape in a
+    hostile receiver's error text, say) become `?`, so output cannot rewrite the screen."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == " " else "?" for ch in text)
+
+
 def print_table(rows: Sequence[Sequence[object]], headers: Sequence[str]) -> None:
-    cells = [[str(cell) for cell in row] for row in rows]
+    cells = [[printable(cell) for cell in row] for row in rows]
     widths = [
         max(len(header), *(len(row[i]) for row in cells)) if cells else len(header)
         for i, header in enumerate(headers)
@@ -137,7 +146,7 @@ def span(seconds: float | None) -> str:
 def short(text: str | None, width: int = 60) -> str:
     if not text:
         return "-"
-    flat = " ".join(text.split())
+    flat = printable(" ".join(text.split()))
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 

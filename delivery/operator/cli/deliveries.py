@@ -20,6 +20,7 @@ from delivery.operator.cli.common import (
     json_option,
     parse_when,
     print_table,
+    printable,
     short,
     tenant_filter,
 )
@@ -188,7 +189,7 @@ def deliveries_show(delivery_id: str, as_json: bool) -> None:
         return
     d = detail.delivery
     click.echo(f"delivery {d.id}: {d.state}, {d.attempts}/{d.max_attempts} attempts")
-    click.echo(f"endpoint:  {d.endpoint_uid} {d.endpoint_url}")
+    click.echo(f"endpoint:  {d.endpoint_uid} {printable(d.endpoint_url)}")
     click.echo(f"event:     {d.message_id} {d.event_type} (webhook-id)")
     click.echo(f"payload:   {short(json.dumps(detail.payload), 200)}")
     if d.replay_of:
@@ -196,7 +197,7 @@ def deliveries_show(delivery_id: str, as_json: bool) -> None:
     if d.state == "scheduled":
         click.echo(f"next try:  {d.next_attempt_at.isoformat()}")
     if d.final_reason:
-        click.echo(f"reason:    {d.final_reason}")
+        click.echo(f"reason:    {printable(d.final_reason)}")
     if detail.attempts:
         click.echo("\nattempts:")
         print_table(
