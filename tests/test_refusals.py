@@ -10,10 +10,12 @@ import asyncio
 import datetime as dt
 
 import httpx
+from click.testing import CliRunner
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.operator.api import AdminConfig, create_app
+from delivery.operator.cli import main
 from delivery.operator.refusals import RATE_LIMITED, UnauthenticatedLimiter, bounded
 from delivery.retention import Retention, RetentionConfig
 from outbox.audit import record_audit
@@ -99,7 +101,11 @@ async def test_32_clients_without_a_token_write_a_bounded_number_of_small_rows(
 
 
 async def test_a_valid_token_is_never_rate_limited_and_403s_aggregate(
-    engine: Engine, async_engine: AsyncEngine, box: SecretBox, clock: ManualClock
+    engine: Engine,
+    async_engine: AsyncEngine,
+    box: SecretBox,
+    clock: ManualClock,
+    database_url: str,
 ) -> None:
     app = _app(async_engine, box, clock)
     with engine.begin() as conn:
@@ -119,6 +125,11 @@ async def test_a_valid_token_is_never_rate_limited_and_403s_aggregate(
         "SELECT * FROM audit_log WHERE action = 'api.refused' AND actor = 'token:grafana'",
     )
     assert len(forbidden) == 1 and forbidden[0]["details"]["count"] == 5
+    shown = CliRunner().invoke(
+        main, ["audit", "--action", "api.refused"], env={"OUTBOX_DATABASE_URL": database_url}
+    )
+    assert shown.exit_code == 0, shown.output
+    assert "api.refused x5" in shown.output
 
 
 def test_the_limiter_refills_and_forgets_the_oldest_clients() -> None:

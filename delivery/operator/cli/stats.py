@@ -106,6 +106,12 @@ def stats(
                 return
 
 
+def _times(details: dict[str, object]) -> str:
+    """' x57' for an aggregated row (refused API calls), else ''."""
+    count = details.get("count")
+    return f" x{count}" if isinstance(count, int) and count > 1 else ""
+
+
 @click.command()
 @click.option("--actor", default=None, help="Only this actor (cli:alice, token:grafana, ...).")
 @click.option("--action", default=None, help="An action or prefix: delivery, endpoint.update.")
@@ -163,7 +169,8 @@ def audit(
                 e.at.isoformat(timespec="seconds"),
                 e.tenant or "-",
                 e.actor,
-                e.action,
+                # Refused API calls are aggregated: one row stands for `count` of them.
+                e.action + _times(e.details),
                 f"{e.target_type}:{e.target_id}",
                 short(e.reason, 40),
                 e.request_id or "-",
