@@ -469,3 +469,17 @@ def test_cli_output_never_passes_control_characters_to_the_terminal(
         assert result.exit_code == 0, result.output
         assert "\x1b" not in result.output and "\x07" not in result.output
         assert "Server Error" in result.output
+
+
+async def test_tenant_routes_refuse_a_zero_limit_and_unclear_flags(
+    client: httpx.AsyncClient,
+) -> None:
+    zero = await client.get("/v1/tenants", params={"limit": "0"})
+    assert zero.status_code == 400 and "limit" in zero.json()["error"]
+    full_width = await client.get("/v1/tenants", params={"limit": FULL_WIDTH_ONE})
+    assert full_width.status_code == 400 and "digits 0-9" in full_width.json()["error"]
+    unclear = await client.get("/v1/tenants", params={"enabled": "maybe"})
+    assert unclear.status_code == 400 and "enabled: must be true or false" in unclear.text
+    assert (await client.get("/v1/tenants", params={"enabled": "false"})).status_code == 200
+    kept = await client.delete("/v1/tenants/default", params={"reason": "r", "force": "perhaps"})
+    assert kept.status_code == 400 and "force: must be true or false" in kept.text

@@ -59,6 +59,7 @@ from delivery.operator.validation import (
     ReplayOne,
     RotateSecret,
     StatsQuery,
+    flag_value,
     integer_value,
     nul_in,
     parse,
@@ -177,6 +178,11 @@ class Call:
         """One integer query parameter, as strict as the models (no `1.5`, no full-width)."""
         value = self.query(name)
         return default if value is None else integer_value(name, value)
+
+    def query_flag(self, name: str) -> bool | None:
+        """true/false, 1/0, yes/no, or None when absent; anything else is refused."""
+        value = self.query(name)
+        return None if value is None else flag_value(name, value)
 
     def query_time(self, name: str) -> dt.datetime | None:
         value = self.query(name)
@@ -589,9 +595,10 @@ def _tenant_change(call: Call) -> str:
 
 async def list_tenants_route(call: Call) -> Any:
     scope, after = call.scope, call.query("after")
-    limit = call.query_int("limit", 100) or 100
-    enabled = call.query("enabled")
-    want = None if enabled is None else enabled.lower() in ("1", "true", "yes")
+    given_limit = call.query_int("limit")  # 0 is refused by list_tenants, not made 100
+    limit = 100 if given_limit is None else given_limit
+    enabled = call.query_flag("enabled")
+    want = enabled
     found = await call.api.read(
         lambda c: tenant_ops.list_tenants(c, scope=scope, after=after, enabled=want, limit=limit)
     )
@@ -680,7 +687,7 @@ async def enable_tenant_route(call: Call) -> Any:
 
 async def delete_tenant_route(call: Call) -> Any:
     uid = _tenant_change(call)
-    force = (call.query("force") or "").lower() in ("1", "true", "yes")
+    force = bool(call.query_flag("force"))
     reason, now = call.query("reason"), call.api.clock.now()
     result = await call.api.write(
         lambda c: tenant_ops.delete_tenant(

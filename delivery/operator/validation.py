@@ -388,6 +388,19 @@ def integer_value(name: str, value: Any, *, ge: int = 0, le: int = MAX_ID) -> in
     return number
 
 
+def flag_value(name: str, value: Any) -> bool:
+    try:
+        return bool(_flag(value)) if isinstance(value, str) else _strict_bool(value)
+    except ValueError as exc:
+        raise InputError(f"{name}: {exc}") from None
+
+
+def _strict_bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
 def time_value(name: str, value: Any) -> dt.datetime:
     try:
         return _TIME.validate_python(value)
