@@ -437,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"mutmut: {module}", flush=True)
                     result = _mutmut_module(copy, module, MODULES[module])
                     report["modules"].append(result)
+                    if args.out:  # a long run keeps what it has so far
+                        args.out.write_text(json.dumps(report, indent=2) + "\n")
                     print(
                         f"  {result['mutants']} mutants, {result['counts']}, {result['seconds']} s",
                         flush=True,
