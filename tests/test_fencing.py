@@ -187,6 +187,23 @@ async def test_the_reaper_leaves_a_claim_taken_again_by_the_same_worker_alone(
     assert delivery(engine)["state"] == "succeeded"
 
 
+async def test_a_lease_holds_up_to_its_expiry_instant(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+    http: httpx.AsyncClient,
+) -> None:
+    await one_delivery(engine, async_engine, box, clock, receiver.route("/hook"))
+    await worker(async_engine, http, box, clock, "W").claim(10)
+    reaper = Reaper(async_engine, clock)
+    clock.advance(60)  # exactly the lease: still held
+    assert await reaper.run_once() == []
+    clock.advance(0.001)
+    assert await reaper.run_once() == [1]
+
+
 async def test_writing_the_same_outcome_twice_adds_one_attempt(
     engine: Engine,
     async_engine: AsyncEngine,
