@@ -387,7 +387,7 @@ def _sql_mutants(copy: Path, wanted: set[str] | None) -> list[dict[str, Any]]:
                 cwd=copy,
                 capture_output=True,
                 text=True,
-                timeout=900,
+                timeout=300,  # a hang is a kill: the tests did not pass
             )
             status = "killed" if done.returncode != 0 else "survived"
             summary = done.stdout.strip().splitlines()[-1:] if done.stdout else []
