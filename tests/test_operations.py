@@ -268,14 +268,14 @@ async def test_a_state_change_after_the_check_is_caught_by_the_write_itself(
     before = snapshot(engine, target)
     # What each check read a moment earlier, before the row moved on.
     if now_state != "discarded":  # a discarded delivery may be replayed
-        monkeypatch.setattr(ops, "_states", lambda conn, ids: {target: "dead"})
+        monkeypatch.setattr(ops, "_states", lambda conn, ids, scope: {target: "dead"})
         with (
             engine.begin() as conn,
             pytest.raises(OperationError, match="changed while replaying"),
         ):
             ops.replay(conn, [target], actor="a", reason="x", now=clock.now())
     if now_state != "scheduled":  # a scheduled delivery may be discarded
-        monkeypatch.setattr(ops, "_states", lambda conn, ids: {target: "scheduled"})
+        monkeypatch.setattr(ops, "_states", lambda conn, ids, scope: {target: "scheduled"})
         with (
             engine.begin() as conn,
             pytest.raises(OperationError, match="changed while discarding"),

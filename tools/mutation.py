@@ -145,7 +145,7 @@ SQL_MUTANTS = [
         "WHERE d.id = c.id",
         _LEASES,
     ),
-    SqlMutant(
+    SqlMutant(  # main before issue 15: the guard was the worker name only
         "release (old): worker guard dropped",
         Q,
         "AND state = 'in_flight' AND locked_by = :worker_id",
@@ -214,40 +214,38 @@ SQL_MUTANTS = [
     SqlMutant(
         "routing: disabled endpoints get deliveries",
         OQ,
-        "JOIN endpoints e ON e.enabled AND",
-        "JOIN endpoints e ON true AND",
+        "WHERE x.id = r.endpoint_id AND x.enabled LIMIT 1",
+        "WHERE x.id = r.endpoint_id LIMIT 1",
         _ROUTING,
     ),
     SqlMutant(
         "routing: tenant ignored",
         OQ,
-        "(e.tenant_id = b.tenant_id OR e.all_tenants)",
-        "true",
+        "WHERE pattern = c.pattern AND tenant_id = b.tenant_id",
+        "WHERE pattern = c.pattern",
         _ROUTING,
     ),
     SqlMutant(
-        "routing: all_tenants ignored",
+        "routing: all-tenants endpoints ignored",
         OQ,
-        "(e.tenant_id = b.tenant_id OR e.all_tenants)",
-        "(e.tenant_id = b.tenant_id)",
+        "                UNION ALL\n"
+        "                SELECT endpoint_id FROM endpoint_subscriptions\n"
+        "                WHERE pattern = c.pattern AND tenant_id IS NULL",
+        "",
         _ROUTING,
     ),
     SqlMutant(
-        "routing: prefix pattern matches without its dot",
+        "routing: no 'prefix.*' candidates",
         OQ,
-        "WHERE p.pattern = '*'\n           OR p.pattern = b.event_type\n"
-        "           OR (right(p.pattern, 2) = '.*' AND starts_with(b.event_type, "
-        "left(p.pattern, -1)))",
-        "WHERE p.pattern = '*'\n           OR p.pattern = b.event_type\n"
-        "           OR (right(p.pattern, 2) = '.*' AND starts_with(b.event_type, "
-        "left(p.pattern, -2)))",
+        "WHERE substr(b.event_type, i, 1) = '.'",
+        "WHERE substr(b.event_type, i, 1) = '_'",
         _ROUTING,
     ),
     SqlMutant(
-        "routing: '*' does not match everything",
+        "routing: '*' is not a candidate",
         OQ,
-        "WHERE p.pattern = '*'\n           OR p.pattern = b.event_type",
-        "WHERE p.pattern = b.event_type",
+        "SELECT '*' AS pattern\n    UNION ALL SELECT b.event_type",
+        "SELECT b.event_type AS pattern",
         _ROUTING,
     ),
     SqlMutant(
