@@ -45,6 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from delivery import queries
 from delivery.policy import Outcome
 from outbox.audit import record_audit
+from outbox.endpoints import get_endpoint
 from outbox.errors import EndpointError
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
@@ -725,7 +726,9 @@ class EndpointLimits:
         return dataclasses.asdict(self)
 
 
-def get_endpoint_limits(conn: Connection, uid: str) -> EndpointLimits:
+def get_endpoint_limits(conn: Connection, uid: str, *, scope: str | None = None) -> EndpointLimits:
+    if scope is not None:
+        get_endpoint(conn, uid, scope=scope)  # another tenant's endpoint: not found
     row = conn.execute(queries.SELECT_ENDPOINT_LIMITS, {"uid": uid}).first()
     if row is None:
         raise EndpointError(f"no endpoint {uid!r}; `outbox endpoints list` shows the ids")
@@ -733,9 +736,11 @@ def get_endpoint_limits(conn: Connection, uid: str) -> EndpointLimits:
 
 
 def set_endpoint_limits(
-    conn: Connection, uid: str, limits: EndpointLimits, *, actor: str
+    conn: Connection, uid: str, limits: EndpointLimits, *, actor: str, scope: str | None = None
 ) -> EndpointLimits:
     """Set an endpoint's limits and ordering (replacing the previous ones), with an audit row."""
+    if scope is not None:
+        get_endpoint(conn, uid, scope=scope)  # another tenant's endpoint: not found
     if limits.max_in_flight is not None and limits.max_in_flight <= 0:
         raise EndpointError("max in flight must be a positive number, or unset for no limit")
     if limits.max_per_second is not None and limits.max_per_second <= 0:

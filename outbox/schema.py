@@ -340,11 +340,20 @@ admin_tokens = Table(
     # so a token whose tenant was deleted is refused by name (deleting revokes it too).
     Column("tenant_uid", Text),
     CheckConstraint("role IN ('viewer', 'operator')", name="known_role"),
+    # Active names are unique among unscoped tokens, and per tenant among scoped ones, so
+    # a tenant's names reveal nothing of another tenant's tokens (migration 0013).
     Index(
         "uq_admin_tokens_active_name",
         "name",
         unique=True,
-        postgresql_where=text("revoked_at IS NULL"),
+        postgresql_where=text("revoked_at IS NULL AND tenant_uid IS NULL"),
+    ),
+    Index(
+        "uq_admin_tokens_active_tenant_uid_name",
+        "tenant_uid",
+        "name",
+        unique=True,
+        postgresql_where=text("revoked_at IS NULL AND tenant_uid IS NOT NULL"),
     ),
 )
 
