@@ -44,6 +44,7 @@ from outbox.crypto import SecretBox, secret_key_bytes
 from outbox.endpoints import secret_context
 from outbox.headers import decrypt_headers
 from outbox.notify import wait_for_any
+from outbox.outage import OUTAGE
 from outbox.settings import DEFAULT_RETRY_SCHEDULE, LEASE_MARGIN_SECONDS
 
 log = logging.getLogger(__name__)
@@ -306,7 +307,14 @@ class Worker:
             kept = await self._write_outcome_rows(conn, now, outcomes, decisions)
             await self._disable_gone_endpoints(conn, now, outcomes)
             # Every attempt that happened informs its endpoint's breaker, kept or not.
-            await health.record_observations(conn, observations, now=now, config=self.config.health)
+            await health.record_observations(
+                conn,
+                observations,
+                now=now,
+                config=self.config.health,
+                names={claimed.endpoint_id: claimed.endpoint_uid for claimed, _ in outcomes},
+            )
+        self._log_dead(outcomes, decisions, kept)
         lost = len(outcomes) - len(kept)
         if lost:
             log.warning("%d outcomes arrived after their lease was rescued; kept as history", lost)
@@ -316,6 +324,23 @@ class Worker:
             lost,
         )
         return stats
+
+    def _log_dead(
+        self,
+        outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]],
+        decisions: Sequence[Decision],
+        kept: set[int],
+    ) -> None:
+        """One line per delivery that became dead: the state change an operator acts on."""
+        for (claimed, _), decision in zip(outcomes, decisions, strict=True):
+            if decision.state == "dead" and claimed.id in kept:
+                log.warning(
+                    "delivery %d to endpoint %s is dead after %d attempts: %s",
+                    claimed.id,
+                    claimed.endpoint_uid,
+                    claimed.attempts + 1,
+                    decision.final_reason or "no reason recorded",
+                )
 
     async def _explain_exhausted(
         self,
@@ -458,8 +483,9 @@ class Worker:
                 want = min(self.config.batch_size, free)
                 try:
                     claimed = await self.claim(want)
-                except Exception:
-                    log.exception("claiming failed; retrying after the poll interval")
+                    OUTAGE.succeeded()
+                except Exception as exc:
+                    OUTAGE.failed("worker claim", exc)
                     claimed = []
                 for item in claimed:
                     task = asyncio.create_task(self._attempt_and_buffer(item))
@@ -516,11 +542,12 @@ class Worker:
             batch, self._pending = self._pending, []
             try:
                 self.stats.merge(await self.record(batch))
+                OUTAGE.succeeded()
             except asyncio.CancelledError:
                 self._pending[:0] = batch
                 raise
-            except Exception:
-                log.exception("recording %d outcomes failed; retrying", len(batch))
+            except Exception as exc:
+                OUTAGE.failed(f"recording {len(batch)} outcomes", exc)
                 self._pending[:0] = batch
                 await asyncio.sleep(self.config.poll_interval)
 
