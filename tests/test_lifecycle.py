@@ -50,7 +50,7 @@ def data_dir(tmp_path: Path) -> Iterator[Path]:
     server = EmbeddedPostgres(tmp_path)
     if server.running():
         pid = int((server.pgdata / "postmaster.pid").read_text().split()[0])
-        os.kill(pid, signal.SIGTERM)  # a fast shutdown of whatever the test left
+        os.kill(pid, signal.SIGINT)  # "fast" shutdown (SIGTERM waits for every client)
         deadline = time.monotonic() + 30
         while server.running() and time.monotonic() < deadline:
             time.sleep(0.1)
