@@ -335,7 +335,7 @@ class Worker:
         for (claimed, _), decision in zip(outcomes, decisions, strict=True):
             if decision.state == "dead" and claimed.id in kept:
                 log.warning(
-                    "delivery %d to endpoint %s is dead after %d attempts: %s",
+                    "delivery %d to endpoint %s is dead (attempt %d): %s",
                     claimed.id,
                     claimed.endpoint_uid,
                     claimed.attempts + 1,

@@ -57,10 +57,10 @@ async def test_a_dead_delivery_is_one_line_with_its_reason(
     delivery_id = rows(engine, "SELECT id FROM deliveries")[0]["id"]
     dead = [m for m in messages(caplog, logging.WARNING) if "is dead" in m]
     assert len(dead) == 1, dead
-    assert dead[0].startswith(
-        f"delivery {delivery_id} to endpoint {uid} is dead after 1 attempts: "
-    )
-    assert "400" in dead[0]
+    assert dead == [
+        f"delivery {delivery_id} to endpoint {uid} is dead (attempt 1): "
+        "400 Bad Request: permanent failure, not retried"
+    ]
 
 
 async def test_a_breaker_opening_and_closing_is_one_line_each(
