@@ -39,6 +39,7 @@ from delivery.policy import (
     matching_rule,
     parse_status_overrides,
 )
+from outbox import tracing
 from outbox.clock import Clock
 from outbox.crypto import SecretBox, secret_key_bytes
 from outbox.endpoints import secret_context
@@ -99,6 +100,8 @@ class ClaimedDelivery:
     request: OutgoingRequest
     endpoint_id: int = 0
     endpoint_spotless: bool = False  # at claim time: closed breaker, no recent failure
+    event_type: str = ""
+    traceparent: str | None = None  # W3C trace context of publish(), for the attempt's span
 
 
 @dataclass(slots=True)
@@ -231,6 +234,8 @@ class Worker:
             endpoint_uid=row.endpoint_uid,
             endpoint_id=row.endpoint_id,
             endpoint_spotless=row.endpoint_spotless,
+            event_type=row.event_type,
+            traceparent=row.traceparent,
             policy=policy,
             request=OutgoingRequest(
                 delivery_id=row.id,
@@ -255,14 +260,30 @@ class Worker:
     # -- attempting and recording ---------------------------------------------------
 
     async def attempt(self, claimed: ClaimedDelivery) -> AttemptResult:
-        return await send_attempt(
-            self._http,
-            claimed.request,
-            self._clock,
-            body_cap=self.config.response_body_cap,
-            excerpt_bytes=self.config.response_excerpt_bytes,
-            on_start=lambda: self._started.add(claimed.id),
+        span = tracing.start_attempt_span(
+            claimed.traceparent,
+            event_type=claimed.event_type,
+            message_id=claimed.request.message_id,
+            delivery_id=claimed.id,
+            endpoint_uid=claimed.endpoint_uid,
+            attempt=claimed.attempts + 1,
         )
+        try:
+            result = await send_attempt(
+                self._http,
+                claimed.request,
+                self._clock,
+                body_cap=self.config.response_body_cap,
+                excerpt_bytes=self.config.response_excerpt_bytes,
+                on_start=lambda: self._started.add(claimed.id),
+            )
+        except BaseException as exc:
+            tracing.end_attempt_span(span, outcome="error", status_code=None, error=repr(exc))
+            raise
+        tracing.end_attempt_span(
+            span, outcome=str(result.outcome), status_code=result.status_code, error=result.error
+        )
+        return result
 
     async def record(self, outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]]) -> BatchStats:
         """Write a batch of outcomes in one statement; returns what became of them."""
