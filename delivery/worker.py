@@ -588,7 +588,7 @@ class Worker:
         await asyncio.gather(*queued, return_exceptions=True)
         handed_back = [item.id for task, item in queued.items() if task.cancelled()]
         if handed_back:
-            released = await self.release(handed_back)
+            released = await self._release_at_shutdown(handed_back)
             log.info("shutdown: released %d claimed deliveries that had not started", released)
         if not in_flight:
             return
@@ -597,8 +597,16 @@ class Worker:
         for task in unfinished:
             task.cancel()
         if leftovers:
-            released = await self.release([item.id for item in leftovers])
+            released = await self._release_at_shutdown([item.id for item in leftovers])
             log.info("shutdown: released %d unfinished deliveries", released)
+
+    async def _release_at_shutdown(self, ids: list[int]) -> int:
+        """Hand claims back; with the database away, leave them to the reaper (lease expiry)."""
+        try:
+            return await self.release(ids)
+        except Exception as exc:
+            OUTAGE.failed(f"releasing {len(ids)} claims at shutdown (the reaper takes them)", exc)
+            return 0
 
 
 def _memo(cache: dict[str, T], key: str, compute: Callable[[], T]) -> T:

