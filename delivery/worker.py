@@ -335,7 +335,7 @@ class Worker:
                 config=self.config.health,
                 names={claimed.endpoint_id: claimed.endpoint_uid for claimed, _ in outcomes},
             )
-        self._log_dead(outcomes, decisions, kept)
+        self._log_outcomes(outcomes, decisions, kept)
         lost = len(outcomes) - len(kept)
         if lost:
             log.warning("%d outcomes arrived after their lease was rescued; kept as history", lost)
@@ -346,15 +346,29 @@ class Worker:
         )
         return stats
 
-    def _log_dead(
+    def _log_outcomes(
         self,
         outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]],
         decisions: Sequence[Decision],
         kept: set[int],
     ) -> None:
-        """One line per delivery that became dead: the state change an operator acts on."""
-        for (claimed, _), decision in zip(outcomes, decisions, strict=True):
-            if decision.state == "dead" and claimed.id in kept:
+        """One WARNING per delivery that became dead (the state change an operator acts
+        on); each failed attempt that will be retried at DEBUG (the summary counts them)."""
+        debug = log.isEnabledFor(logging.DEBUG)
+        for (claimed, result), decision in zip(outcomes, decisions, strict=True):
+            if claimed.id not in kept:
+                continue
+            if decision.state == "scheduled" and debug:
+                log.debug(
+                    "delivery %d to endpoint %s, attempt %d failed (%s): %s; retry at %s",
+                    claimed.id,
+                    claimed.endpoint_uid,
+                    claimed.attempts + 1,
+                    result.outcome,
+                    result.error or "no error text",
+                    _iso(decision.next_attempt_at),
+                )
+            elif decision.state == "dead":
                 log.warning(
                     "delivery %d to endpoint %s is dead (attempt %d): %s",
                     claimed.id,

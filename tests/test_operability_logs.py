@@ -81,8 +81,11 @@ async def test_a_breaker_opening_and_closing_is_one_line_each(
     caplog.set_level(logging.INFO)
     async with build_http_client(max_connections=8, timeout=5, allowed_networks=LOOPBACK) as http:
         worker = Worker(async_engine, http, box, clock, config)
+        caplog.set_level(logging.DEBUG, logger="delivery.worker")
         await worker.run_once()  # three 503s: the breaker opens
         await worker.run_once()  # open: nothing claimed, nothing logged again
+        retried = [m for m in messages(caplog, logging.DEBUG) if "failed (retryable)" in m]
+        assert len(retried) == 3 and all("HTTP 503" in m for m in retried), retried
         opened = [m for m in messages(caplog) if "circuit breaker" in m]
         assert len(opened) == 1, opened
         assert f"endpoint {uid} opened" in opened[0]
