@@ -26,7 +26,8 @@ def test_one_settings_table_lists_every_setting() -> None:
 
 
 def test_secrets_are_documented_as_revealable_and_keys_as_rotatable() -> None:
-    assert "shown once" not in README
+    # Signing secrets can be printed again (API tokens really are shown once).
+    assert re.search(r"secret[^.|]*shown once", README, re.IGNORECASE) is None
     assert "outbox endpoints reveal-secret" in README
     assert "outbox keys rotate" in README
 

@@ -3,8 +3,8 @@
 Nullable and only written when the application traces with OpenTelemetry, so the
 delivery attempts continue the application's trace.
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0014
+Revises: 0013
 Create Date: 2026-11-30
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0014"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 
