@@ -87,6 +87,17 @@ def test_a_busy_admin_port_is_one_line_before_anything_starts(data_dir: Path) ->
     assert not (data_dir / "pgdata").exists()
 
 
+def test_an_unreachable_database_is_one_line_before_outbox_running(data_dir: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]  # nothing accepts on it once closed
+    done = _outbox(data_dir, "run", OUTBOX_DATABASE_URL=f"postgresql://app:pw@127.0.0.1:{port}/db")
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("Error: cannot reach PostgreSQL at postgresql+psycopg://app:***@")
+    assert "pw" not in done.stderr and "outbox running" not in done.stderr
+
+
 def _start_run(data_dir: Path, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen([*OUTBOX, "run"], env=_env(data_dir), stderr=out, cwd=ROOT)
