@@ -1,7 +1,8 @@
 """The service's heartbeat: one INFO line a minute saying what it did and what waits.
 
-    summary: 1804 attempts in 60s: 1790 succeeded, 12 retrying, 2 dead; backlog: 40 due
-    (oldest due 3s ago), 0 events waiting for the relay
+    summary of worker web-1:3f2a9c1e: 1804 attempts in 60s: 1790 succeeded,
+    12 retrying, 2 dead; backlog: 40 due (oldest due 3s ago), 0 events waiting for
+    the relay   (one line in the log)
 
 An operator tailing the log of a quiet service sees it is alive; one of a busy
 service sees its throughput, failures and backlog without opening a dashboard. The
@@ -39,6 +40,7 @@ class SummaryLine:
     due: int
     oldest_due_seconds: float | None
     unrelayed: int
+    worker: str = ""
 
     def text(self) -> str:
         oldest = (
@@ -46,8 +48,9 @@ class SummaryLine:
             if self.oldest_due_seconds is None
             else f"oldest due {self.oldest_due_seconds:.0f}s ago"
         )
+        who = f" of worker {self.worker}" if self.worker else ""
         return (
-            f"summary: {self.attempts} attempts in {self.seconds:.0f}s: {self.succeeded} "
+            f"summary{who}: {self.attempts} attempts in {self.seconds:.0f}s: {self.succeeded} "
             f"succeeded, {self.retrying} retrying, {self.dead} dead; backlog: {self.due} due "
             f"({oldest}), {self.unrelayed} events waiting for the relay"
         )
@@ -63,7 +66,9 @@ class Summary:
         totals: Callable[[], BatchStats],
         *,
         interval: float = 60.0,
+        worker: str = "",
     ) -> None:
+        self.worker = worker  # named in the line: each process of --processes N logs its own
         self._engine = engine
         self._clock = clock
         self._totals = totals
@@ -90,6 +95,7 @@ class Summary:
             due=int(due.due),
             oldest_due_seconds=_age(now, due.oldest_due),
             unrelayed=int(relay.unrelayed),
+            worker=self.worker,
         )
         log.info("%s", line.text())
         return line

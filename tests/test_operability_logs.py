@@ -174,7 +174,7 @@ async def test_the_summary_says_what_happened_and_what_waits(
     with engine.begin() as conn:
         publish(conn, "order.created", {"i": 99})  # not relayed yet
     totals = BatchStats()
-    summary = Summary(async_engine, clock, lambda: totals)
+    summary = Summary(async_engine, clock, lambda: totals, worker="host:1")
     totals.merge(BatchStats(claimed=12, succeeded=9, scheduled=2, dead=1))
     clock.advance(seconds=60)
     caplog.set_level(logging.INFO)
@@ -183,8 +183,8 @@ async def test_the_summary_says_what_happened_and_what_waits(
     assert (line.due, line.unrelayed) == (3, 1)
     assert line.oldest_due_seconds == pytest.approx(60, abs=1)
     assert messages(caplog) == [
-        "summary: 12 attempts in 60s: 9 succeeded, 2 retrying, 1 dead; backlog: 3 due "
-        "(oldest due 60s ago), 1 events waiting for the relay"
+        "summary of worker host:1: 12 attempts in 60s: 9 succeeded, 2 retrying, 1 dead; "
+        "backlog: 3 due (oldest due 60s ago), 1 events waiting for the relay"
     ]
     # The next line counts only what happened since the last one.
     clock.advance(seconds=60)

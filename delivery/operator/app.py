@@ -238,7 +238,11 @@ class Service:
                 group.create_task(Retention(engine, self._clock, self._retention_config).run(stop))
                 worker = self.worker
                 summary = Summary(
-                    engine, self._clock, lambda: worker.stats, interval=self._summary_interval
+                    engine,
+                    self._clock,
+                    lambda: worker.stats,
+                    interval=self._summary_interval,
+                    worker=self._worker_config.worker_id,
                 )
                 group.create_task(summary.run(stop))
         finally:
