@@ -73,7 +73,7 @@ def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
 
 @contextlib.contextmanager
 def terminate_as_exit() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise SystemExit while a command holds the database.
+    """SIGTERM raises SystemExit while a command holds the database.
 
     By default they end the process on the spot, skipping every `finally`, which
     would leave the embedded PostgreSQL running. asyncio's own handlers (`outbox
@@ -82,7 +82,12 @@ def terminate_as_exit() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {signum: signal.signal(signum, _exit_on_signal) for signum in _EXIT_SIGNALS}
+    previous = {
+        signum: signal.signal(signum, _exit_on_signal)
+        for signum in _EXIT_SIGNALS
+        # A signal the caller ignores (SIG_IGN) stays ignored.
+        if signal.getsignal(signum) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:
@@ -94,10 +99,13 @@ def rearm_terminate() -> None:
     """After asyncio.run (which resets SIGTERM to the default), exit cleanly on it again."""
     if threading.current_thread() is threading.main_thread():
         for signum in _EXIT_SIGNALS:
-            signal.signal(signum, _exit_on_signal)
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, _exit_on_signal)
 
 
-_EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# Not SIGHUP: during `outbox run` it would unwind the event loop mid-attempt. A hangup
+# still ends the process at once, and the next command reuses the server it left.
+_EXIT_SIGNALS = (signal.SIGTERM,)
 
 
 def default_actor() -> str:
