@@ -108,6 +108,9 @@ async def _start_run(url: str, key: str, log: Path, **extra: str) -> asyncio.sub
         OUTBOX_RETRY_SCHEDULE="0.5",
         OUTBOX_RETRY_JITTER="0",
         OUTBOX_LOG_SUMMARY_INTERVAL="0",
+        # One process: the outage lines are counted per process, and a SIGKILLed
+        # supervisor would leave its children running.
+        OUTBOX_PROCESSES="1",
         **extra,
     )
     with log.open("wb") as out:

@@ -30,7 +30,14 @@ OUTBOX = [sys.executable, "-c", "from delivery.operator.cli import main; main()"
 
 def _env(data_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
-    env.update(OUTBOX_DATA_DIR=str(data_dir), OUTBOX_LOG_SUMMARY_INTERVAL="0", **extra)
+    # One process (the default is one per core): a SIGKILLed supervisor would leave its
+    # children running.
+    env.update(
+        OUTBOX_DATA_DIR=str(data_dir),
+        OUTBOX_LOG_SUMMARY_INTERVAL="0",
+        OUTBOX_PROCESSES="1",
+        **extra,
+    )
     return env
 
 
