@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from outbox.queries import _DELIVERY_COLUMNS, _DELIVERY_FILTER
-
 INSERT_SESSION = text(
     """
     INSERT INTO console_sessions (id_hash, kind, actor, role, tenant_uid, csrf_token,
@@ -85,23 +83,9 @@ SELECT_TENANTS_OVERVIEW = text(
 
 
 # --- the console's own reads ---------------------------------------------------------------
-# Tenant scope comes from outbox's shared filter (:scope); these add what it lacks.
+# Searches, lookups and actions are outbox's own (tenant scope included); these add what
+# the pages need beyond them.
 _TENANT_ID = "(SELECT st.id FROM tenants st WHERE st.uid = CAST(:tenant_uid AS text))"
-
-# The search of `outbox deliveries list` (the same filter text, tenant scope included, so
-# the two agree), plus the message id (webhook-id).
-SEARCH_DELIVERIES = text(
-    f"""
-    SELECT {_DELIVERY_COLUMNS}
-    FROM deliveries d
-    JOIN endpoints e ON e.id = d.endpoint_id
-    JOIN outbox_events ev ON ev.id = d.event_id
-    WHERE {_DELIVERY_FILTER}
-      AND (CAST(:message_id AS text) IS NULL OR ev.message_id = :message_id)
-    ORDER BY d.id DESC
-    LIMIT :limit
-    """
-)
 
 # Event types a tenant can subscribe to: those of its latest deliveries (its own index)
 # and those published for it among the latest events of all. Both reads are bounded, so

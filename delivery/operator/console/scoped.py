@@ -40,11 +40,7 @@ def search_deliveries(
     conn: Connection, flt: ops.DeliveryFilter, *, tenant: str | None, message_id: str | None
 ) -> list[ops.DeliverySummary]:
     """Newest first, one page; `tenant` is the session's scope or the operator's filter."""
-    scoped = replace(flt, tenant=tenant)
-    params = {**scoped.params(), "message_id": message_id}
-    rows = conn.execute(queries.SEARCH_DELIVERIES, params).mappings()
-    fields = ops.DeliverySummary.__dataclass_fields__
-    return [ops.DeliverySummary(**{name: row[name] for name in fields}) for row in rows]
+    return ops.search_deliveries(conn, replace(flt, tenant=tenant, message_id=message_id))
 
 
 def get_delivery(conn: Connection, delivery_id: int, tenant: str | None) -> ops.DeliveryDetail:
