@@ -38,6 +38,7 @@ __all__ = [
     "get_tenant",
     "list_tenants",
     "require_tenant",
+    "scope_params",
     "set_tenant_enabled",
     "show_tenant",
     "update_tenant",
@@ -169,6 +170,25 @@ def count_tenants(conn: Connection) -> dict[str, int]:
     for row in conn.execute(queries.METRICS_TENANTS):
         counts["enabled" if row.enabled else "disabled"] = int(row.n)
     return counts
+
+
+def scope_params(conn: Connection, scope: str | None) -> dict[str, Any]:
+    """Bind parameters of a statement scoped to tenant `scope` (None: unscoped).
+
+    The tenant's internal id, or -1 for a uid that names no tenant, so an unknown scope
+    matches nothing (never everything).
+
+    A scoped call also sets `plan_cache_mode = force_custom_plan` for the rest of the
+    transaction. psycopg prepares a statement after 5 runs, and PostgreSQL then settles
+    on one generic plan for `(:scope_id IS NULL OR tenant_id = :scope_id)` that walks
+    every delivery; planned for the actual id, a small tenant's page reads its index
+    (measured on 200,000 deliveries: 14 ms generic, 0.1 ms custom).
+    """
+    if scope is None:
+        return {"scope_id": None}
+    conn.execute(queries.FORCE_CUSTOM_PLANS)
+    found = conn.execute(queries.TENANT_EXISTS, {"uid": scope}).scalar_one_or_none()
+    return {"scope_id": -1 if found is None else int(found)}
 
 
 def list_tenants(
