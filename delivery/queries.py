@@ -1,8 +1,10 @@
 """Every SQL statement of the delivery package, named for what it does.
 
-Claims and outcome writes are one statement per batch. Every write to an
-in-flight row is guarded by `state = 'in_flight' AND locked_by = :worker_id`, so a
-worker whose lease was rescued can never overwrite what happened since.
+Claims and outcome writes are one statement per batch. Every claim bumps the
+delivery's `claims` counter and returns it; every write to an in-flight row (outcome,
+release, rescue) is guarded by `state = 'in_flight'` and that claim number, so a worker
+whose lease was rescued can never overwrite what happened since, not even when it
+claimed the same delivery again itself (the worker name alone would match then).
 """
 
 from __future__ import annotations
@@ -10,10 +12,16 @@ from __future__ import annotations
 from sqlalchemy import text
 
 # Claim due deliveries of enabled endpoints and lease them; the claim commits before
-# any HTTP request starts. delivery/health.py passes a budget for each gated endpoint
-# (breaker open or half-open, limits, ramp, 429 pause); other endpoints are unlimited.
+# any HTTP request starts. It starts from :endpoint_ids, at most :limit endpoints with
+# due work chosen from their heads (LOCK_CLAIM_GATES, health.choose_endpoints), so idle
+# endpoints cost nothing, a thousand busy ones cost a batch's worth, and a disabled
+# tenant's deliveries wait. delivery/health.py passes a budget for each gated
+# endpoint (breaker open or half-open, limits, ramp, 429 pause) and each capped tenant;
+# the others are unlimited.
 #   fairness: each endpoint offers at most its budget (LATERAL, on its own index), rows
-#     are taken round-robin across endpoints (`turn`) within a priority;
+#     are taken round-robin across tenants (`tenant_turn`), and within a tenant across
+#     its endpoints (`turn`), within a priority: a tenant's flood delays another
+#     tenant's first due delivery by at most one batch;
 #   priority: higher first across all endpoints, so a low-priority flood delays due
 #     high-priority work by at most the batch already claimed;
 #   ordering (endpoints with `ordered`): only the head of each ordering key is offered:
@@ -27,22 +35,40 @@ CLAIM_DUE_DELIVERIES = text(
     WITH gate AS (
         SELECT * FROM unnest(CAST(:gate_ids AS bigint[]), CAST(:gate_budgets AS int[]))
             AS g(endpoint_id, budget)
+    ), tenant_gate AS (
+        SELECT * FROM unnest(CAST(:tenant_gate_ids AS bigint[]),
+                             CAST(:tenant_gate_budgets AS int[]))
+            AS g(tenant_id, budget)
     ), candidates AS (
-        SELECT c.id, c.priority, c.next_attempt_at,
+        SELECT c.id, c.tenant_id, c.priority, c.next_attempt_at,
                row_number() OVER (
                    PARTITION BY c.endpoint_id, c.priority ORDER BY c.next_attempt_at, c.id
                ) AS turn
-        FROM endpoints e
-        LEFT JOIN gate g ON g.endpoint_id = e.id
-        LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
+        -- Only the endpoints with scheduled work (LOCK_CLAIM_GATES found them), never
+        -- every endpoint: the claim's cost follows the due work.
+        -- (LATERAL ... LIMIT 1: one primary-key probe per endpoint, never a scan)
+        FROM unnest(CAST(:endpoint_ids AS bigint[])) AS live(endpoint_id)
         CROSS JOIN LATERAL (
-            SELECT d.id, d.endpoint_id, d.priority, d.next_attempt_at
+            SELECT x.id, x.enabled, x.all_tenants FROM endpoints x
+            WHERE x.id = live.endpoint_id LIMIT 1
+        ) e
+        LEFT JOIN gate g ON g.endpoint_id = e.id
+        LEFT JOIN LATERAL (
+            SELECT x.ordered, x.dead_head FROM endpoint_health x WHERE x.endpoint_id = e.id
+            LIMIT 1
+        ) h ON true
+        CROSS JOIN LATERAL (
+            SELECT d.id, d.endpoint_id, d.tenant_id, d.priority, d.next_attempt_at
             FROM deliveries d
             WHERE d.endpoint_id = e.id AND d.state = 'scheduled' AND d.next_attempt_at <= :now
               AND (d.ordering_key IS NULL OR h.ordered IS NOT TRUE OR NOT EXISTS (
                   SELECT 1 FROM deliveries p
                   WHERE p.endpoint_id = d.endpoint_id AND p.ordering_key = d.ordering_key
                     AND p.id <> d.id
+                    -- an all-tenants endpoint orders each tenant's keys apart
+                    AND (NOT e.all_tenants
+                         OR (SELECT t.tenant_id FROM outbox_events t WHERE t.id = p.event_id)
+                          = (SELECT t.tenant_id FROM outbox_events t WHERE t.id = d.event_id))
                     AND (p.state = 'in_flight'
                          OR (p.event_id < d.event_id AND p.state = 'scheduled')
                          OR (p.event_id < d.event_id AND p.state = 'dead'
@@ -50,13 +76,18 @@ CLAIM_DUE_DELIVERIES = text(
                              AND NOT EXISTS (
                                  SELECT 1 FROM deliveries r WHERE r.replay_of = p.id)))
               ) AND NOT EXISTS (
-                  -- an earlier event of the key not fanned out yet (several relays)
+                  -- an earlier event of the key not fanned out yet (several relays);
+                  -- ordering keys are the application's, scoped to the event's tenant
                   SELECT 1 FROM outbox_events o
                   WHERE o.ordering_key = d.ordering_key AND o.relayed_at IS NULL
                     AND o.id < d.event_id
+                    AND o.tenant_id = (SELECT t.tenant_id FROM outbox_events t
+                                       WHERE t.id = d.event_id)
               ))
             ORDER BY d.priority DESC, d.next_attempt_at, d.id
-            LIMIT LEAST(COALESCE(g.budget, :limit), :limit)
+            -- :per_endpoint is about twice this endpoint's fair share of the batch, so
+            -- a thousand busy endpoints lock a few rows each, not a batch each.
+            LIMIT LEAST(COALESCE(g.budget, :limit), :limit, :per_endpoint)
             -- Rows another claimer holds are skipped here, not only at the end: otherwise
             -- concurrent claimers on one endpoint all see the same head rows and all but
             -- one come back empty. Locks on candidates not picked end with this statement's
@@ -64,25 +95,40 @@ CLAIM_DUE_DELIVERIES = text(
             FOR UPDATE OF d SKIP LOCKED
         ) c
         WHERE e.enabled AND COALESCE(g.budget, :limit) > 0
+    ), ranked AS (
+        -- Round robin across tenants first, then across each tenant's endpoints: a tenant
+        -- with a flood on many endpoints still gets one turn per round, like any other.
+        SELECT c.*,
+               row_number() OVER (
+                   PARTITION BY c.tenant_id, c.priority ORDER BY c.turn, c.next_attempt_at, c.id
+               ) AS tenant_turn,
+               row_number() OVER (
+                   PARTITION BY c.tenant_id
+                   ORDER BY c.priority DESC, c.turn, c.next_attempt_at, c.id
+               ) AS tenant_rank
+        FROM candidates c
     ), picked AS (
-        SELECT id, priority, turn, next_attempt_at FROM candidates
-        ORDER BY priority DESC, turn, next_attempt_at, id
+        SELECT r.id, r.priority, r.tenant_turn, r.turn, r.next_attempt_at
+        FROM ranked r LEFT JOIN tenant_gate t ON t.tenant_id = r.tenant_id
+        -- a capped tenant's budget (max in flight, max per second) for this claim
+        WHERE t.budget IS NULL OR r.tenant_rank <= t.budget
+        ORDER BY r.priority DESC, r.tenant_turn, r.turn, r.next_attempt_at, r.id
         LIMIT 2 * :limit
     ), due AS (
         SELECT d.id
         FROM deliveries d JOIN picked p ON p.id = d.id
         WHERE d.state = 'scheduled'
-        ORDER BY p.priority DESC, p.turn, p.next_attempt_at, p.id
+        ORDER BY p.priority DESC, p.tenant_turn, p.turn, p.next_attempt_at, p.id
         LIMIT :limit
         FOR UPDATE OF d SKIP LOCKED
     )
     UPDATE deliveries d
     SET state = 'in_flight', locked_by = :worker_id, lease_expires_at = :lease_expires_at,
-        updated_at = :now
+        updated_at = :now, claims = d.claims + 1
     FROM due, outbox_events ev, endpoints e LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
     WHERE d.id = due.id AND ev.id = d.event_id AND e.id = d.endpoint_id
       AND d.state = 'scheduled'
-    RETURNING d.id, d.attempts, d.max_attempts,
+    RETURNING d.id, d.claims AS claim, d.attempts, d.max_attempts,
               e.uid AS endpoint_uid, e.url, e.signing_secret, e.previous_signing_secret,
               e.previous_secret_expires_at, e.timeout_seconds, e.retry_schedule,
               e.custom_headers, e.status_overrides,
@@ -96,13 +142,16 @@ CLAIM_DUE_DELIVERIES = text(
     """
 )
 
-# Write a batch of attempt outcomes: the delivery rows (guarded) and the attempt rows.
-# Returns the ids whose row was still ours; the rest were rescued in the meantime.
+# Write a batch of attempt outcomes: the delivery rows (fenced by the claim number) and
+# the attempt rows. Returns the (id, claim) pairs that were still current; the rest were rescued
+# in the meantime and add history only. An attempt is numbered by its claim, so a late
+# outcome never repeats a newer attempt's number; writing the same outcome twice (a
+# retry after a commit whose acknowledgement was lost) adds nothing.
 RECORD_OUTCOMES = text(
     """
     WITH outcome AS (
         SELECT * FROM jsonb_to_recordset(CAST(:outcomes AS jsonb)) AS o(
-            id bigint, state text, attempts int, next_attempt_at timestamptz,
+            id bigint, claim int, state text, attempts int, next_attempt_at timestamptz,
             status_code int, error text, final_reason text, started_at timestamptz,
             duration_ms int, outcome text, response_excerpt text, request_headers jsonb
         )
@@ -119,42 +168,47 @@ RECORD_OUTCOMES = text(
             updated_at = :now,
             completed_at = CASE WHEN o.state IN ('succeeded', 'dead') THEN :now END
         FROM outcome o
-        WHERE d.id = o.id AND d.state = 'in_flight' AND d.locked_by = :worker_id
-        RETURNING d.id
+        WHERE d.id = o.id AND d.state = 'in_flight' AND d.claims = o.claim
+          AND d.locked_by = :worker_id
+        RETURNING d.id, d.claims
     ), recorded AS (
         INSERT INTO delivery_attempts
             (delivery_id, attempt_number, started_at, duration_ms, status_code, outcome,
              error, response_excerpt, request_headers, worker_id)
-        SELECT o.id, o.attempts, o.started_at, o.duration_ms, o.status_code, o.outcome,
+        SELECT o.id, o.claim, o.started_at, o.duration_ms, o.status_code, o.outcome,
                o.error, o.response_excerpt, o.request_headers, :worker_id
         FROM outcome o
+        ON CONFLICT (delivery_id, attempt_number) DO NOTHING
         RETURNING 1
     )
-    SELECT id FROM updated
+    SELECT id, claims FROM updated
     """
 )
 
 # Hand back claimed deliveries that were never attempted (shutdown): no attempt spent.
+# Fenced like outcomes: only claims that are still current are handed back.
 RELEASE_CLAIMS = text(
     """
-    UPDATE deliveries
+    UPDATE deliveries d
     SET state = 'scheduled', locked_by = NULL, lease_expires_at = NULL, updated_at = :now
-    WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'in_flight' AND locked_by = :worker_id
-    RETURNING id
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:claims AS int[])) AS c(id, claim)
+    WHERE d.id = c.id AND d.state = 'in_flight' AND d.claims = c.claim
+      AND d.locked_by = :worker_id
+    RETURNING d.id
     """
 )
 
 # Re-schedule deliveries whose worker died (lease expired). The CTE locks with SKIP
-# LOCKED (a row a worker is writing right now is left alone) and remembers whose
-# lease it saw; the UPDATE re-checks state, holder and lease, so a delivery that
-# finished meanwhile, or was claimed again under a new lease, is never touched.
+# LOCKED (a row a worker is writing right now is left alone) and remembers which
+# claim it saw; the UPDATE re-checks state and claim number, so a delivery that
+# finished meanwhile, or was claimed again (by any worker), is never touched.
 # A rescue is not an attempt (nothing was recorded), but it is counted: the
 # :max_rescues-th rescue makes the delivery dead, so a delivery that crashes every
 # worker that tries it (a poison) cannot be rescued forever.
 RESCUE_EXPIRED_LEASES = text(
     """
     WITH expired AS (
-        SELECT id, locked_by, lease_expires_at
+        SELECT id, claims, locked_by
         FROM deliveries
         WHERE state = 'in_flight' AND lease_expires_at < :now
         ORDER BY lease_expires_at
@@ -174,8 +228,7 @@ RESCUE_EXPIRED_LEASES = text(
             || 'inspect it before replaying' END,
         completed_at = CASE WHEN d.rescues + 1 >= :max_rescues THEN :now END
     FROM expired
-    WHERE d.id = expired.id AND d.state = 'in_flight'
-      AND d.locked_by = expired.locked_by AND d.lease_expires_at = expired.lease_expires_at
+    WHERE d.id = expired.id AND d.state = 'in_flight' AND d.claims = expired.claims
     RETURNING d.id, d.state
     """
 )
@@ -228,26 +281,107 @@ _HEALTH_COLUMNS = """
     h.tokens_at, h.failing_since, h.last_failure
 """
 
-# The health rows a claim must respect, locked with SKIP LOCKED. `locked` is false for
-# rows another worker holds: that endpoint is skipped by this claim.
-LOCK_GATED_ENDPOINTS = text(
-    f"""
-    WITH needed AS (
-        SELECT h.endpoint_id
-        FROM endpoint_health h JOIN endpoints e ON e.id = h.endpoint_id
-        WHERE e.enabled
-          AND (h.breaker_state <> 'closed' OR h.max_in_flight IS NOT NULL
-               OR h.max_per_second IS NOT NULL OR h.ramp_until > :now
-               OR h.paused_until > :now)
+# Everything a claim needs to know before it claims, visiting only endpoints that have
+# scheduled work: a skip scan of ix_deliveries_due_per_endpoint finds them (one index
+# probe per such endpoint; idle endpoints are never read). One row per such endpoint
+# that has a due delivery, is enabled and whose tenant is enabled (a disabled tenant's
+# deliveries wait), with its head (first due row in claim order): delivery/health.py
+# chooses from these heads the endpoints the claim will visit (at most one per slot).
+# The health rows of gated endpoints and the rows of capped tenants are locked with
+# SKIP LOCKED: `locked` / `tenant_locked` is false when another worker holds one, and
+# that endpoint or tenant is skipped by this claim. Tenant rows are locked FOR NO KEY
+# UPDATE, which does not conflict with the key-share locks of foreign-key checks (the
+# relay inserting deliveries) and serialises claimers on the tenant's bucket.
+LOCK_CLAIM_GATES = text(
+    """
+    WITH RECURSIVE pending AS (
+        -- the first row of each endpoint in index order is its head: highest priority,
+        -- earliest; the recursion jumps from one endpoint to the next
+        (SELECT endpoint_id, priority, next_attempt_at, id FROM deliveries
+         WHERE state = 'scheduled'
+         ORDER BY endpoint_id, priority DESC, next_attempt_at LIMIT 1)
+        UNION ALL
+        SELECT n.*
+        FROM pending p
+        CROSS JOIN LATERAL (
+            SELECT d.endpoint_id, d.priority, d.next_attempt_at, d.id FROM deliveries d
+            WHERE d.state = 'scheduled' AND d.endpoint_id > p.endpoint_id
+            ORDER BY d.endpoint_id, d.priority DESC, d.next_attempt_at LIMIT 1
+        ) n
+    ), due AS (
+        -- each endpoint's first due row; a second probe only where the head is not due
+        SELECT p.endpoint_id, h.priority, h.next_attempt_at, h.id
+        FROM pending p
+        CROSS JOIN LATERAL (
+            SELECT p.priority, p.next_attempt_at, p.id WHERE p.next_attempt_at <= :now
+            UNION ALL
+            (SELECT d.priority, d.next_attempt_at, d.id FROM deliveries d
+             WHERE p.next_attempt_at > :now AND d.endpoint_id = p.endpoint_id
+               AND d.state = 'scheduled' AND d.next_attempt_at <= :now
+             ORDER BY d.priority DESC, d.next_attempt_at LIMIT 1)
+        ) h
+    ), live AS (
+        -- LATERAL ... LIMIT 1: primary-key probes for these endpoints only
+        SELECT e.id AS endpoint_id, e.tenant_id, t.max_in_flight AS tenant_max_in_flight,
+               t.max_per_second AS tenant_max_per_second,
+               (t.max_in_flight IS NOT NULL OR t.max_per_second IS NOT NULL) AS tenant_capped,
+               p.priority AS head_priority, p.next_attempt_at AS head_due_at, p.id AS head_id
+        FROM due p
+        CROSS JOIN LATERAL (
+            SELECT x.id, x.tenant_id FROM endpoints x
+            WHERE x.id = p.endpoint_id AND x.enabled LIMIT 1
+        ) e
+        CROSS JOIN LATERAL (
+            SELECT x.max_in_flight, x.max_per_second FROM tenants x
+            WHERE x.id = e.tenant_id AND x.enabled LIMIT 1
+        ) t
+    ), needed AS (
+        SELECT l.endpoint_id
+        FROM live l
+        CROSS JOIN LATERAL (
+            SELECT 1 FROM endpoint_health h
+            WHERE h.endpoint_id = l.endpoint_id
+              AND (h.breaker_state <> 'closed' OR h.max_in_flight IS NOT NULL
+                   OR h.max_per_second IS NOT NULL OR h.ramp_until > :now
+                   OR h.paused_until > :now)
+            LIMIT 1
+        ) h
     ), locked AS (
         SELECT h.*
         FROM endpoint_health h
-        WHERE h.endpoint_id IN (SELECT endpoint_id FROM needed)
+        WHERE h.endpoint_id = ANY(ARRAY(SELECT endpoint_id FROM needed))
         ORDER BY h.endpoint_id
         FOR UPDATE SKIP LOCKED
+    ), tenant_locked AS (
+        SELECT t.id
+        FROM tenants t
+        WHERE t.id = ANY(ARRAY(SELECT tenant_id FROM live WHERE tenant_capped))
+        ORDER BY t.id
+        FOR NO KEY UPDATE SKIP LOCKED
     )
-    SELECT n.endpoint_id, h.endpoint_id IS NOT NULL AS locked, {_HEALTH_COLUMNS}
-    FROM needed n LEFT JOIN locked h ON h.endpoint_id = n.endpoint_id
+    SELECT l.endpoint_id, l.tenant_id, n.endpoint_id IS NOT NULL AS gated,
+           h.endpoint_id IS NOT NULL AS locked,
+           l.tenant_capped, tl.id IS NOT NULL AS tenant_locked,
+           l.tenant_max_in_flight, l.tenant_max_per_second,
+           l.head_priority, l.head_due_at, l.head_id,
+           b.tokens AS tenant_tokens, b.tokens_at AS tenant_tokens_at
+    FROM live l
+    LEFT JOIN needed n ON n.endpoint_id = l.endpoint_id
+    LEFT JOIN (SELECT endpoint_id FROM locked) h ON h.endpoint_id = l.endpoint_id
+    LEFT JOIN tenant_locked tl ON tl.id = l.tenant_id
+    LEFT JOIN LATERAL (
+        SELECT x.tokens, x.tokens_at FROM tenant_buckets x WHERE x.tenant_id = tl.id LIMIT 1
+    ) b ON true
+    ORDER BY l.endpoint_id
+    """
+)
+
+# The health rows LOCK_CLAIM_GATES locked (kept out of its result: most endpoints are
+# not gated, and a thousand rows of NULL columns cost more to fetch than this query).
+SELECT_LOCKED_HEALTH = text(
+    f"""
+    SELECT h.endpoint_id, {_HEALTH_COLUMNS}
+    FROM endpoint_health h WHERE h.endpoint_id = ANY(CAST(:ids AS bigint[]))
     """
 )
 
@@ -260,6 +394,27 @@ COUNT_IN_FLIGHT = text(
     FROM deliveries
     WHERE endpoint_id = ANY(CAST(:ids AS bigint[])) AND state = 'in_flight'
     GROUP BY endpoint_id
+    """
+)
+
+# In-flight deliveries per capped tenant, across all processes; run after the tenant rows
+# are locked, like COUNT_IN_FLIGHT (the partial index keeps it to the in-flight rows).
+COUNT_TENANT_IN_FLIGHT = text(
+    """
+    SELECT tenant_id, count(*) AS in_flight
+    FROM deliveries
+    WHERE tenant_id = ANY(CAST(:ids AS bigint[])) AND state = 'in_flight'
+    GROUP BY tenant_id
+    """
+)
+
+# Charge a claim to the token buckets of tenants capped per second (rows locked above).
+SAVE_TENANT_BUCKETS = text(
+    """
+    INSERT INTO tenant_buckets AS b (tenant_id, tokens, tokens_at)
+    SELECT * FROM unnest(CAST(:tenant_ids AS bigint[]), CAST(:tokens AS float8[]),
+                         CAST(:tokens_at AS timestamptz[]))
+    ON CONFLICT (tenant_id) DO UPDATE SET tokens = EXCLUDED.tokens, tokens_at = EXCLUDED.tokens_at
     """
 )
 

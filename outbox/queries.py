@@ -65,14 +65,18 @@ FIND_EVENT_BY_IDEMPOTENCY_KEY = text(
 )
 
 
-# An endpoint pattern is '*', an exact event type, or a prefix ending in '.*'.
-_PATTERN_MATCHES = """
-    EXISTS (
-        SELECT 1 FROM unnest(e.event_types) AS p(pattern)
-        WHERE p.pattern = '*'
-           OR p.pattern = b.event_type
-           OR (right(p.pattern, 2) = '.*' AND starts_with(b.event_type, left(p.pattern, -1)))
-    )
+# Routing goes through the index endpoint_subscriptions (migration 0010): an endpoint
+# pattern is '*', an exact event type, or a prefix ending in '.*', so the patterns that
+# can match an event are '*', its type, and 'p.*' for every p that the type starts with
+# followed by a dot ('a.b.c' -> 'a.*', 'a.b.*'). Each is one index probe for the event's
+# tenant and one for all_tenants endpoints (tenant_id NULL): the cost follows the matching
+# endpoints, not the number of endpoints.
+_CANDIDATE_PATTERNS = """
+    SELECT '*' AS pattern
+    UNION ALL SELECT b.event_type
+    UNION ALL SELECT left(b.event_type, i) || '*'
+              FROM generate_series(1, length(b.event_type) - 1) AS i
+              WHERE substr(b.event_type, i, 1) = '.'
 """
 
 # Max attempts of the most specific per-event-type rule (OUTBOX_EVENT_TYPE_RETRY):
@@ -110,10 +114,26 @@ RELAY_BATCH = text(
         SELECT b.id, e.id, e.tenant_id, 'scheduled',
                COALESCE(e.max_attempts, ({_EVENT_TYPE_MAX_ATTEMPTS}), :max_attempts), :now,
                b.priority, b.ordering_key, :now, :now
-        FROM batch b
-        -- routing: the event's own tenant's endpoints, plus those taking every tenant's
-        JOIN endpoints e ON e.enabled AND (e.tenant_id = b.tenant_id OR e.all_tenants)
-                        AND {_PATTERN_MATCHES}
+        FROM (
+            -- routing: the event's own tenant's endpoints, plus those taking every tenant's
+            SELECT DISTINCT b.id AS event_id, s.endpoint_id
+            FROM batch b
+            CROSS JOIN LATERAL ({_CANDIDATE_PATTERNS}) c
+            -- two probes of (pattern, tenant_id) per candidate pattern, as a LATERAL so
+            -- the planner cannot trade them for a scan of the tenant's whole catalogue
+            CROSS JOIN LATERAL (
+                SELECT endpoint_id FROM endpoint_subscriptions
+                WHERE pattern = c.pattern AND tenant_id = b.tenant_id
+                UNION ALL
+                SELECT endpoint_id FROM endpoint_subscriptions
+                WHERE pattern = c.pattern AND tenant_id IS NULL
+            ) s
+        ) r
+        JOIN batch b ON b.id = r.event_id
+        CROSS JOIN LATERAL (  -- a primary-key probe per route, never a scan of endpoints
+            SELECT x.id, x.tenant_id, x.max_attempts FROM endpoints x
+            WHERE x.id = r.endpoint_id AND x.enabled LIMIT 1
+        ) e
         ORDER BY b.id, e.id
         ON CONFLICT (event_id, endpoint_id) WHERE replay_of IS NULL DO NOTHING
         RETURNING 1

@@ -187,6 +187,10 @@ deliveries = Table(
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     # Times the reaper took it back from a worker that died mid-attempt (not attempts).
     Column("rescues", Integer, nullable=False, server_default=text("0")),
+    # The fencing token: every claim bumps it and every write back (outcome, release,
+    # rescue) must match the value its claim returned, so a worker that lost its claim
+    # can only add history. Also the attempt number: one attempt per claim at most.
+    Column("claims", Integer, nullable=False, server_default=text("0")),
     Column("max_attempts", Integer, nullable=False),
     Column("next_attempt_at", DateTime(timezone=True), nullable=False),
     Column("locked_by", Text),
@@ -246,6 +250,13 @@ deliveries = Table(
         "event_id",
         postgresql_where=text("ordering_key IS NOT NULL"),
     ),
+    # What a tenant has in flight, for per-tenant caps (migration 0010): in-flight rows
+    # are few, so this stays small however long the tenant's history is.
+    Index(
+        "ix_deliveries_tenant_id_in_flight",
+        "tenant_id",
+        postgresql_where=text("state = 'in_flight'"),
+    ),
     # All deliveries of one event (first and replays): retention's group checks and
     # the ON DELETE CASCADE from outbox_events need it (migration 0005).
     Index("ix_deliveries_event_id_endpoint_id", "event_id", "endpoint_id"),
@@ -279,7 +290,14 @@ delivery_attempts = Table(
     CheckConstraint(
         "outcome IN ('succeeded', 'retryable', 'permanent', 'ambiguous')", name="known_outcome"
     ),
-    Index("ix_delivery_attempts_delivery_id", "delivery_id"),
+    # Attempt numbers are claim numbers (deliveries.claims), unique per delivery: a late
+    # outcome from a lost claim keeps its own number (migration 0007).
+    Index(
+        "uq_delivery_attempts_delivery_id_attempt_number",
+        "delivery_id",
+        "attempt_number",
+        unique=True,
+    ),
     # Stats and metrics read the attempts of a recent window (migration 0005).
     Index("ix_delivery_attempts_started_at", "started_at"),
 )
@@ -407,4 +425,41 @@ event_type_priorities = Table(
     Column("priority", SmallInteger, nullable=False),
     _now_column("updated_at"),
     CheckConstraint("priority BETWEEN -100 AND 100", name="priority_range"),
+)
+
+
+# The routing index (migration 0010): one row per (endpoint, pattern), with the endpoint's
+# tenant, or NULL for an all_tenants endpoint. The relay looks up, per event, only the
+# patterns that can match it ('*', the exact type, each 'prefix.*'), so routing costs
+# follow the matching endpoints, not the number of endpoints. A trigger on `endpoints`
+# keeps it in step (insert, change of patterns or tenant, delete through the cascade):
+# every writer of endpoints, including SQL run by hand or by the bench, is covered.
+endpoint_subscriptions = Table(
+    "endpoint_subscriptions",
+    metadata,
+    Column(
+        "endpoint_id",
+        BigInteger,
+        ForeignKey("endpoints.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("pattern", Text, primary_key=True),
+    Column("tenant_id", BigInteger),
+    Index("ix_endpoint_subscriptions_pattern_tenant_id", "pattern", "tenant_id"),
+)
+
+# Token bucket of tenants with a max_per_second cap (migration 0010). Kept apart from
+# `tenants` so claims write it without touching the rows operators edit; a missing row
+# means a full bucket. Claims serialise on the tenant row (FOR NO KEY UPDATE SKIP LOCKED).
+tenant_buckets = Table(
+    "tenant_buckets",
+    metadata,
+    Column(
+        "tenant_id",
+        BigInteger,
+        ForeignKey("tenants.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("tokens", Float, nullable=False),
+    Column("tokens_at", DateTime(timezone=True), nullable=False),
 )

@@ -6,7 +6,7 @@ another tenant's token exists. Names are now unique among unscoped tokens, and p
 tenant among tenant-scoped ones.
 
 Revision ID: 0013
-Revises: 0006
+Revises: 0010
 Create Date: 2026-11-30
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0013"
-down_revision = "0006"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
