@@ -4,6 +4,13 @@ Routing rule: an event published for tenant T reaches T's enabled endpoints whos
 match, plus the endpoints created with `all_tenants`; nothing else. An event published
 without a tenant belongs to the default tenant, so a single-tenant installation never
 names one.
+
+Scope: every operator read and write (endpoints, deliveries, replays, discards, secrets,
+rules, limits, headers, stats, metrics totals, audit, tokens) takes `scope`, a tenant uid
+or None for an unscoped operator. The queries keep only that tenant's rows (see
+`scope_params`), so a scoped caller asking for another tenant's object gets the same
+not-found as for one that does not exist. A delivery belongs to its endpoint's tenant:
+the copy an all-tenants endpoint receives is its owner's, not the event's tenant's.
 """
 
 from __future__ import annotations
