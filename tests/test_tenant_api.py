@@ -271,6 +271,8 @@ async def _list_tenants(w: World) -> None:
 async def _create_tenant(w: World) -> None:
     assert (await w.post("/v1/tenants", {"id": "seller-c"})).status_code == 403
     assert scalar(w.engine, "SELECT count(*) FROM tenants WHERE uid = 'seller-c'") == 0
+    refused = rows(w.engine, "SELECT actor, tenant_uid FROM audit_log WHERE action = 'api.refused'")
+    assert [(r["actor"], r["tenant_uid"]) for r in refused] == [("token:a-ops", A)]
 
 
 async def _show_tenant(w: World) -> None:
