@@ -182,6 +182,8 @@ async def test_tenant_filters_on_endpoints_deliveries_replay_stats_and_audit(
     assert {d["tenant"] for d in found} == {"seller-8"} and len(found) == 2
     assert {d["endpoint"] for d in found} == {eight}
     assert "seller-8" in outbox("deliveries", "list", "--tenant", "seller-8").output
+    shown = outbox("deliveries", "show", str(found[0]["id"])).output
+    assert f"{eight} " in shown and "(tenant seller-8)" in shown
 
     dry = as_json(outbox("replay", "--tenant", "seller-7", "--reason", "r", "--dry-run", "--json"))
     assert dry["matched"] == 1
