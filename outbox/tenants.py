@@ -133,7 +133,7 @@ class TenantDetail:
     all_tenants_endpoints: int
     events: int
     unrelayed_events: int
-    other_pending: int
+    other_pending: int | None  # None for a scoped caller: those rows are not its own
     tokens: int
 
     @property
@@ -148,9 +148,8 @@ class TenantDetail:
             "pending": self.pending,
             "events": self.events,
             "unrelayed_events": self.unrelayed_events,
-            "pending_elsewhere": self.other_pending,
             "active_tokens": self.tokens,
-        }
+        } | ({} if self.other_pending is None else {"pending_elsewhere": self.other_pending})
 
 
 def _tenant(row: Any) -> Tenant:
@@ -235,7 +234,9 @@ def show_tenant(conn: Connection, uid: str, *, scope: str | None = None) -> Tena
         all_tenants_endpoints=int(counts.all_tenants_endpoints),
         events=int(counts.events),
         unrelayed_events=int(counts.unrelayed_events),
-        other_pending=int(counts.other_pending),
+        # Deliveries of its events to other tenants' all-tenants endpoints belong to those
+        # tenants: a scoped caller does not learn that they exist.
+        other_pending=None if scope is not None else int(counts.other_pending),
         tokens=int(counts.tokens),
     )
 
@@ -429,10 +430,11 @@ def delete_tenant(
     if conn.execute(queries.LOCK_TENANT, {"uid": uid}).first() is None:
         raise _not_found(uid)
     detail = show_tenant(conn, uid)
-    pending = detail.pending + detail.other_pending + detail.unrelayed_events
+    elsewhere = detail.other_pending or 0
+    pending = detail.pending + elsewhere + detail.unrelayed_events
     if pending and not force:
         raise TenantError(
-            f"tenant {uid} has {detail.pending} pending deliveries, {detail.other_pending} "
+            f"tenant {uid} has {detail.pending} pending deliveries, {elsewhere} "
             f"pending on all-tenants endpoints and {detail.unrelayed_events} unrelayed events: "
             "disable it instead, or pass --force to delete them too"
         )

@@ -278,7 +278,9 @@ async def _create_tenant(w: World) -> None:
 async def _show_tenant(w: World) -> None:
     not_found(await w.get(f"/v1/tenants/{B}"))
     not_found(await w.get("/v1/tenants/default"))
-    assert (await w.get(f"/v1/tenants/{A}")).json()["deliveries"]["dead"] == 1
+    own = (await w.get(f"/v1/tenants/{A}")).json()
+    assert own["deliveries"]["dead"] == 1
+    assert "pending_elsewhere" not in own  # the warehouse's copies are not seller-a's rows
 
 
 async def _update_tenant(w: World) -> None:
