@@ -551,13 +551,22 @@ async def close_gates(
     *,
     now: dt.datetime,
     config: HealthConfig,
-) -> None:
-    """Charge what the claim took to the locked rows (tokens, probe), in the claim's transaction."""
+) -> dt.datetime | None:
+    """Charge what the claim took to the locked rows (tokens, probe), in the claim's transaction.
+
+    Returns the earliest moment one of these endpoints' gates opens again by itself
+    (a pause or cooldown ending, a token refilling), so the worker can claim then
+    instead of at its next poll.
+    """
     changed = []
+    openings = []
     for endpoint_id, health in gates.locked.items():
         updated = after_claim(health, claimed.get(endpoint_id, 0), now=now, config=config)
         if updated != health:
             changed.append(updated)
+        opening = next_opening(updated, now=now, config=config)
+        if opening is not None:
+            openings.append(opening)
     await save(conn, changed, now=now)
     per_tenant: Counter[int] = Counter()
     for endpoint_id, count in claimed.items():
@@ -576,6 +585,43 @@ async def close_gates(
                 "tokens_at": [b.tokens_at for b in buckets],
             },
         )
+    return min(openings, default=None)
+
+
+def earliest_opening(gates: Gates, *, now: dt.datetime, config: HealthConfig) -> dt.datetime | None:
+    """`close_gates`' answer for a claim that took nothing, without writing anything."""
+    openings = [
+        opening
+        for health in gates.locked.values()
+        if (
+            opening := next_opening(
+                after_claim(health, 0, now=now, config=config), now=now, config=config
+            )
+        )
+        is not None
+    ]
+    return min(openings, default=None)
+
+
+def next_opening(health: Health, *, now: dt.datetime, config: HealthConfig) -> dt.datetime | None:
+    """When an endpoint that may take nothing right now may take one again, if time alone
+    decides it (None: it is not gated now, or an outcome must arrive first: a probe's answer,
+    a slot under its in-flight limit)."""
+    if health.paused_until is not None and now < health.paused_until:
+        return health.paused_until
+    if health.breaker_state == OPEN:
+        if health.open_until is not None and now < health.open_until:
+            return health.open_until
+        return None
+    if health.breaker_state == HALF_OPEN:
+        return None
+    rate = effective_rate(health, now, config)
+    if rate is None or rate <= 0:
+        return None
+    tokens = available_tokens(health, now, rate)
+    if tokens >= 1:
+        return None
+    return now + dt.timedelta(seconds=(1 - tokens) / rate)
 
 
 async def save(conn: AsyncConnection, rows: Sequence[Health], *, now: dt.datetime) -> None:
