@@ -300,7 +300,9 @@ def replay(
     # Locked and scoped: another tenant's id is simply missing (not found).
     states = {
         int(row.id): str(row.state)
-        for row in conn.execute(queries.LOCK_DELIVERIES_FOR_REPLAY, {"ids": wanted, "scope": scope})
+        for row in conn.execute(
+            queries.LOCK_DELIVERIES_FOR_REPLAY, {"ids": wanted, **scope_params(conn, scope)}
+        )
     }
     missing = [i for i in wanted if i not in states]
     if missing:
