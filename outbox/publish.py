@@ -18,6 +18,7 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
+from outbox import tracing
 from outbox.errors import PublishError
 from outbox.ids import new_message_id
 from outbox.queries import FIND_EVENT_BY_IDEMPOTENCY_KEY, INSERT_EVENT
@@ -44,8 +45,9 @@ class PreparedEvent:
     ordering_key: str | None
     priority: int | None  # None: the event type's default (event_type_priorities), else 0
 
-    def params(self) -> dict[str, Any]:
+    def params(self, traceparent: str | None = None) -> dict[str, Any]:
         return {
+            "traceparent": traceparent,
             "message_id": self.message_id,
             "tenant": self.tenant,
             "event_type": self.event_type,
@@ -216,10 +218,13 @@ def publish(
         max_payload_depth=max_payload_depth,
     )
     connection = conn.connection() if isinstance(conn, Session) else conn
-    row = connection.execute(INSERT_EVENT, event.params()).first()
-    if row is None:
-        row = connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params()).one()
-    return _message_id(row[0], event)
+    with tracing.publish_span(event.event_type, event.tenant) as (span, traceparent):
+        row = connection.execute(INSERT_EVENT, event.params(traceparent)).first()
+        if row is None:
+            row = connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params()).one()
+        message_id = _message_id(row[0], event)
+        tracing.set_message_id(span, message_id)
+    return message_id
 
 
 async def publish_async(
@@ -246,7 +251,11 @@ async def publish_async(
         max_payload_depth=max_payload_depth,
     )
     connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
-    row = (await connection.execute(INSERT_EVENT, event.params())).first()
-    if row is None:
-        row = (await connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params())).one()
-    return _message_id(row[0], event)
+    with tracing.publish_span(event.event_type, event.tenant) as (span, traceparent):
+        row = (await connection.execute(INSERT_EVENT, event.params(traceparent))).first()
+        if row is None:
+            found = await connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params())
+            row = found.one()
+        message_id = _message_id(row[0], event)
+        tracing.set_message_id(span, message_id)
+    return message_id

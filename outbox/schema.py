@@ -104,6 +104,8 @@ outbox_events = Table(
     Column("priority", SmallInteger, nullable=False, server_default=text("0")),
     _now_column("created_at"),
     Column("relayed_at", DateTime(timezone=True)),
+    # W3C trace context of publish() when the application traces (migration 0014).
+    Column("traceparent", Text),
     # Idempotency keys are unique per tenant (migration 0006).
     Index(
         "uq_outbox_events_tenant_id_idempotency_key",
