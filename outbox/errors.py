@@ -39,3 +39,7 @@ class NotFoundError(OperationError):
 
 class TenantError(OutboxError, ValueError):
     """A tenant id is malformed, or names no tenant (`outbox tenants add` creates one)."""
+
+
+class CatalogueError(OutboxError, ValueError):
+    """An event type or its schema is invalid, or names no catalogued type."""

@@ -17,6 +17,7 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
+from outbox.catalogue import CACHE, OPERATIONAL_EVENT_TYPES, Entry, Mode, mode_from_environment
 from outbox.errors import PublishError
 from outbox.ids import new_message_id
 from outbox.queries import FIND_EVENT_BY_IDEMPOTENCY_KEY, INSERT_EVENT
@@ -38,9 +39,11 @@ class PreparedEvent:
     idempotency_key: str | None
     ordering_key: str | None
     priority: int | None  # None: the event type's default (event_type_priorities), else 0
+    payload: Any = None
 
-    def params(self) -> dict[str, Any]:
+    def params(self, entry: Entry) -> dict[str, Any]:
         return {
+            "catalogue_revision": entry.revision,
             "message_id": self.message_id,
             "tenant": self.tenant,
             "event_type": self.event_type,
@@ -52,6 +55,18 @@ class PreparedEvent:
 
     def lookup_params(self) -> dict[str, Any]:
         return {"tenant": self.tenant, "idempotency_key": self.idempotency_key}
+
+
+# The catalogue changed between our read and our insert (another process updated it)
+# at most this many times in a row before publish() gives up.
+_CATALOGUE_RETRIES = 3
+_STALE = ""
+
+
+def _mode(strict: bool | None) -> Mode:
+    if strict is None:
+        return mode_from_environment()
+    return "strict" if strict else "accept"
 
 
 def _message_id(found: object, event: PreparedEvent) -> str:
@@ -83,6 +98,11 @@ def prepare_event(
         )
     if len(event_type) > _MAX_EVENT_TYPE:
         raise PublishError(f"event type is longer than {_MAX_EVENT_TYPE} characters")
+    if event_type in OPERATIONAL_EVENT_TYPES:
+        raise PublishError(
+            f"{event_type!r} is an operational event the service publishes itself; "
+            "choose another event type"
+        )
     if not isinstance(payload, dict):
         raise PublishError(f"payload must be a JSON object (a dict), not {type(payload).__name__}")
     try:
@@ -119,6 +139,7 @@ def prepare_event(
         idempotency_key=idempotency_key,
         ordering_key=ordering_key,
         priority=priority,
+        payload=payload,
     )
 
 
@@ -132,6 +153,7 @@ def publish(
     priority: int | None = None,
     tenant: str = DEFAULT_TENANT,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    strict: bool | None = None,
 ) -> str:
     """Add an event to the outbox inside the caller's transaction; returns its message id.
 
@@ -140,6 +162,10 @@ def publish(
     refused (`outbox tenants add` creates it). Publishing the same idempotency key twice
     for one tenant returns the first event's id. Without a `priority`, the event type's
     default applies (`outbox priorities set`), else 0.
+
+    A type in the event-type catalogue must carry a payload its current JSON Schema
+    accepts, and must not be archived. An unknown type is accepted unless `strict`
+    (default: `OUTBOX_EVENT_TYPES=strict` in the environment) refuses it.
     """
     event = prepare_event(
         event_type,
@@ -150,11 +176,20 @@ def publish(
         tenant=tenant,
         max_payload_bytes=max_payload_bytes,
     )
+    mode = _mode(strict)
     connection = conn.connection() if isinstance(conn, Session) else conn
-    row = connection.execute(INSERT_EVENT, event.params()).first()
-    if row is None:
-        row = connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params()).one()
-    return _message_id(row[0], event)
+    entry = CACHE.get(event.event_type) or CACHE.load(connection, event.event_type)
+    for _ in range(_CATALOGUE_RETRIES):
+        entry.check(event.payload, mode=mode)
+        rows = connection.execute(INSERT_EVENT, event.params(entry)).all()
+        if not any(row[0] == _STALE for row in rows):
+            break
+        entry = CACHE.load(connection, event.event_type)
+    else:
+        raise PublishError("the event-type catalogue kept changing during publish; retry")
+    if not rows:
+        rows = [connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params()).one()]
+    return _message_id(rows[0][0], event)
 
 
 async def publish_async(
@@ -167,6 +202,7 @@ async def publish_async(
     priority: int | None = None,
     tenant: str = DEFAULT_TENANT,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    strict: bool | None = None,
 ) -> str:
     """The asyncio twin of `publish`; same rules, never commits."""
     event = prepare_event(
@@ -178,8 +214,20 @@ async def publish_async(
         tenant=tenant,
         max_payload_bytes=max_payload_bytes,
     )
+    mode = _mode(strict)
     connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
-    row = (await connection.execute(INSERT_EVENT, event.params())).first()
-    if row is None:
-        row = (await connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params())).one()
-    return _message_id(row[0], event)
+    name = event.event_type
+    cached = CACHE.get(name)
+    entry = cached if cached is not None else await connection.run_sync(CACHE.load, name)
+    for _ in range(_CATALOGUE_RETRIES):
+        entry.check(event.payload, mode=mode)
+        rows = (await connection.execute(INSERT_EVENT, event.params(entry))).all()
+        if not any(row[0] == _STALE for row in rows):
+            break
+        entry = await connection.run_sync(CACHE.load, name)
+    else:
+        raise PublishError("the event-type catalogue kept changing during publish; retry")
+    if not rows:
+        found = await connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params())
+        rows = [found.one()]
+    return _message_id(rows[0][0], event)

@@ -93,6 +93,13 @@ class Settings(BaseSettings):
         description="Keys for endpoint secrets: 'kid:base64-32-bytes,...'; the first encrypts.",
     )
     max_payload_bytes: int = Field(default=64 * 1024, gt=0)
+    event_types: Literal["accept", "strict"] = Field(
+        default="accept",
+        description=(
+            "Unknown event types (not in the catalogue): 'accept' publishes them unchecked, "
+            "'strict' refuses them. publish() reads the same variable."
+        ),
+    )
     relay_batch_size: int = Field(default=500, gt=0, le=10_000)
     relay_poll_interval: float = Field(default=1.0, gt=0)
     worker_batch_size: int = Field(default=100, gt=0, le=10_000)
