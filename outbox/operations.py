@@ -20,14 +20,15 @@ from sqlalchemy import Connection
 
 from outbox import queries
 from outbox.audit import record_audit, record_audit_many
-from outbox.crypto import InvalidSecretError, SecretBox, generate_secret, secret_key_bytes
+from outbox.crypto import SecretBox, signature_scheme
 from outbox.endpoints import (
     CreatedEndpoint,
     Endpoint,
+    check_signing_secret,
     create_endpoint,
     get_endpoint,
     parse_event_patterns,
-    secret_context,
+    secret_columns,
 )
 from outbox.errors import EndpointError, NotFoundError, OperationError
 from outbox.schema import DELIVERY_STATES
@@ -438,6 +439,7 @@ def add_endpoint(
     description: str = "",
     request_id: str | None = None,
     https_only: bool = False,
+    signature: str | None = None,
 ) -> CreatedEndpoint:
     """`create_endpoint` (which validates the URL) plus an audit row; the secret is never logged."""
     created = create_endpoint(
@@ -448,6 +450,7 @@ def add_endpoint(
         secret=secret,
         description=description,
         https_only=https_only,
+        signature=signature,
     )
     record_audit(
         conn,
@@ -535,23 +538,21 @@ def rotate_secret(
     secret: str | None = None,
     reason: str | None = None,
     request_id: str | None = None,
+    signature: str | None = None,
 ) -> RotatedSecret:
-    """Install a new signing secret; the old one keeps signing too until `now + grace`."""
+    """Install a new signing secret; the old one keeps signing too until `now + grace`.
+
+    The new secret keeps the endpoint's scheme unless `signature` names the other one
+    ('hmac' or 'ed25519'); during the grace both signatures go out, whatever schemes."""
     if grace < dt.timedelta(0):
         raise EndpointError("the grace period cannot be negative")
-    new_secret = secret or generate_secret()
-    try:
-        secret_key_bytes(new_secret)
-    except InvalidSecretError as exc:
-        raise EndpointError(str(exc)) from exc
+    if signature is None and secret is None:
+        signature = get_endpoint(conn, uid).signature_scheme  # keep the endpoint's scheme
+    new_secret = check_signing_secret(secret, signature)
     expires = now + grace
     updated = conn.execute(
         queries.ROTATE_ENDPOINT_SECRET,
-        {
-            "uid": uid,
-            "expires_at": expires,
-            "signing_secret": box.encrypt(new_secret, context=secret_context(uid)),
-        },
+        {"uid": uid, "expires_at": expires, **secret_columns(box, uid, new_secret)},
     ).first()
     if updated is None:
         raise EndpointError(f"no endpoint {uid!r}; `outbox endpoints list` shows the ids")
@@ -562,7 +563,10 @@ def rotate_secret(
         target_type="endpoint",
         target_id=uid,
         reason=reason,
-        details={"previous_expires_at": expires.isoformat()},
+        details={
+            "previous_expires_at": expires.isoformat(),
+            "signature_scheme": signature_scheme(new_secret),
+        },
         request_id=request_id,
     )
     return RotatedSecret(get_endpoint(conn, uid), new_secret, expires)

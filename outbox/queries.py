@@ -149,8 +149,10 @@ NOTIFY_DELIVERIES_DUE = text(f"SELECT pg_notify('{DELIVERIES_CHANNEL}', '')")
 INSERT_ENDPOINT = text(
     """
     INSERT INTO endpoints
-        (uid, tenant_id, all_tenants, url, description, event_types, signing_secret)
-    SELECT :uid, t.id, :all_tenants, :url, :description, :event_types, :signing_secret
+        (uid, tenant_id, all_tenants, url, description, event_types, signing_secret,
+         signature_scheme, signing_public_key)
+    SELECT :uid, t.id, :all_tenants, :url, :description, :event_types, :signing_secret,
+           :signature_scheme, :public_key
     FROM tenants t WHERE t.uid = :tenant
     RETURNING id
     """
@@ -159,7 +161,7 @@ INSERT_ENDPOINT = text(
 SELECT_ENDPOINTS = text(
     """
     SELECT id, uid, url, description, event_types, enabled, disabled_reason, disabled_at,
-           created_at
+           created_at, signature_scheme, signing_public_key AS public_key
     FROM endpoints ORDER BY id
     """
 )
@@ -167,7 +169,7 @@ SELECT_ENDPOINTS = text(
 SELECT_ENDPOINT_BY_UID = text(
     """
     SELECT id, uid, url, description, event_types, enabled, disabled_reason, disabled_at,
-           created_at
+           created_at, signature_scheme, signing_public_key AS public_key
     FROM endpoints WHERE uid = :uid
     """
 )
@@ -385,6 +387,8 @@ ROTATE_ENDPOINT_SECRET = text(
     SET previous_signing_secret = signing_secret,
         previous_secret_expires_at = :expires_at,
         signing_secret = :signing_secret,
+        signature_scheme = :signature_scheme,
+        signing_public_key = :public_key,
         updated_at = now()
     WHERE uid = :uid
     RETURNING id
@@ -858,3 +862,39 @@ REQUEUE_REJECTED_EVENT = text(
 
 # The storm-bounded summaries of dead deliveries whose minute is over (migration 0009).
 FLUSH_OPERATIONAL_SUMMARIES = text("SELECT outbox_flush_operational_summaries(:now)")
+
+# A test event for one endpoint (`outbox endpoints test`): the event is born relayed, so
+# it reaches this endpoint only, through the real worker, with one attempt and top priority.
+INSERT_TEST_DELIVERY = text(
+    """
+    WITH ep AS (
+        SELECT id, tenant_id FROM endpoints WHERE uid = :uid
+    ), ev AS (
+        INSERT INTO outbox_events (message_id, tenant_id, event_type, payload, priority,
+                                   created_at, relayed_at)
+        SELECT :message_id, ep.tenant_id, :event_type, CAST(:payload AS jsonb), 100, :now, :now
+        FROM ep
+        RETURNING id
+    ), d AS (
+        INSERT INTO deliveries (event_id, endpoint_id, tenant_id, state, max_attempts,
+                                next_attempt_at, priority, created_at, updated_at)
+        SELECT ev.id, ep.id, ep.tenant_id, 'scheduled', 1, :now, 100, :now, :now
+        FROM ev, ep
+        RETURNING id
+    )
+    SELECT d.id, pg_notify('outbox_deliveries', '') FROM d
+    """
+)
+
+SELECT_TEST_OUTCOME = text(
+    """
+    SELECT d.state, d.attempts, d.last_status_code, d.last_error, d.final_reason,
+           a.duration_ms
+    FROM deliveries d
+    LEFT JOIN LATERAL (
+        SELECT duration_ms FROM delivery_attempts WHERE delivery_id = d.id
+        ORDER BY id DESC LIMIT 1
+    ) a ON true
+    WHERE d.id = :id
+    """
+)

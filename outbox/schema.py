@@ -163,6 +163,8 @@ endpoints = Table(
     # 'hmac' (v1, whsec_ secrets) or 'ed25519' (v1a, whsk_ secret keys); migration 0009.
     # The scheme of the current secret: during a rotation the previous one may differ.
     Column("signature_scheme", Text, nullable=False, server_default=text("'hmac'")),
+    # The `whpk_` public key of an ed25519 secret key: public, so stored in the clear.
+    Column("signing_public_key", Text),
     Column("previous_signing_secret", Text),
     Column("previous_secret_expires_at", DateTime(timezone=True)),
     # Custom request headers (say, an Authorization a partner asked for): JSON of

@@ -4,7 +4,7 @@
 - `outbox_events.validate_pending` / `rejected_at` / `rejected_reason`: events written by
   the SQL function are checked against their schema by the relay; a payload that breaks
   it is rejected (not sent) and can be requeued.
-- `endpoints.signature_scheme`: 'hmac' (v1) or 'ed25519' (v1a).
+- `endpoints.signature_scheme`: 'hmac' (v1) or 'ed25519' (v1a), and the `whpk_` public key.
 - `outbox_publish(...)`: publishing from any language, in the caller's transaction.
 - Operational events (`endpoint.disabled`, `endpoint.breaker_opened`, `endpoint.recovered`,
   `delivery.dead`, `tenant.disabled`) are written in the same transaction as the change
@@ -456,6 +456,7 @@ def upgrade() -> None:
         "endpoints",
         sa.Column("signature_scheme", sa.Text(), server_default=sa.text("'hmac'"), nullable=False),
     )
+    op.add_column("endpoints", sa.Column("signing_public_key", sa.Text(), nullable=True))
     op.create_check_constraint(
         op.f("ck_endpoints_known_signature_scheme"),
         "endpoints",
@@ -481,6 +482,7 @@ def downgrade() -> None:
     ):
         op.execute(f"DROP FUNCTION {name}")
     op.drop_constraint(op.f("ck_endpoints_known_signature_scheme"), "endpoints", type_="check")
+    op.drop_column("endpoints", "signing_public_key")
     op.drop_column("endpoints", "signature_scheme")
     op.drop_index("ix_outbox_events_rejected", table_name="outbox_events")
     op.drop_index("ix_outbox_events_validate_pending", table_name="outbox_events")
