@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from delivery.operator.cli import (
+    contract,
     deliveries,
     endpoints,
     keys,
@@ -48,7 +49,10 @@ for command in (
     stats.stats,
     stats.audit,
     priorities.priorities,
+    contract.event_types,
+    contract.events,
 ):
     main.add_command(command)
+endpoints.endpoints.add_command(contract.endpoints_test)
 
 __all__ = ["main"]

@@ -17,7 +17,10 @@ from delivery.operator.cli.common import (
     health_rows,
     json_option,
     parse_duration,
+    print_secret,
     print_table,
+    secret_json,
+    signature_option,
 )
 from outbox import operations
 from outbox.clock import SystemClock
@@ -52,14 +55,23 @@ def _endpoint_rows(items: Sequence[Endpoint]) -> list[list[object]]:
 @endpoints.command("add")
 @click.argument("url")
 @click.option("--events", required=True, help="Comma-separated patterns: 'order.*,invoice.paid'.")
-@click.option("--secret", default=None, help="A whsec_ secret to use instead of a generated one.")
+@click.option(
+    "--secret", default=None, help="A whsec_ secret (or whsk_ key) instead of a generated one."
+)
+@signature_option
 @click.option("--description", default="", help="A note for operators.")
 @json_option
 @friendly_errors
 def endpoints_add(
-    url: str, events: str, secret: str | None, description: str, as_json: bool
+    url: str,
+    events: str,
+    secret: str | None,
+    signature: str | None,
+    description: str,
+    as_json: bool,
 ) -> None:
-    """Add an endpoint; prints its id and its signing secret (shown only now)."""
+    """Add an endpoint; prints its id and its signing secret (shown only now), or for
+    `--signature ed25519` the whpk_ public key the receiver verifies with."""
     with database() as (current, db):
         box = app.secret_box(current, db)
         with db.engine.begin() as conn:
@@ -72,13 +84,13 @@ def endpoints_add(
                 secret=secret,
                 description=description,
                 https_only=current.https_only,
+                signature=signature,
             )
-    if as_json:
-        echo_json({**created.endpoint.as_json(), "secret": created.secret})
-    else:
-        click.echo(f"id:     {created.endpoint.uid}")
-        click.echo(f"secret: {created.secret}")
+    print_secret(created.endpoint, created.secret, as_json)
+    if not as_json and created.endpoint.signature_scheme == "hmac":
         click.echo("Give the secret to the receiver; it is stored encrypted and not shown again.")
+    elif not as_json:
+        click.echo("Give the public key to the receiver; it verifies v1a signatures with it.")
 
 
 @endpoints.command("list")
@@ -308,7 +320,10 @@ def endpoints_delete(
 @click.option(
     "--grace", default="24h", show_default=True, help="How long the old secret also signs."
 )
-@click.option("--secret", default=None, help="A whsec_ secret to use instead of a generated one.")
+@click.option(
+    "--secret", default=None, help="A whsec_ secret (or whsk_ key) instead of a generated one."
+)
+@signature_option
 @click.option("--reason", default=None, help="Why, for the audit log.")
 @click.option("--actor", default=None, help="Who is acting, for the audit log.")
 @json_option
@@ -317,6 +332,7 @@ def endpoints_rotate_secret(
     endpoint_id: str,
     grace: str,
     secret: str | None,
+    signature: str | None,
     reason: str | None,
     actor: str | None,
     as_json: bool,
@@ -334,17 +350,18 @@ def endpoints_rotate_secret(
                 grace=parse_duration(grace),
                 secret=secret,
                 reason=reason,
+                signature=signature,
             )
     if as_json:
         echo_json(
             {
                 **rotated.endpoint.as_json(),
-                "secret": rotated.secret,
+                **secret_json(rotated.endpoint, rotated.secret),
                 "previous_secret_expires_at": rotated.previous_expires_at.isoformat(),
             }
         )
     else:
-        click.echo(f"secret: {rotated.secret}")
+        print_secret(rotated.endpoint, rotated.secret, False, with_id=False)
         click.echo(
             f"the old secret also signs until {rotated.previous_expires_at.isoformat()}; "
             "give the receiver the new one before then"
