@@ -307,8 +307,13 @@ async def create_endpoint_route(call: Call) -> Any:
             description=str(data.get("description") or ""),
             request_id=call.request_id,
             https_only=call.api.config.https_only,
+            signature=data.get("signature"),
         )
-        return {**created.endpoint.as_json(), "secret": created.secret}
+        # An ed25519 endpoint's answer holds its whpk_ public key (in the endpoint), no secret.
+        secret = (
+            {} if created.endpoint.signature_scheme == "ed25519" else {"secret": created.secret}
+        )
+        return {**created.endpoint.as_json(), **secret}
 
     return await call.api.write(create)
 
@@ -377,11 +382,13 @@ async def rotate_endpoint_secret(call: Call) -> Any:
             secret=data.get("secret"),
             reason=data.get("reason"),
             request_id=call.request_id,
+            signature=data.get("signature"),
         )
     )
+    ed25519 = rotated.endpoint.signature_scheme == "ed25519"
     return {
         **rotated.endpoint.as_json(),
-        "secret": rotated.secret,
+        **({} if ed25519 else {"secret": rotated.secret}),
         "previous_secret_expires_at": rotated.previous_expires_at.isoformat(),
     }
 
@@ -592,6 +599,7 @@ ROUTES: tuple[Operation, ...] = (
                 "event_types": {"type": "array", "items": {"type": "string"}},
                 "description": {"type": "string"},
                 "secret": {"type": "string"},
+                "signature": {"enum": ["hmac", "ed25519"]},
             },
         },
     ),
@@ -652,6 +660,7 @@ ROUTES: tuple[Operation, ...] = (
                 **_REASON,
                 "grace_seconds": {"type": "number"},
                 "secret": {"type": "string"},
+                "signature": {"enum": ["hmac", "ed25519"]},
             },
         },
     ),
@@ -681,9 +690,16 @@ ROUTES: tuple[Operation, ...] = (
 )
 
 
+def all_routes() -> tuple[Operation, ...]:
+    """ROUTES plus the routes kept in modules of their own (they import this module)."""
+    from delivery.operator.api_contract import CONTRACT_ROUTES
+
+    return (*ROUTES, *CONTRACT_ROUTES)
+
+
 def openapi_document() -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
-    for op in ROUTES:
+    for op in all_routes():
         spec: dict[str, Any] = {
             "summary": op.summary,
             "operationId": f"{op.method.lower()}_{op.handler.__name__}",
@@ -833,7 +849,7 @@ class AdminApi:
 
     def routes(self) -> list[Route]:
         grouped: dict[str, list[Operation]] = {}
-        for op in ROUTES:
+        for op in all_routes():
             grouped.setdefault(op.path, []).append(op)
         routes = []
         for path, ops_for_path in grouped.items():
