@@ -155,6 +155,15 @@ class Entry:
     version: int | None = None
     validator: Draft202012Validator | None = None
 
+    def allows(self, payload: Any, *, mode: Mode) -> bool:
+        """The quick yes/no of `check` (no message built)."""
+        if self.revision == ABSENT:
+            return mode != "strict"
+        if self.status == "archived":
+            return False
+        assert self.validator is not None
+        return bool(self.validator.is_valid(payload))
+
     def check(self, payload: Any, *, mode: Mode) -> None:
         """Raise PublishError when this type may not carry `payload`; write nothing."""
         if self.revision == ABSENT:

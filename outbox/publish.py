@@ -178,9 +178,16 @@ def publish(
     )
     mode = _mode(strict)
     connection = conn.connection() if isinstance(conn, Session) else conn
-    entry = CACHE.get(event.event_type) or CACHE.load(connection, event.event_type)
+    name = event.event_type
+    cached = CACHE.get(name)
+    entry = cached if cached is not None else CACHE.load(connection, name)
     for _ in range(_CATALOGUE_RETRIES):
-        entry.check(event.payload, mode=mode)
+        if not entry.allows(event.payload, mode=mode):
+            # A refusal is never made on a cached entry alone: read the type again first
+            # (refusals are rare, so this costs nothing on the happy path).
+            if entry is cached:
+                entry = CACHE.load(connection, name)
+            entry.check(event.payload, mode=mode)
         rows = connection.execute(INSERT_EVENT, event.params(entry)).all()
         if not any(row[0] == _STALE for row in rows):
             break
@@ -220,7 +227,10 @@ async def publish_async(
     cached = CACHE.get(name)
     entry = cached if cached is not None else await connection.run_sync(CACHE.load, name)
     for _ in range(_CATALOGUE_RETRIES):
-        entry.check(event.payload, mode=mode)
+        if not entry.allows(event.payload, mode=mode):
+            if entry is cached:
+                entry = await connection.run_sync(CACHE.load, name)
+            entry.check(event.payload, mode=mode)
         rows = (await connection.execute(INSERT_EVENT, event.params(entry))).all()
         if not any(row[0] == _STALE for row in rows):
             break
