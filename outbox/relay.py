@@ -115,13 +115,14 @@ class Relay:
 
     async def run_until_idle(self) -> RelayResult:
         """Relay every batch there is now (tests and the demo use this)."""
-        events = deliveries = 0
+        events = deliveries = rejected = 0
         while True:
             result = await self.run_once()
             events += result.events
             deliveries += result.deliveries
+            rejected += result.rejected
             if result.events < self.config.batch_size:
-                return RelayResult(events, deliveries)
+                return RelayResult(events, deliveries, rejected)
 
     async def run(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None) -> None:
         """Relay until `stop` is set; a wake-up (NOTIFY) cuts the poll wait short."""
