@@ -1,8 +1,10 @@
 """Every SQL statement of the delivery package, named for what it does.
 
-Claims and outcome writes are one statement per batch. Every write to an
-in-flight row is guarded by `state = 'in_flight' AND locked_by = :worker_id`, so a
-worker whose lease was rescued can never overwrite what happened since.
+Claims and outcome writes are one statement per batch. Every claim bumps the
+delivery's `claims` counter and returns it; every write to an in-flight row (outcome,
+release, rescue) is guarded by `state = 'in_flight'` and that claim number, so a worker
+whose lease was rescued can never overwrite what happened since, not even when it
+claimed the same delivery again itself (the worker name alone would match then).
 """
 
 from __future__ import annotations
@@ -78,11 +80,11 @@ CLAIM_DUE_DELIVERIES = text(
     )
     UPDATE deliveries d
     SET state = 'in_flight', locked_by = :worker_id, lease_expires_at = :lease_expires_at,
-        updated_at = :now
+        updated_at = :now, claims = d.claims + 1
     FROM due, outbox_events ev, endpoints e LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
     WHERE d.id = due.id AND ev.id = d.event_id AND e.id = d.endpoint_id
       AND d.state = 'scheduled'
-    RETURNING d.id, d.attempts, d.max_attempts,
+    RETURNING d.id, d.claims AS claim, d.attempts, d.max_attempts,
               e.uid AS endpoint_uid, e.url, e.signing_secret, e.previous_signing_secret,
               e.previous_secret_expires_at, e.timeout_seconds, e.retry_schedule,
               e.custom_headers, e.status_overrides,
@@ -96,13 +98,16 @@ CLAIM_DUE_DELIVERIES = text(
     """
 )
 
-# Write a batch of attempt outcomes: the delivery rows (guarded) and the attempt rows.
-# Returns the ids whose row was still ours; the rest were rescued in the meantime.
+# Write a batch of attempt outcomes: the delivery rows (fenced by the claim number) and
+# the attempt rows. Returns the (id, claim) pairs that were still current; the rest were rescued
+# in the meantime and add history only. An attempt is numbered by its claim, so a late
+# outcome never repeats a newer attempt's number; writing the same outcome twice (a
+# retry after a commit whose acknowledgement was lost) adds nothing.
 RECORD_OUTCOMES = text(
     """
     WITH outcome AS (
         SELECT * FROM jsonb_to_recordset(CAST(:outcomes AS jsonb)) AS o(
-            id bigint, state text, attempts int, next_attempt_at timestamptz,
+            id bigint, claim int, state text, attempts int, next_attempt_at timestamptz,
             status_code int, error text, final_reason text, started_at timestamptz,
             duration_ms int, outcome text, response_excerpt text, request_headers jsonb
         )
@@ -119,42 +124,47 @@ RECORD_OUTCOMES = text(
             updated_at = :now,
             completed_at = CASE WHEN o.state IN ('succeeded', 'dead') THEN :now END
         FROM outcome o
-        WHERE d.id = o.id AND d.state = 'in_flight' AND d.locked_by = :worker_id
-        RETURNING d.id
+        WHERE d.id = o.id AND d.state = 'in_flight' AND d.claims = o.claim
+          AND d.locked_by = :worker_id
+        RETURNING d.id, d.claims
     ), recorded AS (
         INSERT INTO delivery_attempts
             (delivery_id, attempt_number, started_at, duration_ms, status_code, outcome,
              error, response_excerpt, request_headers, worker_id)
-        SELECT o.id, o.attempts, o.started_at, o.duration_ms, o.status_code, o.outcome,
+        SELECT o.id, o.claim, o.started_at, o.duration_ms, o.status_code, o.outcome,
                o.error, o.response_excerpt, o.request_headers, :worker_id
         FROM outcome o
+        ON CONFLICT (delivery_id, attempt_number) DO NOTHING
         RETURNING 1
     )
-    SELECT id FROM updated
+    SELECT id, claims FROM updated
     """
 )
 
 # Hand back claimed deliveries that were never attempted (shutdown): no attempt spent.
+# Fenced like outcomes: only claims that are still current are handed back.
 RELEASE_CLAIMS = text(
     """
-    UPDATE deliveries
+    UPDATE deliveries d
     SET state = 'scheduled', locked_by = NULL, lease_expires_at = NULL, updated_at = :now
-    WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'in_flight' AND locked_by = :worker_id
-    RETURNING id
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:claims AS int[])) AS c(id, claim)
+    WHERE d.id = c.id AND d.state = 'in_flight' AND d.claims = c.claim
+      AND d.locked_by = :worker_id
+    RETURNING d.id
     """
 )
 
 # Re-schedule deliveries whose worker died (lease expired). The CTE locks with SKIP
-# LOCKED (a row a worker is writing right now is left alone) and remembers whose
-# lease it saw; the UPDATE re-checks state, holder and lease, so a delivery that
-# finished meanwhile, or was claimed again under a new lease, is never touched.
+# LOCKED (a row a worker is writing right now is left alone) and remembers which
+# claim it saw; the UPDATE re-checks state and claim number, so a delivery that
+# finished meanwhile, or was claimed again (by any worker), is never touched.
 # A rescue is not an attempt (nothing was recorded), but it is counted: the
 # :max_rescues-th rescue makes the delivery dead, so a delivery that crashes every
 # worker that tries it (a poison) cannot be rescued forever.
 RESCUE_EXPIRED_LEASES = text(
     """
     WITH expired AS (
-        SELECT id, locked_by, lease_expires_at
+        SELECT id, claims, locked_by
         FROM deliveries
         WHERE state = 'in_flight' AND lease_expires_at < :now
         ORDER BY lease_expires_at
@@ -174,8 +184,7 @@ RESCUE_EXPIRED_LEASES = text(
             || 'inspect it before replaying' END,
         completed_at = CASE WHEN d.rescues + 1 >= :max_rescues THEN :now END
     FROM expired
-    WHERE d.id = expired.id AND d.state = 'in_flight'
-      AND d.locked_by = expired.locked_by AND d.lease_expires_at = expired.lease_expires_at
+    WHERE d.id = expired.id AND d.state = 'in_flight' AND d.claims = expired.claims
     RETURNING d.id, d.state
     """
 )

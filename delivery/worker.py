@@ -6,8 +6,9 @@ Flow of one delivery through a worker:
         ->  outcome buffered  ->  written with others in one statement
 
 Claims are leased: if this process dies, the reaper re-schedules the delivery
-once the lease expires. Every write back is guarded by the lease, so a rescued
-delivery is never overwritten by a late worker.
+once the lease expires. Every claim carries a fencing token (the delivery's claim
+number) that every write back must match, so a rescued delivery is never overwritten
+by a late worker, not even by this one after it claimed the delivery again.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class WorkerConfig:
 @dataclass(frozen=True, slots=True)
 class ClaimedDelivery:
     id: int
+    claim: int  # the fencing token: every write back must match it (delivery/queries.py)
     attempts: int
     max_attempts: int
     endpoint_uid: str
@@ -223,6 +225,7 @@ class Worker:
         )
         return ClaimedDelivery(
             id=row.id,
+            claim=row.claim,
             attempts=row.attempts,
             max_attempts=row.max_attempts,
             endpoint_uid=row.endpoint_uid,
@@ -319,7 +322,11 @@ class Worker:
             log.warning("%d outcomes arrived after their lease was rescued; kept as history", lost)
         stats.claimed = len(outcomes)
         stats.add(
-            [d for d, (claimed, _) in zip(decisions, outcomes, strict=True) if claimed.id in kept],
+            [
+                d
+                for d, (claimed, _) in zip(decisions, outcomes, strict=True)
+                if (claimed.id, claimed.claim) in kept
+            ],
             lost,
         )
         return stats
@@ -394,13 +401,14 @@ class Worker:
         now: dt.datetime,
         outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]],
         decisions: Sequence[Decision],
-    ) -> set[int]:
-        """One statement for the whole batch; returns the ids whose lease was still ours."""
+    ) -> set[tuple[int, int]]:
+        """One statement for the whole batch; returns the (id, claim) pairs still current."""
         # One JSON document rather than thirteen arrays: the benchmark's profile put
         # psycopg's array packing at a quarter of the claim-and-record loop.
         rows = [
             {
                 "id": claimed.id,
+                "claim": claimed.claim,
                 "state": decision.state,
                 "attempts": claimed.attempts + 1,
                 "next_attempt_at": _iso(decision.next_attempt_at),
@@ -421,18 +429,19 @@ class Worker:
             "worker_id": self.config.worker_id,
             "outcomes": json.dumps(rows),
         }
-        return set((await conn.execute(queries.RECORD_OUTCOMES, params)).scalars())
+        return {(row.id, row.claims) for row in await conn.execute(queries.RECORD_OUTCOMES, params)}
 
-    async def release(self, ids: Sequence[int]) -> int:
+    async def release(self, claims: Sequence[ClaimedDelivery]) -> int:
         """Hand claims back without spending an attempt (used at shutdown)."""
-        if not ids:
+        if not claims:
             return 0
         async with self._engine.begin() as conn:
             released = (
                 await conn.execute(
                     queries.RELEASE_CLAIMS,
                     {
-                        "ids": list(ids),
+                        "ids": [item.id for item in claims],
+                        "claims": [item.claim for item in claims],
                         "worker_id": self.config.worker_id,
                         "now": self._clock.now(),
                     },
@@ -545,7 +554,7 @@ class Worker:
         for task in queued:
             task.cancel()
         await asyncio.gather(*queued, return_exceptions=True)
-        handed_back = [item.id for task, item in queued.items() if task.cancelled()]
+        handed_back = [item for task, item in queued.items() if task.cancelled()]
         if handed_back:
             released = await self.release(handed_back)
             log.info("shutdown: released %d claimed deliveries that had not started", released)
@@ -556,7 +565,7 @@ class Worker:
         for task in unfinished:
             task.cancel()
         if leftovers:
-            released = await self.release([item.id for item in leftovers])
+            released = await self.release(leftovers)
             log.info("shutdown: released %d unfinished deliveries", released)
 
 

@@ -207,6 +207,10 @@ deliveries = Table(
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     # Times the reaper took it back from a worker that died mid-attempt (not attempts).
     Column("rescues", Integer, nullable=False, server_default=text("0")),
+    # The fencing token: every claim bumps it and every write back (outcome, release,
+    # rescue) must match the value its claim returned, so a worker that lost its claim
+    # can only add history. Also the attempt number: one attempt per claim at most.
+    Column("claims", Integer, nullable=False, server_default=text("0")),
     Column("max_attempts", Integer, nullable=False),
     Column("next_attempt_at", DateTime(timezone=True), nullable=False),
     Column("locked_by", Text),
@@ -299,7 +303,14 @@ delivery_attempts = Table(
     CheckConstraint(
         "outcome IN ('succeeded', 'retryable', 'permanent', 'ambiguous')", name="known_outcome"
     ),
-    Index("ix_delivery_attempts_delivery_id", "delivery_id"),
+    # Attempt numbers are claim numbers (deliveries.claims), unique per delivery: a late
+    # outcome from a lost claim keeps its own number (migration 0007).
+    Index(
+        "uq_delivery_attempts_delivery_id_attempt_number",
+        "delivery_id",
+        "attempt_number",
+        unique=True,
+    ),
     # Stats and metrics read the attempts of a recent window (migration 0005).
     Index("ix_delivery_attempts_started_at", "started_at"),
 )

@@ -114,6 +114,13 @@ def box() -> SecretBox:
     return SecretBox.from_setting(generate_key("test"))
 
 
+@pytest.fixture(params=["httpx", "aiohttp"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """The HTTP wire under worker tests: httpx's own pool and the aiohttp transport
+    production runs with (OUTBOX_HTTP_TRANSPORT), so a rule holds on both."""
+    return str(request.param)
+
+
 @pytest.fixture
 async def receiver() -> AsyncIterator[Receiver]:
     async with Receiver() as running:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.operator.api import create_app, openapi_document, serve
@@ -222,8 +222,18 @@ async def test_metrics_parse_and_match_the_database(
     publish_many(engine, "order.created", 3)
     publish_many(engine, "invoice.paid", 2)
     await deliver(async_engine, box, clock)
-    publish_many(engine, "order.created", 1)  # published, not relayed yet
+    publish_many(engine, "order.created", 2)  # published, not relayed yet
     clock.advance(1)
+    # Ages under the manual clock: 42 s and 7 s; the lag is the oldest one's age.
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE outbox_events SET created_at = :now - make_interval(secs => CASE"
+                " WHEN id = (SELECT min(id) FROM outbox_events WHERE relayed_at IS NULL)"
+                " THEN 42 ELSE 7 END) WHERE relayed_at IS NULL"
+            ),
+            {"now": clock.now()},
+        )
     viewer = token(engine, "viewer")
     assert (await client.get("/metrics")).status_code == 401
     answer = await client.get("/metrics", headers=viewer)
@@ -241,7 +251,7 @@ async def test_metrics_parse_and_match_the_database(
     assert (
         sample("outbox_events_published_total")
         == scalar(engine, "SELECT count(*) FROM outbox_events")
-        == 6
+        == 7
     )
     assert sample("outbox_events_relayed_total") == 5
     for outcome, count in {"succeeded": 5, "retryable": 3, "permanent": 0}.items():
@@ -259,8 +269,8 @@ async def test_metrics_parse_and_match_the_database(
     )
     assert sample("outbox_delivery_attempt_duration_seconds_bucket", le="0.25") == under_quarter
     assert sample("outbox_delivery_attempt_duration_seconds_bucket", le="+Inf") == 8
-    assert sample("outbox_unrelayed_events") == 1
-    assert sample("outbox_relay_lag_seconds") >= 0
+    assert sample("outbox_unrelayed_events") == 2
+    assert sample("outbox_relay_lag_seconds") == 42.0
     assert sample("outbox_alert_firing", alert="relay_lag") == 0
 
 

@@ -36,6 +36,7 @@ async def test_committed_event_reaches_each_subscriber_once_signed_per_spec(
     clock: ManualClock,
     box: SecretBox,
     receiver: Receiver,
+    transport: str,
 ) -> None:
     orders = add_endpoint(engine, box, receiver.route("/orders"), "order.*")
     add_endpoint(engine, box, receiver.route("/invoices"), "invoice.*")
@@ -47,7 +48,9 @@ async def test_committed_event_reaches_each_subscriber_once_signed_per_spec(
         publish(conn, "order.created", {"order_id": 43})
         transaction.rollback()
 
-    async with build_http_client(max_connections=10, timeout=5, allowed_networks=LOOPBACK) as http:
+    async with build_http_client(
+        max_connections=10, timeout=5, allowed_networks=LOOPBACK, transport=transport
+    ) as http:
         await Relay(async_engine, clock).run_until_idle()
         stats = await make_worker(async_engine, http, box, clock).run_once()
 
@@ -81,12 +84,15 @@ async def test_server_error_is_scheduled_again_with_the_same_webhook_id(
     clock: ManualClock,
     box: SecretBox,
     receiver: Receiver,
+    transport: str,
 ) -> None:
     url = receiver.route("/flaky", status=500, body=b"database down")
     add_endpoint(engine, box, url)
     with engine.begin() as conn:
         publish(conn, "order.created", {"id": 1})
-    async with build_http_client(max_connections=10, timeout=5, allowed_networks=LOOPBACK) as http:
+    async with build_http_client(
+        max_connections=10, timeout=5, allowed_networks=LOOPBACK, transport=transport
+    ) as http:
         worker = make_worker(async_engine, http, box, clock, retry_schedule=(10.0,))
         await Relay(async_engine, clock).run_until_idle()
         first = await worker.run_once()
@@ -119,6 +125,7 @@ async def test_no_lock_or_connection_is_held_while_a_request_is_in_flight(
     clock: ManualClock,
     box: SecretBox,
     receiver: Receiver,
+    transport: str,
 ) -> None:
     observed: list[tuple[int, int, int]] = []
     inspector = create_engine(
@@ -150,7 +157,9 @@ async def test_no_lock_or_connection_is_held_while_a_request_is_in_flight(
     with engine.begin() as conn:
         for index in range(5):
             publish(conn, "order.created", {"i": index})
-    async with build_http_client(max_connections=10, timeout=5, allowed_networks=LOOPBACK) as http:
+    async with build_http_client(
+        max_connections=10, timeout=5, allowed_networks=LOOPBACK, transport=transport
+    ) as http:
         await Relay(async_engine, clock).run_until_idle()
         stats = await make_worker(async_engine, http, box, clock).run_once()
     assert stats.succeeded == 5
@@ -164,6 +173,7 @@ async def test_two_relays_and_two_workers_neither_duplicate_nor_lose(
     clock: ManualClock,
     box: SecretBox,
     receiver: Receiver,
+    transport: str,
 ) -> None:
     for name in ("a", "b"):
         add_endpoint(engine, box, receiver.route(f"/{name}"), "*")
@@ -172,7 +182,9 @@ async def test_two_relays_and_two_workers_neither_duplicate_nor_lose(
         published = {publish(conn, "order.created", {"i": i}) for i in range(events)}
 
     stop = asyncio.Event()
-    async with build_http_client(max_connections=50, timeout=5, allowed_networks=LOOPBACK) as http:
+    async with build_http_client(
+        max_connections=50, timeout=5, allowed_networks=LOOPBACK, transport=transport
+    ) as http:
         relay_config = RelayConfig(batch_size=20, poll_interval=0.05)
         worker_config = {"batch_size": 15, "max_in_flight": 30, "poll_interval": 0.05}
         relays = [Relay(async_engine, clock, relay_config) for _ in range(2)]
@@ -203,11 +215,14 @@ async def test_body_is_the_standard_envelope(
     clock: ManualClock,
     box: SecretBox,
     receiver: Receiver,
+    transport: str,
 ) -> None:
     add_endpoint(engine, box, receiver.route("/x"))
     with engine.begin() as conn:
         publish(conn, "customer.updated", {"nested": {"list": [1, 2.5, None, True]}})
-    async with build_http_client(max_connections=10, timeout=5, allowed_networks=LOOPBACK) as http:
+    async with build_http_client(
+        max_connections=10, timeout=5, allowed_networks=LOOPBACK, transport=transport
+    ) as http:
         await Relay(async_engine, clock).run_until_idle()
         await make_worker(async_engine, http, box, clock).run_once()
     body = json.loads(receiver.requests[0].body)
@@ -222,12 +237,13 @@ async def test_address_refused_by_the_ssrf_guard_is_dead_at_once(
     clock: ManualClock,
     box: SecretBox,
     receiver: Receiver,
+    transport: str,
 ) -> None:
     add_endpoint(engine, box, receiver.route("/internal"))
     with engine.begin() as conn:
         publish(conn, "order.created", {"id": 1})
     # No allowed networks: loopback is refused like any private address.
-    async with build_http_client(max_connections=10, timeout=5) as http:
+    async with build_http_client(max_connections=10, timeout=5, transport=transport) as http:
         await Relay(async_engine, clock).run_until_idle()
         stats = await make_worker(async_engine, http, box, clock).run_once()
     assert stats.dead == 1

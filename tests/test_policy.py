@@ -33,6 +33,7 @@ NOW = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.UTC)
         (200, Classification(Outcome.SUCCEEDED)),
         (204, Classification(Outcome.SUCCEEDED)),
         (299, Classification(Outcome.SUCCEEDED)),
+        (300, Classification(Outcome.PERMANENT)),
         (301, Classification(Outcome.PERMANENT)),
         (308, Classification(Outcome.PERMANENT)),
         (400, Classification(Outcome.PERMANENT)),
@@ -67,12 +68,19 @@ def test_endpoint_overrides_win_over_the_table_including_410() -> None:
 def test_hand_edited_junk_in_stored_overrides_is_ignored() -> None:
     parsed = parse_status_overrides({"abc": "retryable", "404": "maybe", "418": "ambiguous"})
     assert parsed == {}
+    # A junk entry skips itself only: the valid entries after it still apply.
+    parsed = parse_status_overrides({"abc": "retryable", "404": "retryable"})
+    assert parsed == {404: Outcome.RETRYABLE}
 
 
 def test_retry_after_seconds_and_http_date() -> None:
     assert parse_retry_after("120", NOW) == 120.0
     in_five_minutes = email.utils.format_datetime(NOW + dt.timedelta(minutes=5), usegmt=True)
     assert parse_retry_after(in_five_minutes, NOW) == 300.0
+    # '-0000' (no zone given) parses to a naive time; it is read as UTC.
+    naive = email.utils.format_datetime((NOW + dt.timedelta(minutes=5)).replace(tzinfo=None))
+    assert naive.endswith("-0000")
+    assert parse_retry_after(naive, NOW) == 300.0
 
 
 def test_retry_after_is_clamped_when_parsed() -> None:
@@ -136,7 +144,20 @@ def test_decide_covers_every_outcome() -> None:
     exhausted = run(Outcome.RETRYABLE, 3)
     assert (exhausted.state, exhausted.exhausted) == ("dead", True)
     permanent = run(Outcome.PERMANENT, 1)
-    assert permanent.state == "dead"
+    assert (permanent.state, permanent.final_reason) == (
+        "dead",
+        "503 Service Unavailable: permanent failure, not retried",
+    )
+    gone = decide(
+        Outcome.PERMANENT,
+        attempts_made=1,
+        policy=policy,
+        now=NOW,
+        rng=rng,
+        last_error="HTTP 410 Gone",
+        disables_endpoint=True,
+    )
+    assert (gone.state, gone.final_reason) == ("dead", "410 Gone: endpoint disabled")
 
 
 def test_reasons_read_like_sentences() -> None:
@@ -154,11 +175,33 @@ def test_reasons_read_like_sentences() -> None:
     # A status whose body was cut by the deadline: the error says more than "200".
     cut = "deadline of 0.5s passed reading the response body after status 200; may have arrived"
     assert exhausted_reason(2, first, NOW, 200, cut).endswith("last: " + cut)
+    # Long errors are cut: 200 characters in an exhausted reason, 300 in a permanent one.
+    long_error = "x" * 500
+    assert exhausted_reason(2, first, NOW, None, long_error) == (
+        "2 attempts over 17 h, last: " + "x" * 200
+    )
+    assert permanent_reason(long_error) == "x" * 300 + ": permanent failure, not retried"
+    assert permanent_reason("  ") == "unknown error: permanent failure, not retried"
 
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(0, "0 s"), (45, "45 s"), (600, "10 min"), (3 * 3600, "3 h"), (61200, "17 h"), (5e5, "6 d")],
+    [
+        (0, "0 s"),
+        (45, "45 s"),
+        (89, "89 s"),
+        (90, "2 min"),
+        (600, "10 min"),
+        (3000, "50 min"),
+        (5399, "90 min"),
+        (5400, "2 h"),
+        (3 * 3600, "3 h"),
+        (61200, "17 h"),
+        (171000, "48 h"),
+        (172800, "2 d"),
+        (302400, "4 d"),
+        (5e5, "6 d"),
+    ],
 )
 def test_format_duration(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text

@@ -39,10 +39,10 @@ FAST = DeliveryRules(max_attempts=3, retry_schedule=(10.0,))
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
+async def http(transport: str) -> AsyncIterator[httpx.AsyncClient]:
     # The one place these tests build a client (a later SSRF guard needs loopback allowed).
     async with build_http_client(
-        max_connections=100, timeout=5, allowed_networks=LOOPBACK
+        max_connections=100, timeout=5, allowed_networks=LOOPBACK, transport=transport
     ) as client:
         yield client
 
@@ -625,7 +625,11 @@ async def test_a_worker_that_sent_then_died_causes_one_duplicate_and_cannot_over
     assert [r.headers["webhook-id"] for r in receiver.requests] == [message_id] * 2
     delivery = rows(engine, "SELECT * FROM deliveries")[0]
     assert (delivery["state"], delivery["locked_by"]) == ("succeeded", None)
-    assert [a["worker_id"] for a in attempts_of(engine, 1)] == ["lives", "late"]  # history
+    # Both are history, numbered by their claims: the late request was the first one.
+    assert [(a["attempt_number"], a["worker_id"]) for a in attempts_of(engine, 1)] == [
+        (1, "late"),
+        (2, "lives"),
+    ]
 
 
 async def test_a_delivery_that_finishes_while_the_reaper_runs_stays_succeeded(

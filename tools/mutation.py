@@ -1,0 +1,458 @@
+"""Mutation testing of the modules where a wrong line loses or corrupts data or security.
+
+    python -m tools.mutation                       # every module below, this checkout
+    python -m tools.mutation delivery/ssrf.py      # one module (or several)
+    python -m tools.mutation --rev main --out /tmp/before.json   # another git revision
+
+Two kinds of mutant, each judged by the fastest test subset that covers the module:
+
+* Python modules go through mutmut (installed by the `mutation` extra): it flips
+  operators, constants, conditions and arguments, and runs, for each mutant, only
+  the tests of the subset that call the mutated function.
+* SQL guards are plain strings to mutmut (it can only turn a whole statement into
+  'XX...XX', which proves nothing about the guard). SQL_MUTANTS below removes or
+  weakens one guard condition at a time; each mutant runs its own tests.
+
+Everything happens in a scratch copy (`git archive` of the revision, or of the
+working tree's files), so the checkout is never modified. One PostgreSQL server is
+started for the whole run (OUTBOX_TEST_DATABASE_URL) instead of one per mutant.
+The result is JSON: per module, mutants, killed, survivors (with each survivor's
+diff). docs/mutation.md records the runs and explains the survivors. Slow: a full
+run takes tens of minutes on a free machine; it is not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Module -> the fastest tests that pin its behaviour. Parametrized transports run on
+# httpx only here: the transport is not what these modules decide.
+MODULES: dict[str, list[str]] = {
+    "delivery/policy.py": [
+        "tests/test_policy.py",
+        "tests/test_documented_rules.py",
+        "-k",
+        "not aiohttp",
+    ],
+    "outbox/endpoint_rules.py": ["tests/test_rules_config.py"],
+    "delivery/signing.py": ["tests/test_verify.py", "tests/test_delivery.py", "-k", "not aiohttp"],
+    "delivery/verify.py": ["tests/test_verify.py"],
+    "delivery/ssrf.py": ["tests/test_ssrf.py"],
+    "delivery/reaper.py": ["tests/test_fencing.py", "-k", "not aiohttp"],
+    "outbox/relay.py": ["tests/test_relay.py", "tests/test_tenant_routing.py"],
+    "outbox/operations.py": ["tests/test_operations.py"],
+}
+
+
+@dataclass(frozen=True)
+class SqlMutant:
+    name: str
+    file: str
+    old: str  # replaced once; a mutant whose text is absent is reported not applicable
+    new: str
+    tests: tuple[str, ...]
+
+
+_LEASES = (
+    "tests/test_fencing.py",
+    "tests/test_rules.py",
+    "-k",
+    "not aiohttp and (lease or rescue or reaper or shutdown or late or release or outcome)",
+)
+_REPLAY = ("tests/test_operations.py",)
+_ROUTING = ("tests/test_relay.py", "tests/test_tenant_routing.py", "tests/test_publish.py")
+Q = "delivery/queries.py"
+OQ = "outbox/queries.py"
+
+SQL_MUTANTS = [
+    # claim
+    SqlMutant(
+        "claim: no claim number bump",
+        Q,
+        "updated_at = :now, claims = d.claims + 1",
+        "updated_at = :now, claims = d.claims",
+        _LEASES,
+    ),
+    SqlMutant(
+        "claim: final re-check of state dropped",
+        Q,
+        "WHERE d.id = due.id AND ev.id = d.event_id AND e.id = d.endpoint_id\n"
+        "      AND d.state = 'scheduled'",
+        "WHERE d.id = due.id AND ev.id = d.event_id AND e.id = d.endpoint_id",
+        ("tests/test_claim_contention.py", "tests/test_delivery.py", "-k", "not aiohttp"),
+    ),
+    # outcome
+    SqlMutant(
+        "outcome: state guard dropped",
+        Q,
+        "WHERE d.id = o.id AND d.state = 'in_flight'",
+        "WHERE d.id = o.id",
+        _LEASES,
+    ),
+    SqlMutant(
+        "outcome: claim guard dropped",
+        Q,
+        "AND d.claims = o.claim",
+        "",
+        _LEASES,
+    ),
+    SqlMutant(
+        "outcome: worker guard dropped",
+        Q,
+        "AND d.locked_by = :worker_id\n        RETURNING d.id",
+        "\n        RETURNING d.id",
+        _LEASES,
+    ),
+    SqlMutant(
+        "outcome: attempt numbered by attempts, not by claim",
+        Q,
+        "SELECT o.id, o.claim, o.started_at",
+        "SELECT o.id, o.attempts, o.started_at",
+        _LEASES,
+    ),
+    SqlMutant(
+        "outcome: repeated write not absorbed",
+        Q,
+        "ON CONFLICT (delivery_id, attempt_number) DO NOTHING",
+        "",
+        _LEASES,
+    ),
+    # release
+    SqlMutant(
+        "release: claim guard dropped",
+        Q,
+        "AND d.claims = c.claim",
+        "",
+        _LEASES,
+    ),
+    SqlMutant(
+        "release: state guard dropped",
+        Q,
+        "WHERE d.id = c.id AND d.state = 'in_flight'",
+        "WHERE d.id = c.id",
+        _LEASES,
+    ),
+    SqlMutant(
+        "release (old): worker guard dropped",
+        Q,
+        "AND state = 'in_flight' AND locked_by = :worker_id",
+        "AND state = 'in_flight'",
+        _LEASES,
+    ),
+    # rescue
+    SqlMutant(
+        "rescue: lease expiry test dropped",
+        Q,
+        "WHERE state = 'in_flight' AND lease_expires_at < :now",
+        "WHERE state = 'in_flight'",
+        _LEASES,
+    ),
+    SqlMutant(
+        "rescue: lease expiry off by one (<=)",
+        Q,
+        "WHERE state = 'in_flight' AND lease_expires_at < :now",
+        "WHERE state = 'in_flight' AND lease_expires_at <= :now",
+        _LEASES,
+    ),
+    SqlMutant(
+        "rescue: SKIP LOCKED dropped (waits for the writer)",
+        Q,
+        "ORDER BY lease_expires_at\n        LIMIT :limit\n        FOR UPDATE SKIP LOCKED",
+        "ORDER BY lease_expires_at\n        LIMIT :limit\n        FOR UPDATE",
+        _LEASES,
+    ),
+    SqlMutant(
+        "rescue: claim re-check dropped",
+        Q,
+        "AND d.state = 'in_flight' AND d.claims = expired.claims",
+        "AND d.state = 'in_flight'",
+        _LEASES,
+    ),
+    SqlMutant(
+        "rescue: poison limit off by one",
+        Q,
+        "SET state = CASE WHEN d.rescues + 1 >= :max_rescues",
+        "SET state = CASE WHEN d.rescues + 1 > :max_rescues",
+        _LEASES,
+    ),
+    # replay and discard
+    SqlMutant(
+        "replay: state re-check dropped",
+        OQ,
+        "WHERE d.state = ANY(CAST(:allowed AS text[]))",
+        "WHERE true",
+        _REPLAY,
+    ),
+    SqlMutant(
+        "discard: in-flight rows not left alone",
+        OQ,
+        "AND state IN ('scheduled', 'dead')",
+        "AND state IN ('scheduled', 'dead', 'in_flight')",
+        _REPLAY,
+    ),
+    SqlMutant(
+        "discard: terminal rows discarded again",
+        OQ,
+        "AND state IN ('scheduled', 'dead')",
+        "",
+        _REPLAY,
+    ),
+    # relay routing
+    SqlMutant(
+        "routing: disabled endpoints get deliveries",
+        OQ,
+        "JOIN endpoints e ON e.enabled AND",
+        "JOIN endpoints e ON true AND",
+        _ROUTING,
+    ),
+    SqlMutant(
+        "routing: tenant ignored",
+        OQ,
+        "(e.tenant_id = b.tenant_id OR e.all_tenants)",
+        "true",
+        _ROUTING,
+    ),
+    SqlMutant(
+        "routing: all_tenants ignored",
+        OQ,
+        "(e.tenant_id = b.tenant_id OR e.all_tenants)",
+        "(e.tenant_id = b.tenant_id)",
+        _ROUTING,
+    ),
+    SqlMutant(
+        "routing: prefix pattern matches without its dot",
+        OQ,
+        "WHERE p.pattern = '*'\n           OR p.pattern = b.event_type\n"
+        "           OR (right(p.pattern, 2) = '.*' AND starts_with(b.event_type, "
+        "left(p.pattern, -1)))",
+        "WHERE p.pattern = '*'\n           OR p.pattern = b.event_type\n"
+        "           OR (right(p.pattern, 2) = '.*' AND starts_with(b.event_type, "
+        "left(p.pattern, -2)))",
+        _ROUTING,
+    ),
+    SqlMutant(
+        "routing: '*' does not match everything",
+        OQ,
+        "WHERE p.pattern = '*'\n           OR p.pattern = b.event_type",
+        "WHERE p.pattern = b.event_type",
+        _ROUTING,
+    ),
+    SqlMutant(
+        "routing: events marked relayed twice (relayed_at filter dropped)",
+        OQ,
+        "FROM outbox_events\n        WHERE relayed_at IS NULL\n        ORDER BY id",
+        "FROM outbox_events\n        ORDER BY id",
+        _ROUTING,
+    ),
+    SqlMutant(
+        "rules: least specific max-attempts rule wins",
+        OQ,
+        "ORDER BY r.pattern = b.event_type DESC, length(r.pattern) DESC",
+        "ORDER BY r.pattern = b.event_type DESC, length(r.pattern)",
+        ("tests/test_documented_rules.py", "-k", "not aiohttp"),
+    ),
+    SqlMutant(
+        "rules: exact type not preferred over an equally long prefix",
+        OQ,
+        "ORDER BY r.pattern = b.event_type DESC, length(r.pattern) DESC",
+        "ORDER BY length(r.pattern) DESC",
+        ("tests/test_documented_rules.py", "-k", "not aiohttp"),
+    ),
+]
+
+
+def _export(rev: str | None, into: Path) -> None:
+    """The revision's tracked files (or the working tree's) into a scratch folder."""
+    if rev:
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+        return
+    files = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        check=True,
+        capture_output=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, (f.decode() for f in files)):
+        source = ROOT / name
+        if source.is_file():
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, into / name)
+
+
+def _existing(copy: Path, selection: list[str] | tuple[str, ...]) -> list[str]:
+    """Drop test files the revision does not have (an older revision lacks newer tests)."""
+    out: list[str] = []
+    skip_next = False
+    for item in selection:
+        if skip_next:
+            skip_next = False
+            out.append(item)
+            continue
+        if item == "-k":
+            skip_next = True
+            out.append(item)
+        elif item.startswith("tests/") and not (copy / item).exists():
+            continue
+        else:
+            out.append(item)
+    return out
+
+
+def _mutmut_module(copy: Path, module: str, selection: list[str]) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="mutmut-", dir=copy.parent))
+    shutil.copytree(copy, work, dirs_exist_ok=True)
+    package = module.split("/")[0]
+    others = [
+        p
+        for p in ("outbox/", "delivery/", "migrations/", "bench/", "config/")
+        if p != package + "/"
+    ]
+    config = {
+        "source_paths": [package + "/"],
+        "only_mutate": [module],
+        "also_copy": [p for p in others if (work / p).exists()],
+        "pytest_add_cli_args_test_selection": _existing(work, selection),
+        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-q", "-x", "-p", "no:randomly"],
+    }
+    lines = ["", "[tool.mutmut]"] + [
+        f"{key} = {json.dumps(value)}" for key, value in config.items()
+    ]
+    with (work / "pyproject.toml").open("a") as handle:
+        handle.write("\n".join(lines) + "\n")
+    began = time.monotonic()
+    mutmut = [sys.executable, "-m", "mutmut"]
+    run = subprocess.run([*mutmut, "run"], cwd=work, capture_output=True, text=True)
+    results = subprocess.run(
+        [*mutmut, "results", "--all", "true"], cwd=work, capture_output=True, text=True
+    ).stdout
+    statuses: dict[str, str] = {}
+    for line in results.splitlines():
+        match = re.match(r"\s*(\S+): (.+)$", line)
+        if match:
+            statuses[match.group(1)] = match.group(2).strip()
+    survivors = {}
+    for name, status in statuses.items():
+        if status in ("survived", "no tests", "timeout", "suspicious"):
+            shown = subprocess.run(
+                [*mutmut, "show", name], cwd=work, capture_output=True, text=True
+            ).stdout
+            survivors[name] = {"status": status, "diff": shown}
+    counts: dict[str, int] = {}
+    for status in statuses.values():
+        counts[status] = counts.get(status, 0) + 1
+    shutil.rmtree(work, ignore_errors=True)
+    return {
+        "module": module,
+        "tests": selection,
+        "mutants": len(statuses),
+        "counts": counts,
+        "survivors": survivors,
+        "seconds": round(time.monotonic() - began, 1),
+        "mutmut_exit": run.returncode,
+        "mutmut_tail": run.stderr[-2000:] if run.returncode else "",
+    }
+
+
+def _sql_mutants(copy: Path, wanted: set[str] | None) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    for mutant in SQL_MUTANTS:
+        if wanted is not None and mutant.file not in wanted:
+            continue
+        path = copy / mutant.file
+        original = path.read_text()
+        if mutant.old not in original:
+            results.append({"name": mutant.name, "status": "not applicable", "tests": []})
+            continue
+        path.write_text(original.replace(mutant.old, mutant.new, 1))
+        began = time.monotonic()
+        try:
+            tests = _existing(copy, mutant.tests)
+            done = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+                cwd=copy,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            status = "killed" if done.returncode != 0 else "survived"
+            summary = done.stdout.strip().splitlines()[-1:] if done.stdout else []
+        except subprocess.TimeoutExpired:
+            status, summary = "killed (timeout)", []
+        finally:
+            path.write_text(original)
+        results.append(
+            {
+                "name": mutant.name,
+                "status": status,
+                "tests": tests,
+                "summary": summary,
+                "seconds": round(time.monotonic() - began, 1),
+            }
+        )
+        print(f"  sql: {mutant.name}: {status}", flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("modules", nargs="*", help="modules to mutate (default: all of them)")
+    parser.add_argument("--rev", help="a git revision to test instead of the working tree")
+    parser.add_argument("--out", type=Path, help="write the JSON report here")
+    parser.add_argument("--no-sql", action="store_true", help="skip the SQL guard mutants")
+    parser.add_argument("--sql-only", action="store_true", help="only the SQL guard mutants")
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.modules if m not in MODULES and m not in {Q, OQ}]
+    if unknown:
+        parser.error(f"unknown module {unknown[0]!r}; choose from {', '.join(MODULES)}, {Q}, {OQ}")
+    modules = [m for m in (args.modules or list(MODULES)) if m in MODULES]
+
+    from outbox.embedded import EmbeddedPostgres
+
+    report: dict[str, Any] = {"rev": args.rev or "working tree", "modules": [], "sql": []}
+    with tempfile.TemporaryDirectory(prefix="outbox-mutation-") as scratch:
+        root = Path(scratch)
+        copy = root / "tree"
+        copy.mkdir()
+        _export(args.rev, copy)
+        server = EmbeddedPostgres(root / "pg", delete_on_stop=True)
+        os.environ["OUTBOX_TEST_DATABASE_URL"] = server.start()
+        try:
+            if not args.sql_only:
+                for module in modules:
+                    print(f"mutmut: {module}", flush=True)
+                    result = _mutmut_module(copy, module, MODULES[module])
+                    report["modules"].append(result)
+                    print(
+                        f"  {result['mutants']} mutants, {result['counts']}, {result['seconds']} s",
+                        flush=True,
+                    )
+            if not args.no_sql:
+                wanted = set(args.modules) & {Q, OQ} if args.modules else None
+                report["sql"] = _sql_mutants(copy, wanted)
+        finally:
+            server.stop()
+    text = json.dumps(report, indent=2)
+    if args.out:
+        args.out.write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
