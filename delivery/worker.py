@@ -310,7 +310,7 @@ class Worker:
                 sorted(
                     claimed.id
                     for decision, (claimed, _) in zip(decisions, outcomes, strict=True)
-                    if decision.state == "dead" and claimed.id in kept
+                    if decision.state == "dead" and (claimed.id, claimed.claim) in kept
                 ),
                 now=now,
             )

@@ -13,7 +13,7 @@
   `operational_event_marks`.
 
 Revision ID: 0009
-Revises: 0006
+Revises: 0007
 Create Date: 2026-11-30
 """
 
@@ -24,7 +24,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0009"
-down_revision = "0006"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
