@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from delivery.operator.api import create_app
 from delivery.operator.cli import main
 from outbox import PublishError, publish, publish_async
-from outbox.catalogue import CACHE, update_event_type
+from outbox.catalogue import CACHE, OPERATIONAL_EVENT_TYPES, update_event_type
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox, generate_key
 from outbox.db import make_engine
@@ -301,7 +301,9 @@ def test_cli_export_is_a_valid_openapi_document(cli: CliRunner, tmp_path: Path) 
     document = json.loads(out.read_text())
     validate(document)
     assert document["openapi"] == "3.1.0"
-    assert list(document["webhooks"]) == ["order.created"]
+    assert set(document["webhooks"]) == {"order.created", *OPERATIONAL_EVENT_TYPES}
+    bare = invoke(cli, "event-types", "export", "--without-operational")
+    assert list(json.loads(bare.output)["webhooks"]) == ["order.created"]
     # Broken on purpose, the validator notices (so the check above means something).
     document["webhooks"]["order.created"]["post"]["responses"] = "nope"
     with pytest.raises(Exception, match="nope"):

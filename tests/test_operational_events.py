@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 from click.testing import CliRunner
+from jsonschema import Draft202012Validator
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -18,6 +19,7 @@ from delivery.operator.cli import main
 from delivery.receiver import Receiver
 from delivery.worker import Worker, WorkerConfig
 from outbox import PublishError, publish
+from outbox.catalogue import OPERATIONAL_SCHEMAS
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox, generate_key
 from outbox.endpoints import secret_columns
@@ -48,6 +50,18 @@ async def run_worker(
         worker = Worker(async_engine, http, box, clock, config)
         while (await worker.run_once()).claimed:
             pass
+
+
+def check_documented(engine: Engine) -> int:
+    """Every operational event written so far matches the schema the OpenAPI export
+    documents for it, with no undocumented field."""
+    checked = 0
+    for event in op_events(engine):
+        _, properties = OPERATIONAL_SCHEMAS[str(event["event_type"])]
+        strict = {"type": "object", "properties": properties, "additionalProperties": False}
+        Draft202012Validator(strict).validate(event["payload"])
+        checked += 1
+    return checked
 
 
 def test_applications_cannot_publish_operational_types(engine: Engine) -> None:
@@ -91,6 +105,7 @@ async def test_a_disabled_endpoint_is_reported_to_its_own_tenant_only(
     assert event["data"]["reason"] == "partner is migrating"
     assert receiver.received("/globex-ops") == []  # another tenant learns nothing
     assert receiver.received("/acme-all") == []  # '*' means application events only
+    assert check_documented(engine) == 1
 
 
 async def test_breaker_opened_then_recovered(
@@ -118,6 +133,7 @@ async def test_breaker_opened_then_recovered(
     kinds = [json.loads(r.body)["type"] for r in receiver.received("/ops")]
     assert kinds.count("endpoint.breaker_opened") == 1
     assert kinds.count("endpoint.recovered") == 1
+    assert check_documented(engine) == 2
 
 
 def test_a_disabled_tenant_is_reported(engine: Engine, box: SecretBox) -> None:
@@ -134,6 +150,7 @@ def test_a_disabled_tenant_is_reported(engine: Engine, box: SecretBox) -> None:
     assert event["tenant"] == "acme"
     assert event["payload"]["tenant_id"] == "acme"  # type: ignore[index]
     assert event["payload"]["reason"] == "unpaid"  # type: ignore[index]
+    assert check_documented(engine) == 1
 
 
 async def test_a_storm_of_100_failing_endpoints_produces_a_bounded_number_of_events(
@@ -188,3 +205,21 @@ async def test_a_storm_of_100_failing_endpoints_produces_a_bounded_number_of_eve
     # A second flush finds nothing more to say.
     await Relay(async_engine, clock).run_once()
     assert len(op_events(engine)) == total
+    assert check_documented(engine) == total
+
+
+async def test_an_operational_endpoint_that_is_down_feeds_no_loop(
+    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox,
+    receiver: Receiver,
+) -> None:  # fmt: skip
+    add_endpoint(engine, box, receiver.route("/partner", status=404), "order.*")
+    add_endpoint(engine, box, receiver.route("/ops-down", status=404), "delivery.dead")
+    with engine.begin() as conn:
+        publish(conn, "order.created", {"id": 1})
+    for _ in range(3):
+        await Relay(async_engine, clock).run_until_idle()
+        await run_worker(async_engine, box, clock)
+    # The partner's dead delivery is reported once; the report's own death is not.
+    assert len(receiver.received("/ops-down")) == 1
+    assert len(op_events(engine, "delivery.dead")) == 1
+    assert scalar(engine, "SELECT count(*) FROM deliveries WHERE state = 'dead'") == 2

@@ -92,8 +92,11 @@ async def archive_event_type(call: Call) -> Any:
 async def export_openapi(call: Call) -> Any:
     title = call.query("title") or "Webhooks"
     version = call.query("version") or "1.0.0"
+    operational = (call.query("operational") or "true").lower() not in ("0", "false", "no")
     return await call.api.read(
-        lambda c: catalogue.openapi_document(c, title=title, version=version)
+        lambda c: catalogue.openapi_document(
+            c, title=title, version=version, include_operational=operational
+        )
     )
 
 
@@ -208,7 +211,11 @@ CONTRACT_ROUTES: tuple[Operation, ...] = (
         "viewer",
         "The partners' OpenAPI 3.1 document: every event type as a webhook.",
         export_openapi,
-        (Param("title", "info.title"), Param("version", "info.version")),
+        (
+            Param("title", "info.title"),
+            Param("version", "info.version"),
+            Param("operational", "false: leave out the operational events."),
+        ),
     ),
     Operation(
         "GET",

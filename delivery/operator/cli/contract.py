@@ -194,11 +194,20 @@ event_types.add_command(
 @click.option("--output", default=None, help="Write to this file instead of standard output.")
 @click.option("--title", default="Webhooks", show_default=True, help="The document's title.")
 @click.option("--api-version", default="1.0.0", show_default=True, help="info.version.")
+@click.option(
+    "--without-operational",
+    is_flag=True,
+    help="Leave out the service's own operational events (endpoint.disabled, ...).",
+)
 @friendly_errors
-def event_types_export(fmt: str, output: str | None, title: str, api_version: str) -> None:
+def event_types_export(
+    fmt: str, output: str | None, title: str, api_version: str, without_operational: bool
+) -> None:
     """An OpenAPI 3.1 document describing every event type as a webhook, for partners."""
     with database() as (_, db), db.engine.connect() as conn:
-        document = catalogue.openapi_document(conn, title=title, version=api_version)
+        document = catalogue.openapi_document(
+            conn, title=title, version=api_version, include_operational=not without_operational
+        )
     text = json.dumps(document, indent=2) + "\n"
     if output is None:
         click.echo(text, nl=False)
