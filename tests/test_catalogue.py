@@ -308,3 +308,18 @@ def test_cli_export_is_a_valid_openapi_document(cli: CliRunner, tmp_path: Path) 
     document["webhooks"]["order.created"]["post"]["responses"] = "nope"
     with pytest.raises(Exception, match="nope"):
         validate(document)
+
+
+def test_cli_publish_follows_the_setting_and_names_the_rule(
+    cli: CliRunner, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_order_type(cli, tmp_path)
+    broken = invoke(cli, "publish", "order.created", '{"id": "x", "total": "free"}')
+    assert broken.exit_code == 1
+    assert "at $.total: 'free' is not of type 'number' (rule 'type')" in broken.output
+    env_file = tmp_path / "outbox.env"
+    env_file.write_text("OUTBOX_EVENT_TYPES=strict\n")
+    monkeypatch.setenv("OUTBOX_ENV_FILE", str(env_file))
+    unknown = invoke(cli, "publish", "invoice.paid", "{}")
+    assert unknown.exit_code == 1 and "not in the catalogue" in unknown.output
+    assert scalar(engine, "SELECT count(*) FROM outbox_events") == 0

@@ -45,6 +45,7 @@ def publish(
             ordering_key=ordering_key,
             priority=priority,
             max_payload_bytes=current.max_payload_bytes,
+            strict=current.event_types == "strict",  # the settings file counts here too
         )
     if as_json:
         echo_json({"message_id": message_id, "event_type": event_type})
