@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from bench import scale
 from bench.harness import Plan, run, sustained_median
 
 TARGETS = {
@@ -157,9 +158,13 @@ def report(results: dict[str, Any]) -> str:
         f"{transports['aiohttp_10']} / {transports['aiohttp_100']}",
         f"worker peak RSS: {rss['worker_peak_rss_mb']} MB with {rss['in_flight']} deliveries "
         f"in flight (max_in_flight {rss['max_in_flight']})",
+        *scale.report(results["scale"]),
         "",
         "targets (issue 7)",
         _table(targets(results), ["target", "measured", "goal", "verdict"]),
+        "",
+        "targets (issue 10, ratios within this run)",
+        _table(scale.verdicts(results["scale"]), ["target", "measured", "goal", "verdict"]),
         "",
         f"total {results['total_seconds']} s",
     ]

@@ -90,6 +90,7 @@ class Plan:
     worker_batch_size: int = 100
     peer: bool = True
     repeat: int = 2
+    scale_quick: bool = False  # bench/scale.py at its quick sizes
 
     @classmethod
     def quick(cls) -> Plan:
@@ -109,6 +110,7 @@ class Plan:
             rss_in_flight=40,
             slow_delay=2.0,
             repeat=1,
+            scale_quick=True,
         )
 
 
@@ -947,6 +949,10 @@ async def _run(
         results["claim_complete_2"] = await claim_and_complete(
             cluster, plan, batch_size=500, processes=2
         )
+        from bench import scale  # (imports this module)
+
+        scale_plan = scale.ScalePlan.quick() if plan.scale_quick else scale.ScalePlan()
+        results["scale"] = await scale.measure(cluster, scale_plan, progress)
         # Ours and the peer alternate so that background noise hits both alike.
         paired: list[dict[str, Any]] = []
         for fanout in plan.fanouts:

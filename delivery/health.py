@@ -45,6 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from delivery import queries
 from delivery.policy import Outcome
 from outbox.audit import record_audit
+from outbox.endpoints import get_endpoint
 from outbox.errors import EndpointError
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
@@ -374,33 +375,145 @@ def _duration(seconds: float) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantCap:
+    """A capped tenant's limits and token bucket, as one claim saw them (locked)."""
+
+    tenant_id: int
+    max_in_flight: int | None = None
+    max_per_second: float | None = None
+    tokens: float | None = None
+    tokens_at: dt.datetime | None = None
+
+
+def tenant_budget(cap: TenantCap, *, in_flight: int, now: dt.datetime) -> int | None:
+    """How many of this tenant's deliveries one claim may take now, across its endpoints."""
+    budget = math.inf
+    if cap.max_in_flight is not None:
+        budget = max(0, cap.max_in_flight - in_flight)
+    if cap.max_per_second is not None:
+        bucket = Health(0, tokens=cap.tokens, tokens_at=cap.tokens_at)
+        budget = min(budget, math.floor(available_tokens(bucket, now, cap.max_per_second)))
+    return None if budget == math.inf else int(budget)
+
+
+def tenant_after_claim(cap: TenantCap, claimed: int, *, now: dt.datetime) -> TenantCap:
+    """The bucket after a claim took `claimed` of the tenant's deliveries."""
+    if cap.max_per_second is None:
+        return cap
+    bucket = Health(0, tokens=cap.tokens, tokens_at=cap.tokens_at)
+    tokens = available_tokens(bucket, now, cap.max_per_second) - claimed
+    return dataclasses.replace(cap, tokens=tokens, tokens_at=now)
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """An endpoint's first due delivery in claim order, as the gates saw it."""
+
+    endpoint_id: int
+    tenant_id: int
+    priority: int
+    due_at: dt.datetime
+    delivery_id: int
+
+
+def choose_endpoints(
+    heads: Sequence[Head],
+    budgets: Mapping[int, int],
+    tenant_budgets: Mapping[int, int],
+    limit: int,
+) -> list[int]:
+    """The endpoints one claim visits: at most `limit`, in the claim's own order, so the
+    claim's cost follows its batch size, not the number of endpoints with due work.
+
+    The order is the claim's: priority first, then round robin across tenants (each
+    tenant's endpoints take turns by their heads' age), then the oldest head. An endpoint
+    served by this claim moves its head to a newer row, so the next claim rotates on to
+    the endpoints that waited. Endpoints or tenants with no budget left are not visited.
+    """
+    eligible = [
+        h
+        for h in heads
+        if budgets.get(h.endpoint_id, 1) > 0 and tenant_budgets.get(h.tenant_id, 1) > 0
+    ]
+    eligible.sort(key=lambda h: (h.tenant_id, -h.priority, h.due_at, h.delivery_id))
+    turns: Counter[tuple[int, int]] = Counter()
+    turn: dict[int, int] = {}
+    for head in eligible:
+        turns[head.tenant_id, head.priority] += 1
+        turn[head.endpoint_id] = turns[head.tenant_id, head.priority]
+    eligible.sort(key=lambda h: (-h.priority, turn[h.endpoint_id], h.due_at, h.delivery_id))
+    return [h.endpoint_id for h in eligible[:limit]]
+
+
+@dataclass(frozen=True, slots=True)
 class Gates:
-    """Budgets for gated endpoints during one claim; ungated endpoints are unlimited."""
+    """What one claim may take: the heads of the endpoints with due work (enabled, of
+    enabled tenants), budgets of gated endpoints and capped tenants (others: unlimited)."""
 
     budgets: dict[int, int]
     locked: dict[int, Health]
+    heads: list[Head] = dataclasses.field(default_factory=list)
+    tenant_budgets: dict[int, int] = dataclasses.field(default_factory=dict)
+    tenants_locked: dict[int, TenantCap] = dataclasses.field(default_factory=dict)
+    tenant_of: dict[int, int] = dataclasses.field(default_factory=dict)
 
-    def params(self, local_caps: Mapping[int, int] | None = None) -> dict[str, list[int]]:
+    def params(self, limit: int, local_caps: Mapping[int, int] | None = None) -> dict[str, Any]:
         """Claim parameters; `local_caps` lowers budgets further (this worker's slot share)."""
         budgets = dict(self.budgets)
         for endpoint_id, cap in (local_caps or {}).items():
             budgets[endpoint_id] = min(budgets.get(endpoint_id, cap), cap)
-        return {"gate_ids": list(budgets), "gate_budgets": list(budgets.values())}
+        chosen = choose_endpoints(self.heads, budgets, self.tenant_budgets, limit)
+        # About twice each endpoint's fair share of the batch: enough to fill it when some
+        # endpoints have less due, few enough that many busy endpoints lock few rows each.
+        per_endpoint = max(1, math.ceil(2 * limit / max(1, len(chosen))))
+        return {
+            "endpoint_ids": chosen,
+            "per_endpoint": per_endpoint,
+            "gate_ids": list(budgets),
+            "gate_budgets": list(budgets.values()),
+            "tenant_gate_ids": list(self.tenant_budgets),
+            "tenant_gate_budgets": list(self.tenant_budgets.values()),
+        }
 
 
 async def open_gates(conn: AsyncConnection, *, now: dt.datetime, config: HealthConfig) -> Gates:
-    """Lock the gated endpoints' rows (SKIP LOCKED) and work out each one's claim budget.
+    """Find the endpoints with scheduled work; lock the gated endpoints' health rows and the
+    capped tenants' rows (SKIP LOCKED) and work out each one's claim budget.
 
-    An endpoint whose row another worker holds gets budget 0 for this claim: that
-    worker is spending its limits right now.
+    An endpoint or tenant whose row another worker holds gets budget 0 for this claim:
+    that worker is spending its limits right now.
     """
     budgets: dict[int, int] = {}
     locked: dict[int, Health] = {}
-    for row in await conn.execute(queries.LOCK_GATED_ENDPOINTS, {"now": now}):
-        if row.locked:
-            locked[row.endpoint_id] = Health.from_row(row)
-        else:
-            budgets[row.endpoint_id] = 0
+    heads: list[Head] = []
+    locked_ids: list[int] = []
+    tenant_budgets: dict[int, int] = {}
+    tenants_locked: dict[int, TenantCap] = {}
+    tenant_of: dict[int, int] = {}
+    for row in await conn.execute(queries.LOCK_CLAIM_GATES, {"now": now}):
+        heads.append(
+            Head(row.endpoint_id, row.tenant_id, row.head_priority, row.head_due_at, row.head_id)
+        )
+        tenant_of[row.endpoint_id] = row.tenant_id
+        if row.gated:
+            if row.locked:
+                locked_ids.append(row.endpoint_id)
+            else:
+                budgets[row.endpoint_id] = 0
+        if row.tenant_capped:
+            if row.tenant_locked:
+                tenants_locked[row.tenant_id] = TenantCap(
+                    row.tenant_id,
+                    row.tenant_max_in_flight,
+                    row.tenant_max_per_second,
+                    row.tenant_tokens,
+                    row.tenant_tokens_at,
+                )
+            else:
+                tenant_budgets[row.tenant_id] = 0
+    if locked_ids:
+        result = await conn.execute(queries.SELECT_LOCKED_HEALTH, {"ids": locked_ids})
+        locked = {row.endpoint_id: Health.from_row(row) for row in result}
     in_flight: dict[int, int] = {}
     counted = [h.endpoint_id for h in locked.values() if h.max_in_flight is not None]
     if counted:
@@ -412,7 +525,23 @@ async def open_gates(conn: AsyncConnection, *, now: dt.datetime, config: HealthC
         )
         if budget is not None:
             budgets[endpoint_id] = budget
-    return Gates(budgets=budgets, locked=locked)
+    tenant_in_flight: dict[int, int] = {}
+    counted = [c.tenant_id for c in tenants_locked.values() if c.max_in_flight is not None]
+    if counted:
+        result = await conn.execute(queries.COUNT_TENANT_IN_FLIGHT, {"ids": counted})
+        tenant_in_flight = {row.tenant_id: int(row.in_flight) for row in result}
+    for tenant_id, cap in tenants_locked.items():
+        tenant_cap = tenant_budget(cap, in_flight=tenant_in_flight.get(tenant_id, 0), now=now)
+        if tenant_cap is not None:
+            tenant_budgets[tenant_id] = tenant_cap
+    return Gates(
+        budgets=budgets,
+        locked=locked,
+        heads=heads,
+        tenant_budgets=tenant_budgets,
+        tenants_locked=tenants_locked,
+        tenant_of=tenant_of,
+    )
 
 
 async def close_gates(
@@ -430,6 +559,23 @@ async def close_gates(
         if updated != health:
             changed.append(updated)
     await save(conn, changed, now=now)
+    per_tenant: Counter[int] = Counter()
+    for endpoint_id, count in claimed.items():
+        per_tenant[gates.tenant_of.get(endpoint_id, 0)] += count
+    buckets = [
+        tenant_after_claim(cap, per_tenant[tenant_id], now=now)
+        for tenant_id, cap in gates.tenants_locked.items()
+        if cap.max_per_second is not None
+    ]
+    if buckets:
+        await conn.execute(
+            queries.SAVE_TENANT_BUCKETS,
+            {
+                "tenant_ids": [b.tenant_id for b in buckets],
+                "tokens": [b.tokens for b in buckets],
+                "tokens_at": [b.tokens_at for b in buckets],
+            },
+        )
 
 
 async def save(conn: AsyncConnection, rows: Sequence[Health], *, now: dt.datetime) -> None:
@@ -534,7 +680,9 @@ class EndpointLimits:
         return dataclasses.asdict(self)
 
 
-def get_endpoint_limits(conn: Connection, uid: str) -> EndpointLimits:
+def get_endpoint_limits(conn: Connection, uid: str, *, scope: str | None = None) -> EndpointLimits:
+    if scope is not None:
+        get_endpoint(conn, uid, scope=scope)  # another tenant's endpoint: not found
     row = conn.execute(queries.SELECT_ENDPOINT_LIMITS, {"uid": uid}).first()
     if row is None:
         raise EndpointError(f"no endpoint {uid!r}; `outbox endpoints list` shows the ids")
@@ -542,9 +690,11 @@ def get_endpoint_limits(conn: Connection, uid: str) -> EndpointLimits:
 
 
 def set_endpoint_limits(
-    conn: Connection, uid: str, limits: EndpointLimits, *, actor: str
+    conn: Connection, uid: str, limits: EndpointLimits, *, actor: str, scope: str | None = None
 ) -> EndpointLimits:
     """Set an endpoint's limits and ordering (replacing the previous ones), with an audit row."""
+    if scope is not None:
+        get_endpoint(conn, uid, scope=scope)  # another tenant's endpoint: not found
     if limits.max_in_flight is not None and limits.max_in_flight <= 0:
         raise EndpointError("max in flight must be a positive number, or unset for no limit")
     if limits.max_per_second is not None and limits.max_per_second <= 0:

@@ -12,10 +12,16 @@ from __future__ import annotations
 from sqlalchemy import text
 
 # Claim due deliveries of enabled endpoints and lease them; the claim commits before
-# any HTTP request starts. delivery/health.py passes a budget for each gated endpoint
-# (breaker open or half-open, limits, ramp, 429 pause); other endpoints are unlimited.
+# any HTTP request starts. It starts from :endpoint_ids, at most :limit endpoints with
+# due work chosen from their heads (LOCK_CLAIM_GATES, health.choose_endpoints), so idle
+# endpoints cost nothing, a thousand busy ones cost a batch's worth, and a disabled
+# tenant's deliveries wait. delivery/health.py passes a budget for each gated
+# endpoint (breaker open or half-open, limits, ramp, 429 pause) and each capped tenant;
+# the others are unlimited.
 #   fairness: each endpoint offers at most its budget (LATERAL, on its own index), rows
-#     are taken round-robin across endpoints (`turn`) within a priority;
+#     are taken round-robin across tenants (`tenant_turn`), and within a tenant across
+#     its endpoints (`turn`), within a priority: a tenant's flood delays another
+#     tenant's first due delivery by at most one batch;
 #   priority: higher first across all endpoints, so a low-priority flood delays due
 #     high-priority work by at most the batch already claimed;
 #   ordering (endpoints with `ordered`): only the head of each ordering key is offered:
@@ -29,22 +35,40 @@ CLAIM_DUE_DELIVERIES = text(
     WITH gate AS (
         SELECT * FROM unnest(CAST(:gate_ids AS bigint[]), CAST(:gate_budgets AS int[]))
             AS g(endpoint_id, budget)
+    ), tenant_gate AS (
+        SELECT * FROM unnest(CAST(:tenant_gate_ids AS bigint[]),
+                             CAST(:tenant_gate_budgets AS int[]))
+            AS g(tenant_id, budget)
     ), candidates AS (
-        SELECT c.id, c.priority, c.next_attempt_at,
+        SELECT c.id, c.tenant_id, c.priority, c.next_attempt_at,
                row_number() OVER (
                    PARTITION BY c.endpoint_id, c.priority ORDER BY c.next_attempt_at, c.id
                ) AS turn
-        FROM endpoints e
-        LEFT JOIN gate g ON g.endpoint_id = e.id
-        LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
+        -- Only the endpoints with scheduled work (LOCK_CLAIM_GATES found them), never
+        -- every endpoint: the claim's cost follows the due work.
+        -- (LATERAL ... LIMIT 1: one primary-key probe per endpoint, never a scan)
+        FROM unnest(CAST(:endpoint_ids AS bigint[])) AS live(endpoint_id)
         CROSS JOIN LATERAL (
-            SELECT d.id, d.endpoint_id, d.priority, d.next_attempt_at
+            SELECT x.id, x.enabled, x.all_tenants FROM endpoints x
+            WHERE x.id = live.endpoint_id LIMIT 1
+        ) e
+        LEFT JOIN gate g ON g.endpoint_id = e.id
+        LEFT JOIN LATERAL (
+            SELECT x.ordered, x.dead_head FROM endpoint_health x WHERE x.endpoint_id = e.id
+            LIMIT 1
+        ) h ON true
+        CROSS JOIN LATERAL (
+            SELECT d.id, d.endpoint_id, d.tenant_id, d.priority, d.next_attempt_at
             FROM deliveries d
             WHERE d.endpoint_id = e.id AND d.state = 'scheduled' AND d.next_attempt_at <= :now
               AND (d.ordering_key IS NULL OR h.ordered IS NOT TRUE OR NOT EXISTS (
                   SELECT 1 FROM deliveries p
                   WHERE p.endpoint_id = d.endpoint_id AND p.ordering_key = d.ordering_key
                     AND p.id <> d.id
+                    -- an all-tenants endpoint orders each tenant's keys apart
+                    AND (NOT e.all_tenants
+                         OR (SELECT t.tenant_id FROM outbox_events t WHERE t.id = p.event_id)
+                          = (SELECT t.tenant_id FROM outbox_events t WHERE t.id = d.event_id))
                     AND (p.state = 'in_flight'
                          OR (p.event_id < d.event_id AND p.state = 'scheduled')
                          OR (p.event_id < d.event_id AND p.state = 'dead'
@@ -52,13 +76,18 @@ CLAIM_DUE_DELIVERIES = text(
                              AND NOT EXISTS (
                                  SELECT 1 FROM deliveries r WHERE r.replay_of = p.id)))
               ) AND NOT EXISTS (
-                  -- an earlier event of the key not fanned out yet (several relays)
+                  -- an earlier event of the key not fanned out yet (several relays);
+                  -- ordering keys are the application's, scoped to the event's tenant
                   SELECT 1 FROM outbox_events o
                   WHERE o.ordering_key = d.ordering_key AND o.relayed_at IS NULL
                     AND o.id < d.event_id
+                    AND o.tenant_id = (SELECT t.tenant_id FROM outbox_events t
+                                       WHERE t.id = d.event_id)
               ))
             ORDER BY d.priority DESC, d.next_attempt_at, d.id
-            LIMIT LEAST(COALESCE(g.budget, :limit), :limit)
+            -- :per_endpoint is about twice this endpoint's fair share of the batch, so
+            -- a thousand busy endpoints lock a few rows each, not a batch each.
+            LIMIT LEAST(COALESCE(g.budget, :limit), :limit, :per_endpoint)
             -- Rows another claimer holds are skipped here, not only at the end: otherwise
             -- concurrent claimers on one endpoint all see the same head rows and all but
             -- one come back empty. Locks on candidates not picked end with this statement's
@@ -66,15 +95,30 @@ CLAIM_DUE_DELIVERIES = text(
             FOR UPDATE OF d SKIP LOCKED
         ) c
         WHERE e.enabled AND COALESCE(g.budget, :limit) > 0
+    ), ranked AS (
+        -- Round robin across tenants first, then across each tenant's endpoints: a tenant
+        -- with a flood on many endpoints still gets one turn per round, like any other.
+        SELECT c.*,
+               row_number() OVER (
+                   PARTITION BY c.tenant_id, c.priority ORDER BY c.turn, c.next_attempt_at, c.id
+               ) AS tenant_turn,
+               row_number() OVER (
+                   PARTITION BY c.tenant_id
+                   ORDER BY c.priority DESC, c.turn, c.next_attempt_at, c.id
+               ) AS tenant_rank
+        FROM candidates c
     ), picked AS (
-        SELECT id, priority, turn, next_attempt_at FROM candidates
-        ORDER BY priority DESC, turn, next_attempt_at, id
+        SELECT r.id, r.priority, r.tenant_turn, r.turn, r.next_attempt_at
+        FROM ranked r LEFT JOIN tenant_gate t ON t.tenant_id = r.tenant_id
+        -- a capped tenant's budget (max in flight, max per second) for this claim
+        WHERE t.budget IS NULL OR r.tenant_rank <= t.budget
+        ORDER BY r.priority DESC, r.tenant_turn, r.turn, r.next_attempt_at, r.id
         LIMIT 2 * :limit
     ), due AS (
         SELECT d.id
         FROM deliveries d JOIN picked p ON p.id = d.id
         WHERE d.state = 'scheduled'
-        ORDER BY p.priority DESC, p.turn, p.next_attempt_at, p.id
+        ORDER BY p.priority DESC, p.tenant_turn, p.turn, p.next_attempt_at, p.id
         LIMIT :limit
         FOR UPDATE OF d SKIP LOCKED
     )
@@ -237,26 +281,107 @@ _HEALTH_COLUMNS = """
     h.tokens_at, h.failing_since, h.last_failure
 """
 
-# The health rows a claim must respect, locked with SKIP LOCKED. `locked` is false for
-# rows another worker holds: that endpoint is skipped by this claim.
-LOCK_GATED_ENDPOINTS = text(
-    f"""
-    WITH needed AS (
-        SELECT h.endpoint_id
-        FROM endpoint_health h JOIN endpoints e ON e.id = h.endpoint_id
-        WHERE e.enabled
-          AND (h.breaker_state <> 'closed' OR h.max_in_flight IS NOT NULL
-               OR h.max_per_second IS NOT NULL OR h.ramp_until > :now
-               OR h.paused_until > :now)
+# Everything a claim needs to know before it claims, visiting only endpoints that have
+# scheduled work: a skip scan of ix_deliveries_due_per_endpoint finds them (one index
+# probe per such endpoint; idle endpoints are never read). One row per such endpoint
+# that has a due delivery, is enabled and whose tenant is enabled (a disabled tenant's
+# deliveries wait), with its head (first due row in claim order): delivery/health.py
+# chooses from these heads the endpoints the claim will visit (at most one per slot).
+# The health rows of gated endpoints and the rows of capped tenants are locked with
+# SKIP LOCKED: `locked` / `tenant_locked` is false when another worker holds one, and
+# that endpoint or tenant is skipped by this claim. Tenant rows are locked FOR NO KEY
+# UPDATE, which does not conflict with the key-share locks of foreign-key checks (the
+# relay inserting deliveries) and serialises claimers on the tenant's bucket.
+LOCK_CLAIM_GATES = text(
+    """
+    WITH RECURSIVE pending AS (
+        -- the first row of each endpoint in index order is its head: highest priority,
+        -- earliest; the recursion jumps from one endpoint to the next
+        (SELECT endpoint_id, priority, next_attempt_at, id FROM deliveries
+         WHERE state = 'scheduled'
+         ORDER BY endpoint_id, priority DESC, next_attempt_at LIMIT 1)
+        UNION ALL
+        SELECT n.*
+        FROM pending p
+        CROSS JOIN LATERAL (
+            SELECT d.endpoint_id, d.priority, d.next_attempt_at, d.id FROM deliveries d
+            WHERE d.state = 'scheduled' AND d.endpoint_id > p.endpoint_id
+            ORDER BY d.endpoint_id, d.priority DESC, d.next_attempt_at LIMIT 1
+        ) n
+    ), due AS (
+        -- each endpoint's first due row; a second probe only where the head is not due
+        SELECT p.endpoint_id, h.priority, h.next_attempt_at, h.id
+        FROM pending p
+        CROSS JOIN LATERAL (
+            SELECT p.priority, p.next_attempt_at, p.id WHERE p.next_attempt_at <= :now
+            UNION ALL
+            (SELECT d.priority, d.next_attempt_at, d.id FROM deliveries d
+             WHERE p.next_attempt_at > :now AND d.endpoint_id = p.endpoint_id
+               AND d.state = 'scheduled' AND d.next_attempt_at <= :now
+             ORDER BY d.priority DESC, d.next_attempt_at LIMIT 1)
+        ) h
+    ), live AS (
+        -- LATERAL ... LIMIT 1: primary-key probes for these endpoints only
+        SELECT e.id AS endpoint_id, e.tenant_id, t.max_in_flight AS tenant_max_in_flight,
+               t.max_per_second AS tenant_max_per_second,
+               (t.max_in_flight IS NOT NULL OR t.max_per_second IS NOT NULL) AS tenant_capped,
+               p.priority AS head_priority, p.next_attempt_at AS head_due_at, p.id AS head_id
+        FROM due p
+        CROSS JOIN LATERAL (
+            SELECT x.id, x.tenant_id FROM endpoints x
+            WHERE x.id = p.endpoint_id AND x.enabled LIMIT 1
+        ) e
+        CROSS JOIN LATERAL (
+            SELECT x.max_in_flight, x.max_per_second FROM tenants x
+            WHERE x.id = e.tenant_id AND x.enabled LIMIT 1
+        ) t
+    ), needed AS (
+        SELECT l.endpoint_id
+        FROM live l
+        CROSS JOIN LATERAL (
+            SELECT 1 FROM endpoint_health h
+            WHERE h.endpoint_id = l.endpoint_id
+              AND (h.breaker_state <> 'closed' OR h.max_in_flight IS NOT NULL
+                   OR h.max_per_second IS NOT NULL OR h.ramp_until > :now
+                   OR h.paused_until > :now)
+            LIMIT 1
+        ) h
     ), locked AS (
         SELECT h.*
         FROM endpoint_health h
-        WHERE h.endpoint_id IN (SELECT endpoint_id FROM needed)
+        WHERE h.endpoint_id = ANY(ARRAY(SELECT endpoint_id FROM needed))
         ORDER BY h.endpoint_id
         FOR UPDATE SKIP LOCKED
+    ), tenant_locked AS (
+        SELECT t.id
+        FROM tenants t
+        WHERE t.id = ANY(ARRAY(SELECT tenant_id FROM live WHERE tenant_capped))
+        ORDER BY t.id
+        FOR NO KEY UPDATE SKIP LOCKED
     )
-    SELECT n.endpoint_id, h.endpoint_id IS NOT NULL AS locked, {_HEALTH_COLUMNS}
-    FROM needed n LEFT JOIN locked h ON h.endpoint_id = n.endpoint_id
+    SELECT l.endpoint_id, l.tenant_id, n.endpoint_id IS NOT NULL AS gated,
+           h.endpoint_id IS NOT NULL AS locked,
+           l.tenant_capped, tl.id IS NOT NULL AS tenant_locked,
+           l.tenant_max_in_flight, l.tenant_max_per_second,
+           l.head_priority, l.head_due_at, l.head_id,
+           b.tokens AS tenant_tokens, b.tokens_at AS tenant_tokens_at
+    FROM live l
+    LEFT JOIN needed n ON n.endpoint_id = l.endpoint_id
+    LEFT JOIN (SELECT endpoint_id FROM locked) h ON h.endpoint_id = l.endpoint_id
+    LEFT JOIN tenant_locked tl ON tl.id = l.tenant_id
+    LEFT JOIN LATERAL (
+        SELECT x.tokens, x.tokens_at FROM tenant_buckets x WHERE x.tenant_id = tl.id LIMIT 1
+    ) b ON true
+    ORDER BY l.endpoint_id
+    """
+)
+
+# The health rows LOCK_CLAIM_GATES locked (kept out of its result: most endpoints are
+# not gated, and a thousand rows of NULL columns cost more to fetch than this query).
+SELECT_LOCKED_HEALTH = text(
+    f"""
+    SELECT h.endpoint_id, {_HEALTH_COLUMNS}
+    FROM endpoint_health h WHERE h.endpoint_id = ANY(CAST(:ids AS bigint[]))
     """
 )
 
@@ -269,6 +394,27 @@ COUNT_IN_FLIGHT = text(
     FROM deliveries
     WHERE endpoint_id = ANY(CAST(:ids AS bigint[])) AND state = 'in_flight'
     GROUP BY endpoint_id
+    """
+)
+
+# In-flight deliveries per capped tenant, across all processes; run after the tenant rows
+# are locked, like COUNT_IN_FLIGHT (the partial index keeps it to the in-flight rows).
+COUNT_TENANT_IN_FLIGHT = text(
+    """
+    SELECT tenant_id, count(*) AS in_flight
+    FROM deliveries
+    WHERE tenant_id = ANY(CAST(:ids AS bigint[])) AND state = 'in_flight'
+    GROUP BY tenant_id
+    """
+)
+
+# Charge a claim to the token buckets of tenants capped per second (rows locked above).
+SAVE_TENANT_BUCKETS = text(
+    """
+    INSERT INTO tenant_buckets AS b (tenant_id, tokens, tokens_at)
+    SELECT * FROM unnest(CAST(:tenant_ids AS bigint[]), CAST(:tokens AS float8[]),
+                         CAST(:tokens_at AS timestamptz[]))
+    ON CONFLICT (tenant_id) DO UPDATE SET tokens = EXCLUDED.tokens, tokens_at = EXCLUDED.tokens_at
     """
 )
 

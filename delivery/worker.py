@@ -170,6 +170,9 @@ class Worker:
         now = self._clock.now()
         async with self._engine.begin() as conn:
             gates = await health.open_gates(conn, now=now, config=self.config.health)
+            params = gates.params(limit, self._slots_left())
+            if not params["endpoint_ids"]:
+                return []  # nothing due (or all held: disabled tenants, no budget left)
             rows = (
                 await conn.execute(
                     queries.CLAIM_DUE_DELIVERIES,
@@ -178,7 +181,7 @@ class Worker:
                         "limit": limit,
                         "worker_id": self.config.worker_id,
                         "lease_expires_at": now + dt.timedelta(seconds=self.config.lease_seconds),
-                        **gates.params(self._slots_left()),
+                        **params,
                     },
                 )
             ).all()

@@ -434,8 +434,13 @@ class RejectedEvent:
         }
 
 
-def list_rejected(conn: Connection, *, limit: int = 100) -> list[RejectedEvent]:
-    rows = conn.execute(queries.SELECT_REJECTED_EVENTS, {"limit": limit}).mappings()
+def list_rejected(
+    conn: Connection, *, limit: int = 100, scope: str | None = None
+) -> list[RejectedEvent]:
+    """Rejected events, newest first; with `scope` (a tenant uid) that tenant's only."""
+    rows = conn.execute(
+        queries.SELECT_REJECTED_EVENTS, {"limit": limit, "scope": scope}
+    ).mappings()
     return [RejectedEvent(**row) for row in rows]
 
 
@@ -447,14 +452,16 @@ def requeue_rejected(
     actor: str,
     reason: str,
     request_id: str | None = None,
+    scope: str | None = None,
 ) -> None:
     """Put a rejected event back before the relay: checked again against the current schema
-    (after fixing the schema, say), or sent unchecked with `skip_validation`."""
+    (after fixing the schema, say), or sent unchecked with `skip_validation`. With `scope`,
+    only that tenant's events (another tenant's is "not found")."""
     if not reason.strip():
         raise CatalogueError("requeueing a rejected event needs a reason (--reason)")
     done = conn.execute(
         queries.REQUEUE_REJECTED_EVENT,
-        {"message_id": message_id, "validate": not skip_validation},
+        {"message_id": message_id, "validate": not skip_validation, "scope": scope},
     ).first()
     if done is None:
         raise CatalogueError(
@@ -469,6 +476,7 @@ def requeue_rejected(
         reason=reason,
         details={"skip_validation": skip_validation},
         request_id=request_id,
+        tenant=done.tenant,
     )
 
 

@@ -16,6 +16,7 @@ from sqlalchemy import Connection
 
 from outbox import queries
 from outbox.audit import record_audit
+from outbox.endpoints import get_endpoint
 from outbox.errors import EndpointError
 from outbox.settings import check_retry_schedule
 
@@ -83,7 +84,9 @@ def validate_delivery_rules(rules: DeliveryRules) -> DeliveryRules:
     return rules
 
 
-def get_delivery_rules(conn: Connection, uid: str) -> DeliveryRules:
+def get_delivery_rules(conn: Connection, uid: str, *, scope: str | None = None) -> DeliveryRules:
+    if scope is not None:
+        get_endpoint(conn, uid, scope=scope)  # another tenant's endpoint: not found
     row = conn.execute(queries.SELECT_ENDPOINT_DELIVERY_RULES, {"uid": uid}).first()
     if row is None:
         raise EndpointError(f"no endpoint {uid!r}; `outbox endpoints list` shows the ids")
@@ -96,10 +99,18 @@ def get_delivery_rules(conn: Connection, uid: str) -> DeliveryRules:
 
 
 def set_delivery_rules(
-    conn: Connection, uid: str, rules: DeliveryRules, *, actor: str, reason: str | None = None
+    conn: Connection,
+    uid: str,
+    rules: DeliveryRules,
+    *,
+    actor: str,
+    reason: str | None = None,
+    scope: str | None = None,
 ) -> DeliveryRules:
     """Replace an endpoint's delivery rules in the caller's transaction, with an audit entry."""
     validate_delivery_rules(rules)
+    if scope is not None:
+        get_endpoint(conn, uid, scope=scope)  # another tenant's endpoint: not found
     stored = rules.as_json()
     updated = conn.execute(
         queries.SET_ENDPOINT_DELIVERY_RULES,

@@ -22,7 +22,7 @@ from outbox.crypto import (
     signature_scheme,
     signing_key,
 )
-from outbox.errors import EndpointError, SecretKeyError
+from outbox.errors import EndpointError, EndpointNotFoundError, SecretKeyError
 from outbox.ids import new_endpoint_id
 from outbox.tenants import DEFAULT_TENANT, validate_tenant_uid
 from outbox.urls import validate_endpoint_url
@@ -34,6 +34,8 @@ _PATTERN = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-
 class Endpoint:
     id: int
     uid: str
+    tenant: str
+    all_tenants: bool
     url: str
     description: str
     event_types: list[str]
@@ -47,6 +49,8 @@ class Endpoint:
     def as_json(self) -> dict[str, Any]:
         return {
             "id": self.uid,
+            "tenant": self.tenant,
+            "all_tenants": self.all_tenants,
             "url": self.url,
             "description": self.description,
             "event_types": self.event_types,
@@ -159,15 +163,26 @@ def create_endpoint(
     return CreatedEndpoint(endpoint=get_endpoint(conn, uid), secret=plain_secret)
 
 
-def get_endpoint(conn: Connection, uid: str) -> Endpoint:
-    row = conn.execute(queries.SELECT_ENDPOINT_BY_UID, {"uid": uid}).mappings().first()
+def endpoint_not_found(uid: str) -> EndpointNotFoundError:
+    return EndpointNotFoundError(f"no endpoint {uid!r}; `outbox endpoints list` shows the ids")
+
+
+def get_endpoint(conn: Connection, uid: str, *, scope: str | None = None) -> Endpoint:
+    """The endpoint; with `scope` (a tenant uid) only if it is that tenant's, else not found."""
+    row = (
+        conn.execute(queries.SELECT_ENDPOINT_BY_UID, {"uid": uid, "scope": scope})
+        .mappings()
+        .first()
+    )
     if row is None:
-        raise EndpointError(f"no endpoint {uid!r}; `outbox endpoints list` shows the ids")
+        raise endpoint_not_found(uid)
     return Endpoint(**row)
 
 
-def list_endpoints(conn: Connection) -> list[Endpoint]:
-    return [Endpoint(**row) for row in conn.execute(queries.SELECT_ENDPOINTS).mappings()]
+def list_endpoints(conn: Connection, *, scope: str | None = None) -> list[Endpoint]:
+    """Every endpoint, or with `scope` only that tenant's."""
+    rows = conn.execute(queries.SELECT_ENDPOINTS, {"scope": scope}).mappings()
+    return [Endpoint(**row) for row in rows]
 
 
 def set_enabled(
@@ -178,15 +193,17 @@ def set_enabled(
     reason: str | None = None,
     actor: str,
     request_id: str | None = None,
+    scope: str | None = None,
 ) -> Endpoint:
     """Enable or disable an endpoint; disabling keeps its pending deliveries waiting."""
     if not enabled and not (reason and reason.strip()):
         raise EndpointError("disabling an endpoint needs a reason (--reason)")
     updated = conn.execute(
-        queries.SET_ENDPOINT_ENABLED, {"uid": uid, "enabled": enabled, "reason": reason}
+        queries.SET_ENDPOINT_ENABLED,
+        {"uid": uid, "enabled": enabled, "reason": reason, "scope": scope},
     ).first()
     if updated is None:
-        raise EndpointError(f"no endpoint {uid!r}; `outbox endpoints list` shows the ids")
+        raise endpoint_not_found(uid)
     if enabled:
         # Recover gently: one probe first, then the ramp (delivery/health.py).
         conn.execute(queries.RESET_ENDPOINT_HEALTH_ON_ENABLE, {"id": updated.id})
@@ -268,13 +285,22 @@ def reencrypt_secrets(conn: Connection, box: SecretBox, *, actor: str) -> int:
     return changed
 
 
-def reveal_secret(conn: Connection, box: SecretBox, uid: str, *, actor: str, reason: str) -> str:
+def reveal_secret(
+    conn: Connection,
+    box: SecretBox,
+    uid: str,
+    *,
+    actor: str,
+    reason: str,
+    scope: str | None = None,
+    request_id: str | None = None,
+) -> str:
     """Decrypt one endpoint's secret for a person; audited in the same transaction."""
     if not reason.strip():
         raise EndpointError("revealing a secret needs a reason (--reason)")
-    row = conn.execute(queries.SELECT_ENDPOINT_SECRET, {"uid": uid}).first()
+    row = conn.execute(queries.SELECT_ENDPOINT_SECRET, {"uid": uid, "scope": scope}).first()
     if row is None:
-        raise EndpointError(f"no endpoint {uid!r}; `outbox endpoints list` shows the ids")
+        raise endpoint_not_found(uid)
     record_audit(
         conn,
         actor=actor,
@@ -282,5 +308,6 @@ def reveal_secret(conn: Connection, box: SecretBox, uid: str, *, actor: str, rea
         target_type="endpoint",
         target_id=uid,
         reason=reason,
+        request_id=request_id,
     )
     return box.decrypt(row.signing_secret, context=secret_context(uid))

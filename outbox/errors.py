@@ -41,5 +41,11 @@ class TenantError(OutboxError, ValueError):
     """A tenant id is malformed, or names no tenant (`outbox tenants add` creates one)."""
 
 
+class EndpointNotFoundError(EndpointError, NotFoundError):
+    """No endpoint by that id (or none the caller's tenant scope can see: the same answer)."""
+
+
+class TenantNotFoundError(TenantError, NotFoundError):
+    """No tenant by that id (or none the caller's tenant scope can see: the same answer)."""
 class CatalogueError(OutboxError, ValueError):
     """An event type or its schema is invalid, or names no catalogued type."""

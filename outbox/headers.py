@@ -78,8 +78,10 @@ def parse_header_argument(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
-def get_headers(conn: Connection, box: SecretBox, uid: str) -> dict[str, str]:
-    get_endpoint(conn, uid)  # a clear error for an unknown id
+def get_headers(
+    conn: Connection, box: SecretBox, uid: str, *, scope: str | None = None
+) -> dict[str, str]:
+    get_endpoint(conn, uid, scope=scope)  # a clear error for an unknown (or unseen) id
     stored = conn.execute(queries.SELECT_ENDPOINT_HEADERS, {"uid": uid}).scalar_one()
     return decrypt_headers(box, uid, stored)
 
@@ -99,9 +101,11 @@ def set_headers(
     *,
     actor: str,
     reason: str | None = None,
+    scope: str | None = None,
 ) -> list[str]:
     """Replace an endpoint's custom headers; audited with the names only, never the values."""
     clean = validate_headers(headers)
+    get_endpoint(conn, uid, scope=scope)  # another tenant's endpoint: not found
     stored = box.encrypt(json.dumps(clean), context=headers_context(uid)) if clean else None
     updated = conn.execute(queries.SET_ENDPOINT_HEADERS, {"uid": uid, "custom_headers": stored})
     if updated.first() is None:

@@ -26,12 +26,13 @@ from outbox.endpoints import (
     Endpoint,
     check_signing_secret,
     create_endpoint,
+    endpoint_not_found,
     get_endpoint,
     parse_event_patterns,
     secret_columns,
 )
 from outbox.errors import EndpointError, NotFoundError, OperationError
-from outbox.schema import DELIVERY_STATES
+from outbox.schema import DEFAULT_TENANT, DELIVERY_STATES
 from outbox.urls import validate_endpoint_url
 
 REPLAYABLE_STATES = ("dead", "discarded")
@@ -53,7 +54,11 @@ def _need_reason(reason: str | None, what: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class DeliveryFilter:
-    """Which deliveries to list or bulk-replay; every field is optional and they combine."""
+    """Which deliveries to list or bulk-replay; every field is optional and they combine.
+
+    `tenant` keeps one tenant's deliveries (those of its endpoints) only. It is both the
+    operator's filter and a tenant-scoped caller's scope: the queries enforce it.
+    """
 
     states: tuple[str, ...] = ()
     endpoint: str | None = None
@@ -64,6 +69,7 @@ class DeliveryFilter:
     unreplayed: bool = False
     before_id: int | None = None
     limit: int = 50
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.states) - set(DELIVERY_STATES))
@@ -85,6 +91,7 @@ class DeliveryFilter:
             "unreplayed": self.unreplayed,
             "before_id": self.before_id,
             "limit": self.limit,
+            "scope": self.tenant,
         }
 
     def describe(self) -> dict[str, Any]:
@@ -111,10 +118,12 @@ class DeliverySummary:
     endpoint_url: str
     message_id: str
     event_type: str
+    tenant: str
 
     def as_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
+            "tenant": self.tenant,
             "state": self.state,
             "attempts": self.attempts,
             "max_attempts": self.max_attempts,
@@ -178,8 +187,13 @@ def count_deliveries(conn: Connection, flt: DeliveryFilter) -> int:
     return int(conn.execute(queries.COUNT_DELIVERIES, flt.params()).scalar_one())
 
 
-def get_delivery(conn: Connection, delivery_id: int) -> DeliveryDetail:
-    row = conn.execute(queries.SELECT_DELIVERY, {"id": delivery_id}).mappings().first()
+def get_delivery(conn: Connection, delivery_id: int, *, scope: str | None = None) -> DeliveryDetail:
+    """One delivery; with `scope` (a tenant uid) only if it is that tenant's, else not found."""
+    row = (
+        conn.execute(queries.SELECT_DELIVERY, {"id": delivery_id, "scope": scope})
+        .mappings()
+        .first()
+    )
     if row is None:
         raise NotFoundError(f"no delivery {delivery_id}; `outbox deliveries list` shows the ids")
     attempts = [
@@ -224,8 +238,9 @@ class ReplayResult:
         }
 
 
-def _states(conn: Connection, ids: list[int]) -> dict[int, str]:
-    rows = conn.execute(queries.SELECT_DELIVERY_STATES, {"ids": ids}).all()
+def _states(conn: Connection, ids: list[int], scope: str | None) -> dict[int, str]:
+    """States of the deliveries in scope: another tenant's id is simply missing (not found)."""
+    rows = conn.execute(queries.SELECT_DELIVERY_STATES, {"ids": ids, "scope": scope}).all()
     return {int(row.id): str(row.state) for row in rows}
 
 
@@ -252,6 +267,7 @@ def replay(
     rate_per_minute: float | None = None,
     request_id: str | None = None,
     details: dict[str, Any] | None = None,
+    scope: str | None = None,
 ) -> ReplayResult:
     """Replay each delivery as a new row; all or nothing, with one audit row per delivery.
 
@@ -263,7 +279,7 @@ def replay(
     wanted = list(dict.fromkeys(int(i) for i in ids))
     if not wanted:
         raise OperationError("give at least one delivery id to replay")
-    states = _states(conn, wanted)
+    states = _states(conn, wanted, scope)
     missing = [i for i in wanted if i not in states]
     if missing:
         raise NotFoundError(f"no delivery {', '.join(map(str, missing))}; nothing was replayed")
@@ -280,7 +296,7 @@ def replay(
     due = _spread(now, len(wanted), rate_per_minute)
     rows = conn.execute(
         queries.INSERT_REPLAYS,
-        {"ids": wanted, "due": due, "now": now, "allowed": list(allowed)},
+        {"ids": wanted, "due": due, "now": now, "allowed": list(allowed), "scope": scope},
     ).all()
     if len(rows) != len(wanted):
         # A row changed state between the check and the insert; the caller rolls back.
@@ -343,6 +359,7 @@ def bulk_replay(
         until=flt.until,
         unreplayed=True,
         limit=SAMPLE_SIZE,
+        tenant=flt.tenant,
     )
     matched = count_deliveries(conn, matching)
     sample = search_deliveries(conn, matching)
@@ -374,6 +391,7 @@ def bulk_replay(
         rate_per_minute=rate_per_minute,
         request_id=request_id,
         details={"bulk": True, "filter": flt.describe()},
+        scope=flt.tenant,
     )
     result.matched = matched
     result.sample = sample
@@ -388,13 +406,14 @@ def discard(
     reason: str | None,
     now: dt.datetime,
     request_id: str | None = None,
+    scope: str | None = None,
 ) -> list[int]:
     """Give up on scheduled or dead deliveries for good; all or nothing, audited."""
     why = _need_reason(reason, "a discard")
     wanted = list(dict.fromkeys(int(i) for i in ids))
     if not wanted:
         raise OperationError("give at least one delivery id to discard")
-    states = _states(conn, wanted)
+    states = _states(conn, wanted, scope)
     missing = [i for i in wanted if i not in states]
     if missing:
         raise NotFoundError(f"no delivery {', '.join(map(str, missing))}; nothing was discarded")
@@ -406,7 +425,7 @@ def discard(
             "nothing was discarded"
         )
     done = conn.execute(
-        queries.DISCARD_DELIVERIES, {"ids": wanted, "reason": why, "now": now}
+        queries.DISCARD_DELIVERIES, {"ids": wanted, "reason": why, "now": now, "scope": scope}
     ).scalars()
     discarded = sorted(int(i) for i in done)
     if len(discarded) != len(wanted):
@@ -440,6 +459,8 @@ def add_endpoint(
     request_id: str | None = None,
     https_only: bool = False,
     signature: str | None = None,
+    tenant: str = DEFAULT_TENANT,
+    all_tenants: bool = False,
 ) -> CreatedEndpoint:
     """`create_endpoint` (which validates the URL) plus an audit row; the secret is never logged."""
     created = create_endpoint(
@@ -451,6 +472,8 @@ def add_endpoint(
         description=description,
         https_only=https_only,
         signature=signature,
+        tenant=tenant,
+        all_tenants=all_tenants,
     )
     record_audit(
         conn,
@@ -458,7 +481,11 @@ def add_endpoint(
         action="endpoint.create",
         target_type="endpoint",
         target_id=created.endpoint.uid,
-        details={"url": created.endpoint.url, "event_types": created.endpoint.event_types},
+        details={
+            "url": created.endpoint.url,
+            "event_types": created.endpoint.event_types,
+            "all_tenants": all_tenants,
+        },
         request_id=request_id,
     )
     return created
@@ -477,9 +504,10 @@ def update_endpoint(
     reason: str | None = None,
     request_id: str | None = None,
     https_only: bool = False,
+    scope: str | None = None,
 ) -> Endpoint:
     """Change what is given and nothing else; the audit row keeps the before and after."""
-    before = get_endpoint(conn, uid)
+    before = get_endpoint(conn, uid, scope=scope)
     patterns = parse_event_patterns(event_types) if event_types is not None else None
     if timeout_seconds is not None and timeout_seconds <= 0:
         raise EndpointError("the timeout must be a positive number of seconds")
@@ -502,6 +530,7 @@ def update_endpoint(
             **changes,
             "set_timeout": timeout_seconds is not None,
             "set_max_attempts": max_attempts is not None,
+            "scope": scope,
         },
     )
     record_audit(
@@ -517,7 +546,7 @@ def update_endpoint(
         },
         request_id=request_id,
     )
-    return get_endpoint(conn, uid)
+    return get_endpoint(conn, uid, scope=scope)
 
 
 @dataclass(frozen=True, slots=True)
@@ -539,6 +568,7 @@ def rotate_secret(
     reason: str | None = None,
     request_id: str | None = None,
     signature: str | None = None,
+    scope: str | None = None,
 ) -> RotatedSecret:
     """Install a new signing secret; the old one keeps signing too until `now + grace`.
 
@@ -547,15 +577,20 @@ def rotate_secret(
     if grace < dt.timedelta(0):
         raise EndpointError("the grace period cannot be negative")
     if signature is None and secret is None:
-        signature = get_endpoint(conn, uid).signature_scheme  # keep the endpoint's scheme
+        signature = get_endpoint(conn, uid, scope=scope).signature_scheme  # keep its scheme
     new_secret = check_signing_secret(secret, signature)
     expires = now + grace
     updated = conn.execute(
         queries.ROTATE_ENDPOINT_SECRET,
-        {"uid": uid, "expires_at": expires, **secret_columns(box, uid, new_secret)},
+        {
+            "uid": uid,
+            "expires_at": expires,
+            **secret_columns(box, uid, new_secret),
+            "scope": scope,
+        },
     ).first()
     if updated is None:
-        raise EndpointError(f"no endpoint {uid!r}; `outbox endpoints list` shows the ids")
+        raise endpoint_not_found(uid)
     record_audit(
         conn,
         actor=actor,
@@ -569,7 +604,7 @@ def rotate_secret(
         },
         request_id=request_id,
     )
-    return RotatedSecret(get_endpoint(conn, uid), new_secret, expires)
+    return RotatedSecret(get_endpoint(conn, uid, scope=scope), new_secret, expires)
 
 
 # Bucket bounds (seconds) of the attempt latency histogram; retention tallies pruned
@@ -585,6 +620,7 @@ def delete_endpoint(
     reason: str | None,
     force: bool = False,
     request_id: str | None = None,
+    scope: str | None = None,
 ) -> dict[str, int]:
     """Delete an endpoint and its delivery history; refused while deliveries are pending.
 
@@ -592,15 +628,15 @@ def delete_endpoint(
     `force` given). Disabling is the reversible alternative.
     """
     why = _need_reason(reason, "deleting an endpoint")
-    get_endpoint(conn, uid)
-    counts = conn.execute(queries.COUNT_ENDPOINT_DELIVERIES, {"uid": uid}).one()
+    endpoint = get_endpoint(conn, uid, scope=scope)
+    counts = conn.execute(queries.COUNT_ENDPOINT_DELIVERIES, {"uid": uid, "scope": scope}).one()
     if counts.pending and not force:
         raise EndpointError(
             f"endpoint {uid} has {counts.pending} pending deliveries: discard them, or disable "
             "the endpoint instead, or pass --force to delete them too"
         )
     row = conn.execute(
-        queries.DELETE_ENDPOINT, {"uid": uid, "buckets": list(LATENCY_BUCKETS)}
+        queries.DELETE_ENDPOINT, {"uid": uid, "buckets": list(LATENCY_BUCKETS), "scope": scope}
     ).one()
     result = {"deliveries": int(counts.total), "attempts": int(row.attempts)}
     record_audit(
@@ -612,6 +648,7 @@ def delete_endpoint(
         reason=why,
         details={**result, "pending": int(counts.pending), "forced": force},
         request_id=request_id,
+        tenant=endpoint.tenant,  # the row is gone: name its tenant explicitly
     )
     return result
 
@@ -630,6 +667,7 @@ class AuditEntry:
     reason: str | None
     details: dict[str, Any]
     request_id: str | None
+    tenant: str | None
 
     def as_json(self) -> dict[str, Any]:
         return {**asdict(self), "at": self.at.isoformat()}
@@ -644,8 +682,12 @@ def list_audit(
     since: dt.datetime | None = None,
     before_id: int | None = None,
     limit: int = 50,
+    scope: str | None = None,
 ) -> list[AuditEntry]:
-    """Newest first; `action` matches exactly or as a prefix ('delivery' finds replays too)."""
+    """Newest first; `action` matches exactly or as a prefix ('delivery' finds replays too).
+
+    With `scope` (a tenant uid) only the rows about that tenant's objects.
+    """
     if not 0 < limit <= MAX_PAGE:
         raise OperationError(f"limit must be between 1 and {MAX_PAGE}")
     rows = conn.execute(
@@ -657,6 +699,7 @@ def list_audit(
             "since": since,
             "before_id": before_id,
             "limit": limit,
+            "scope": scope,
         },
     ).mappings()
     return [AuditEntry(**row) for row in rows]

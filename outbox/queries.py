@@ -76,18 +76,23 @@ FIND_EVENT_BY_IDEMPOTENCY_KEY = text(
 )
 
 
-# An endpoint pattern is '*', an exact event type, or a prefix ending in '.*'. '*' means
-# every application event: the service's own operational events (outbox/operational.py)
-# go only to endpoints that name them, exactly or by prefix.
-_PATTERN_MATCHES = """
-    EXISTS (
-        SELECT 1 FROM unnest(e.event_types) AS p(pattern)
-        WHERE (p.pattern = '*' AND b.event_type NOT IN (
-                   'endpoint.disabled', 'endpoint.breaker_opened', 'endpoint.recovered',
-                   'delivery.dead', 'tenant.disabled'))
-           OR p.pattern = b.event_type
-           OR (right(p.pattern, 2) = '.*' AND starts_with(b.event_type, left(p.pattern, -1)))
-    )
+# Routing goes through the index endpoint_subscriptions (migration 0010): an endpoint
+# pattern is '*', an exact event type, or a prefix ending in '.*', so the patterns that
+# can match an event are '*', its type, and 'p.*' for every p that the type starts with
+# followed by a dot ('a.b.c' -> 'a.*', 'a.b.*'). Each is one index probe for the event's
+# tenant and one for all_tenants endpoints (tenant_id NULL): the cost follows the matching
+# endpoints, not the number of endpoints.
+#
+# '*' means every application event: the service's own operational events
+# (delivery/operational.py) reach only endpoints that name them, exactly or by prefix.
+_CANDIDATE_PATTERNS = """
+    SELECT '*' AS pattern
+    WHERE b.event_type NOT IN ('endpoint.disabled', 'endpoint.breaker_opened',
+                               'endpoint.recovered', 'delivery.dead', 'tenant.disabled')
+    UNION ALL SELECT b.event_type
+    UNION ALL SELECT left(b.event_type, i) || '*'
+              FROM generate_series(1, length(b.event_type) - 1) AS i
+              WHERE substr(b.event_type, i, 1) = '.'
 """
 
 # Max attempts of the most specific per-event-type rule (OUTBOX_EVENT_TYPE_RETRY):
@@ -126,10 +131,26 @@ RELAY_BATCH = text(
         SELECT b.id, e.id, e.tenant_id, 'scheduled',
                COALESCE(e.max_attempts, ({_EVENT_TYPE_MAX_ATTEMPTS}), :max_attempts), :now,
                b.priority, b.ordering_key, :now, :now
-        FROM batch b
-        -- routing: the event's own tenant's endpoints, plus those taking every tenant's
-        JOIN endpoints e ON e.enabled AND (e.tenant_id = b.tenant_id OR e.all_tenants)
-                        AND {_PATTERN_MATCHES}
+        FROM (
+            -- routing: the event's own tenant's endpoints, plus those taking every tenant's
+            SELECT DISTINCT b.id AS event_id, s.endpoint_id
+            FROM batch b
+            CROSS JOIN LATERAL ({_CANDIDATE_PATTERNS}) c
+            -- two probes of (pattern, tenant_id) per candidate pattern, as a LATERAL so
+            -- the planner cannot trade them for a scan of the tenant's whole catalogue
+            CROSS JOIN LATERAL (
+                SELECT endpoint_id FROM endpoint_subscriptions
+                WHERE pattern = c.pattern AND tenant_id = b.tenant_id
+                UNION ALL
+                SELECT endpoint_id FROM endpoint_subscriptions
+                WHERE pattern = c.pattern AND tenant_id IS NULL
+            ) s
+        ) r
+        JOIN batch b ON b.id = r.event_id
+        CROSS JOIN LATERAL (  -- a primary-key probe per route, never a scan of endpoints
+            SELECT x.id, x.tenant_id, x.max_attempts FROM endpoints x
+            WHERE x.id = r.endpoint_id AND x.enabled LIMIT 1
+        ) e
         ORDER BY b.id, e.id
         ON CONFLICT (event_id, endpoint_id) WHERE replay_of IS NULL DO NOTHING
         RETURNING 1
@@ -143,6 +164,18 @@ RELAY_BATCH = text(
                AS to_validate
     """
 )
+
+
+# Tenant scope of operator reads and writes (outbox/tenants.py): every such statement
+# takes :scope, a tenant uid or NULL for an unscoped operator, and keeps only rows whose
+# tenant id is that tenant's. Enforced here, in the queries, so a scoped caller cannot
+# reach another tenant's row by any id; an unknown uid matches nothing.
+def _in_scope(column: str) -> str:
+    return (
+        f"(CAST(:scope AS text) IS NULL OR {column} = "
+        "(SELECT st.id FROM tenants st WHERE st.uid = CAST(:scope AS text)))"
+    )
+
 
 NOTIFY_DELIVERIES_DUE = text(f"SELECT pg_notify('{DELIVERIES_CHANNEL}', '')")
 
@@ -158,30 +191,37 @@ INSERT_ENDPOINT = text(
     """
 )
 
+_ENDPOINT_COLUMNS = """
+    e.id, e.uid, t.uid AS tenant, e.all_tenants, e.url, e.description, e.event_types,
+    e.enabled, e.disabled_reason, e.disabled_at, e.created_at, e.signature_scheme,
+    e.signing_public_key AS public_key
+"""
+
 SELECT_ENDPOINTS = text(
-    """
-    SELECT id, uid, url, description, event_types, enabled, disabled_reason, disabled_at,
-           created_at, signature_scheme, signing_public_key AS public_key
-    FROM endpoints ORDER BY id
+    f"""
+    SELECT {_ENDPOINT_COLUMNS}
+    FROM endpoints e JOIN tenants t ON t.id = e.tenant_id
+    WHERE {_in_scope("e.tenant_id")}
+    ORDER BY e.id
     """
 )
 
 SELECT_ENDPOINT_BY_UID = text(
-    """
-    SELECT id, uid, url, description, event_types, enabled, disabled_reason, disabled_at,
-           created_at, signature_scheme, signing_public_key AS public_key
-    FROM endpoints WHERE uid = :uid
+    f"""
+    SELECT {_ENDPOINT_COLUMNS}
+    FROM endpoints e JOIN tenants t ON t.id = e.tenant_id
+    WHERE e.uid = :uid AND {_in_scope("e.tenant_id")}
     """
 )
 
 SET_ENDPOINT_ENABLED = text(
-    """
+    f"""
     UPDATE endpoints
     SET enabled = :enabled,
         disabled_reason = CASE WHEN :enabled THEN NULL ELSE CAST(:reason AS text) END,
         disabled_at = CASE WHEN :enabled THEN NULL ELSE now() END,
         updated_at = now()
-    WHERE uid = :uid
+    WHERE uid = :uid AND {_in_scope("tenant_id")}
     RETURNING id
     """
 )
@@ -209,11 +249,29 @@ SET_ENDPOINT_SIGNING_SECRET = text(
     "UPDATE endpoints SET signing_secret = :signing_secret, updated_at = now() WHERE id = :id"
 )
 
+
+# The tenant an audit row concerns: the one given, else the tenant of the endpoint or
+# delivery it targets (so rows written anywhere, the send path included, are scoped
+# without each caller looking it up). The regex guard keeps a non-numeric target id
+# from reaching the bigint cast.
+def _audit_tenant(target_type: str, target_id: str) -> str:
+    return f"""COALESCE(CAST(:tenant_uid AS text), CASE {target_type}
+        WHEN 'endpoint' THEN (SELECT atn.uid FROM endpoints ae JOIN tenants atn
+                              ON atn.id = ae.tenant_id WHERE ae.uid = {target_id})
+        WHEN 'delivery' THEN (SELECT atn.uid FROM deliveries ad JOIN tenants atn
+                              ON atn.id = ad.tenant_id
+                              WHERE ad.id = CASE WHEN {target_id} ~ '^[0-9]{{1,18}}$'
+                                                 THEN CAST({target_id} AS bigint) END)
+        END)"""
+
+
 INSERT_AUDIT = text(
-    """
-    INSERT INTO audit_log (actor, action, target_type, target_id, reason, details, request_id)
+    f"""
+    INSERT INTO audit_log
+        (actor, action, target_type, target_id, reason, details, request_id, tenant_uid)
     VALUES (:actor, :action, :target_type, :target_id, :reason, CAST(:details AS jsonb),
-            :request_id)
+            :request_id,
+            {_audit_tenant("CAST(:target_type AS text)", "CAST(:target_id AS text)")})
     """
 )
 
@@ -221,8 +279,9 @@ INSERT_AUDIT = text(
 # --- operator tools (issue 5) ---------------------------------------------------------
 # Search takes every filter as an optional bind parameter, so one prepared statement
 # serves every combination. Paging is keyset on id (newest first): pass the last id seen.
-_DELIVERY_FILTER = """
-    (CAST(:states AS text[]) IS NULL OR d.state = ANY(CAST(:states AS text[])))
+_DELIVERY_FILTER = f"""
+    {_in_scope("d.tenant_id")}
+    AND (CAST(:states AS text[]) IS NULL OR d.state = ANY(CAST(:states AS text[])))
     AND (CAST(:endpoint AS text) IS NULL OR e.uid = :endpoint)
     AND (CAST(:event_type AS text) IS NULL OR ev.event_type = :event_type)
     AND (CAST(:since AS timestamptz) IS NULL OR d.created_at >= :since)
@@ -240,7 +299,8 @@ _DELIVERY_FILTER = """
 _DELIVERY_COLUMNS = """
     d.id, d.state, d.attempts, d.max_attempts, d.next_attempt_at, d.last_status_code,
     d.last_error, d.final_reason, d.replay_of, d.created_at, d.updated_at, d.completed_at,
-    e.uid AS endpoint_uid, e.url AS endpoint_url, ev.message_id, ev.event_type
+    e.uid AS endpoint_uid, e.url AS endpoint_url, ev.message_id, ev.event_type,
+    (SELECT t.uid FROM tenants t WHERE t.id = d.tenant_id) AS tenant
 """
 
 SEARCH_DELIVERIES = text(
@@ -272,7 +332,7 @@ SELECT_DELIVERY = text(
     FROM deliveries d
     JOIN endpoints e ON e.id = d.endpoint_id
     JOIN outbox_events ev ON ev.id = d.event_id
-    WHERE d.id = :id
+    WHERE d.id = :id AND {_in_scope("d.tenant_id")}
     """
 )
 
@@ -298,14 +358,17 @@ SELECT_REPLAYS = text(
 )
 
 SELECT_DELIVERY_STATES = text(
-    "SELECT id, state FROM deliveries WHERE id = ANY(CAST(:ids AS bigint[]))"
+    f"""
+    SELECT id, state FROM deliveries
+    WHERE id = ANY(CAST(:ids AS bigint[])) AND {_in_scope("tenant_id")}
+    """
 )
 
 # A replay is a NEW row for the same event and endpoint (so the same webhook-id);
 # the old row is only read. Each replay gets its own start time so a bulk replay is
 # spread out (the rate cap). The WHERE re-checks the states under the same snapshot.
 INSERT_REPLAYS = text(
-    """
+    f"""
     WITH wanted AS (
         SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:due AS timestamptz[])) AS w(id, due)
     ), inserted AS (
@@ -318,7 +381,7 @@ INSERT_REPLAYS = text(
         FROM wanted w
         JOIN deliveries d ON d.id = w.id
         JOIN endpoints e ON e.id = d.endpoint_id
-        WHERE d.state = ANY(CAST(:allowed AS text[]))
+        WHERE d.state = ANY(CAST(:allowed AS text[])) AND {_in_scope("d.tenant_id")}
         ORDER BY w.due, d.id
         RETURNING id, replay_of
     ), woken AS (
@@ -330,30 +393,34 @@ INSERT_REPLAYS = text(
 
 # Discarding is terminal; in-flight rows are left alone (the attempt may be landing).
 DISCARD_DELIVERIES = text(
-    """
+    f"""
     UPDATE deliveries
     SET state = 'discarded', final_reason = :reason, locked_by = NULL, lease_expires_at = NULL,
         updated_at = :now, completed_at = :now
     WHERE id = ANY(CAST(:ids AS bigint[])) AND state IN ('scheduled', 'dead')
+      AND {_in_scope("tenant_id")}
     RETURNING id
     """
 )
 
 # Many audit rows in one statement (bulk replay and discard).
 INSERT_AUDIT_MANY = text(
-    """
-    INSERT INTO audit_log (actor, action, target_type, target_id, reason, details, request_id)
+    f"""
+    INSERT INTO audit_log
+        (actor, action, target_type, target_id, reason, details, request_id, tenant_uid)
     SELECT :actor, :action, :target_type, t.target_id, :reason, CAST(t.details AS jsonb),
-           :request_id
+           :request_id, {_audit_tenant("CAST(:target_type AS text)", "t.target_id")}
     FROM unnest(CAST(:target_ids AS text[]), CAST(:details AS text[])) AS t(target_id, details)
     """
 )
 
 SELECT_AUDIT = text(
     """
-    SELECT id, at, actor, action, target_type, target_id, reason, details, request_id
+    SELECT id, at, actor, action, target_type, target_id, reason, details, request_id,
+           tenant_uid AS tenant
     FROM audit_log
-    WHERE (CAST(:actor AS text) IS NULL OR actor = :actor)
+    WHERE (CAST(:scope AS text) IS NULL OR tenant_uid = :scope)
+      AND (CAST(:actor AS text) IS NULL OR actor = :actor)
       AND (CAST(:action AS text) IS NULL OR action = :action OR starts_with(action, :action || '.'))
       AND (CAST(:target_id AS text) IS NULL OR target_id = :target_id)
       AND (CAST(:since AS timestamptz) IS NULL OR at >= :since)
@@ -364,7 +431,7 @@ SELECT_AUDIT = text(
 )
 
 UPDATE_ENDPOINT = text(
-    """
+    f"""
     UPDATE endpoints
     SET url = COALESCE(CAST(:url AS text), url),
         description = COALESCE(CAST(:description AS text), description),
@@ -374,7 +441,7 @@ UPDATE_ENDPOINT = text(
         max_attempts = CASE WHEN :set_max_attempts THEN CAST(:max_attempts AS integer)
                             ELSE max_attempts END,
         updated_at = now()
-    WHERE uid = :uid
+    WHERE uid = :uid AND {_in_scope("tenant_id")}
     RETURNING id
     """
 )
@@ -382,7 +449,7 @@ UPDATE_ENDPOINT = text(
 # The current secret becomes the previous one until the grace period ends; the worker
 # signs with both meanwhile, so receivers can switch at their own pace.
 ROTATE_ENDPOINT_SECRET = text(
-    """
+    f"""
     UPDATE endpoints
     SET previous_signing_secret = signing_secret,
         previous_secret_expires_at = :expires_at,
@@ -390,17 +457,17 @@ ROTATE_ENDPOINT_SECRET = text(
         signature_scheme = :signature_scheme,
         signing_public_key = :public_key,
         updated_at = now()
-    WHERE uid = :uid
+    WHERE uid = :uid AND {_in_scope("tenant_id")}
     RETURNING id
     """
 )
 
 COUNT_ENDPOINT_DELIVERIES = text(
-    """
+    f"""
     SELECT count(*) FILTER (WHERE d.state IN ('scheduled', 'in_flight')) AS pending,
            count(*) AS total
     FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id
-    WHERE e.uid = :uid
+    WHERE e.uid = :uid AND {_in_scope("e.tenant_id")}
     """
 )
 
@@ -427,7 +494,7 @@ _TALLY_PRUNED_ATTEMPTS = """
 DELETE_ENDPOINT = text(
     f"""
     WITH target AS (
-        SELECT id FROM endpoints WHERE uid = :uid FOR UPDATE
+        SELECT id FROM endpoints WHERE uid = :uid AND {_in_scope("tenant_id")} FOR UPDATE
     ), gone_attempts AS (
         DELETE FROM delivery_attempts a USING deliveries d, target t
         WHERE a.delivery_id = d.id AND d.endpoint_id = t.id
@@ -513,78 +580,108 @@ SELECT_PRUNED_TOTALS = text("SELECT name, value FROM pruned_totals")
 # Admin API tokens.
 INSERT_TOKEN = text(
     """
-    INSERT INTO admin_tokens (token_id, name, role, secret_hash, created_by)
-    VALUES (:token_id, :name, :role, :secret_hash, :created_by)
-    RETURNING id, token_id, name, role, created_by, created_at, last_used_at, revoked_at
+    INSERT INTO admin_tokens (token_id, name, role, secret_hash, created_by, tenant_uid)
+    VALUES (:token_id, :name, :role, :secret_hash, :created_by, :tenant_uid)
+    RETURNING id, token_id, name, role, created_by, created_at, last_used_at, revoked_at,
+              tenant_uid AS tenant
     """
 )
 
 SELECT_TOKENS = text(
     """
-    SELECT id, token_id, name, role, created_by, created_at, last_used_at, revoked_at
+    SELECT id, token_id, name, role, created_by, created_at, last_used_at, revoked_at,
+           tenant_uid AS tenant
     FROM admin_tokens
-    WHERE CAST(:include_revoked AS boolean) OR revoked_at IS NULL
+    WHERE (CAST(:include_revoked AS boolean) OR revoked_at IS NULL)
+      AND (CAST(:scope AS text) IS NULL OR tenant_uid = :scope)
     ORDER BY id
     """
 )
 
+# Revoked rows too, so a token revoked because its tenant was deleted can say so.
 SELECT_TOKEN_FOR_AUTH = text(
     """
-    SELECT id, name, role, secret_hash FROM admin_tokens
-    WHERE token_id = :token_id AND revoked_at IS NULL
+    SELECT k.id, k.name, k.role, k.secret_hash, k.revoked_at, k.tenant_uid,
+           (k.tenant_uid IS NULL OR EXISTS (SELECT 1 FROM tenants t WHERE t.uid = k.tenant_uid))
+               AS tenant_exists
+    FROM admin_tokens k
+    WHERE k.token_id = :token_id
     """
 )
 
 TOUCH_TOKEN = text("UPDATE admin_tokens SET last_used_at = :now WHERE id = :id")
 
+SELECT_TOKENS_TO_REVOKE = text(
+    """
+    SELECT id, token_id, tenant_uid FROM admin_tokens
+    WHERE (name = :name OR token_id = :name) AND revoked_at IS NULL
+      AND (CAST(:scope AS text) IS NULL OR tenant_uid = :scope)
+    ORDER BY id
+    """
+)
+
 REVOKE_TOKEN = text(
     """
     UPDATE admin_tokens SET revoked_at = :now
-    WHERE (name = :name OR token_id = :name) AND revoked_at IS NULL
-    RETURNING token_id
+    WHERE id = :id AND revoked_at IS NULL
+    RETURNING token_id, tenant_uid
     """
 )
 
 
 # --- stats, alerts and metrics (issue 5) ---------------------------------------------
 
-STATS_COUNTS_BY_STATE = text("SELECT state, count(*) AS n FROM deliveries GROUP BY state")
+STATS_COUNTS_BY_STATE = text(
+    f"SELECT state, count(*) AS n FROM deliveries WHERE {_in_scope('tenant_id')} GROUP BY state"
+)
 
 # Due deliveries of enabled endpoints only: a disabled endpoint's backlog waits on
 # purpose and has an alert of its own.
 STATS_OLDEST_DUE = text(
-    """
+    f"""
     SELECT min(d.next_attempt_at) AS oldest_due, count(*) AS due
     FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id
     WHERE d.state = 'scheduled' AND d.next_attempt_at <= :now AND e.enabled
+      AND {_in_scope("d.tenant_id")}
     """
 )
 
+# A scoped caller sees its own tenant's events (the ones it published).
 STATS_RELAY_LAG = text(
-    """
+    f"""
     SELECT min(created_at) AS oldest_unrelayed, count(*) AS unrelayed
-    FROM outbox_events WHERE relayed_at IS NULL
+    FROM outbox_events WHERE relayed_at IS NULL AND {_in_scope("tenant_id")}
     """
 )
+
+# Attempts are scoped through their delivery's tenant.
+_SCOPED_ATTEMPTS = f"""
+    delivery_attempts a WHERE (CAST(:scope AS text) IS NULL OR EXISTS (
+        SELECT 1 FROM deliveries sd WHERE sd.id = a.delivery_id AND {_in_scope("sd.tenant_id")}))
+"""
 
 STATS_WINDOW_RATES = text(
-    """
+    f"""
     SELECT
-        (SELECT count(*) FROM delivery_attempts
-         WHERE started_at >= :since AND started_at <= :now) AS attempts,
-        (SELECT count(*) FROM delivery_attempts
-         WHERE started_at >= :since AND started_at <= :now AND outcome = 'succeeded')
+        (SELECT count(*) FROM {_SCOPED_ATTEMPTS}
+         AND started_at >= :since AND started_at <= :now) AS attempts,
+        (SELECT count(*) FROM {_SCOPED_ATTEMPTS}
+         AND started_at >= :since AND started_at <= :now AND outcome = 'succeeded')
             AS attempts_succeeded,
         (SELECT count(*) FROM deliveries
-         WHERE state = 'succeeded' AND completed_at >= :since AND completed_at <= :now)
+         WHERE state = 'succeeded' AND completed_at >= :since AND completed_at <= :now
+           AND {_in_scope("tenant_id")})
             AS succeeded,
         (SELECT count(*) FROM deliveries
-         WHERE state = 'dead' AND completed_at >= :since AND completed_at <= :now) AS dead,
+         WHERE state = 'dead' AND completed_at >= :since AND completed_at <= :now
+           AND {_in_scope("tenant_id")}) AS dead,
         (SELECT count(*) FROM deliveries
-         WHERE state = 'dead' AND completed_at >= :previous AND completed_at < :since)
+         WHERE state = 'dead' AND completed_at >= :previous AND completed_at < :since
+           AND {_in_scope("tenant_id")})
             AS dead_previous_window,
         (SELECT count(*) FROM outbox_events
-         WHERE created_at >= :since AND created_at <= :now) AS published
+         WHERE created_at >= :since AND created_at <= :now AND {_in_scope("tenant_id")})
+            AS published
     """
 )
 
@@ -593,11 +690,11 @@ STATS_WINDOW_RATES = text(
 # 'endpoint.disable' audit row explains its current disablement (rows by a worker,
 # by 'system', or with details.automatic = true are not an operator's).
 STATS_ENDPOINTS = text(
-    """
+    f"""
     WITH recent AS (
         SELECT d.endpoint_id, a.outcome, a.duration_ms
         FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id
-        WHERE a.started_at >= :since AND a.started_at <= :now
+        WHERE a.started_at >= :since AND a.started_at <= :now AND {_in_scope("d.tenant_id")}
     ), per AS (
         SELECT endpoint_id,
                count(*) AS attempts,
@@ -610,9 +707,11 @@ STATS_ENDPOINTS = text(
                count(*) FILTER (WHERE state IN ('scheduled', 'in_flight')) AS pending,
                count(*) FILTER (WHERE state = 'dead') AS dead
         FROM deliveries WHERE state IN ('scheduled', 'in_flight', 'dead')
+          AND {_in_scope("tenant_id")}
         GROUP BY endpoint_id
     )
-    SELECT e.uid, e.url, e.enabled, e.disabled_reason, e.disabled_at,
+    SELECT e.uid, (SELECT t.uid FROM tenants t WHERE t.id = e.tenant_id) AS tenant,
+           e.all_tenants, e.url, e.enabled, e.disabled_reason, e.disabled_at,
            COALESCE(per.attempts, 0) AS attempts, COALESCE(per.succeeded, 0) AS succeeded,
            per.p50_ms, per.p99_ms,
            COALESCE(backlog.pending, 0) AS pending, COALESCE(backlog.dead, 0) AS dead,
@@ -633,17 +732,19 @@ STATS_ENDPOINTS = text(
     LEFT JOIN backlog ON backlog.endpoint_id = e.id
     -- The breaker is written by delivery/health.py; a missing row is a closed breaker.
     LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
+    WHERE {_in_scope("e.tenant_id")}
     ORDER BY e.id
     """
 )
 
 STATS_TOP_ERRORS = text(
-    """
+    f"""
     SELECT a.error, count(DISTINCT a.delivery_id) AS deliveries, count(*) AS attempts,
            count(DISTINCT d.endpoint_id) AS endpoints, max(a.started_at) AS last_seen
     FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id
     WHERE a.started_at >= :since AND a.started_at <= :now
       AND a.outcome <> 'succeeded' AND a.error IS NOT NULL
+      AND {_in_scope("d.tenant_id")}
     GROUP BY a.error
     ORDER BY deliveries DESC, attempts DESC, a.error
     LIMIT :limit
@@ -655,19 +756,22 @@ STATS_TOP_ERRORS = text(
 # milliseconds), i.e. the index of the smallest bound it fits under; the caller
 # accumulates the buckets.
 METRICS_EVENTS = text(
-    """
+    f"""
     SELECT count(*) AS published, count(relayed_at) AS relayed FROM outbox_events
+    WHERE {_in_scope("tenant_id")}
     """
 )
 
 METRICS_ATTEMPTS = text(
-    """
+    f"""
     SELECT outcome, width_bucket(duration_ms, CAST(:bounds_ms_plus_one AS int[])) AS bucket,
            count(*) AS n, sum(duration_ms) / 1000.0 AS seconds
-    FROM delivery_attempts
+    FROM {_SCOPED_ATTEMPTS}
     GROUP BY 1, 2
     """
 )
+
+METRICS_TENANTS = text("SELECT enabled, count(*) AS n FROM tenants GROUP BY enabled")
 
 SELECT_STORED_SECRETS = text(
     """
@@ -676,7 +780,9 @@ SELECT_STORED_SECRETS = text(
     """
 )
 
-SELECT_ENDPOINT_SECRET = text("SELECT uid, signing_secret FROM endpoints WHERE uid = :uid")
+SELECT_ENDPOINT_SECRET = text(
+    f"SELECT uid, signing_secret FROM endpoints WHERE uid = :uid AND {_in_scope('tenant_id')}"
+)
 
 SET_ENDPOINT_SECRETS = text(
     """
@@ -738,6 +844,125 @@ INSERT_TENANT = text(
     RETURNING id
     """
 )
+
+_TENANT_COLUMNS = """
+    t.id, t.uid, t.name, t.metadata, t.enabled, t.disabled_reason, t.disabled_at,
+    t.max_in_flight, t.max_per_second, t.created_at, t.updated_at,
+    (SELECT count(*) FROM endpoints e WHERE e.tenant_id = t.id) AS endpoints
+"""
+
+# Keyset paging on the uid: a tenant list can be long (one per customer).
+SELECT_TENANTS = text(
+    f"""
+    SELECT {_TENANT_COLUMNS}
+    FROM tenants t
+    WHERE (CAST(:scope AS text) IS NULL OR t.uid = :scope)
+      AND (CAST(:after AS text) IS NULL OR t.uid > :after)
+      AND (CAST(:enabled AS boolean) IS NULL OR t.enabled = :enabled)
+    ORDER BY t.uid
+    LIMIT :limit
+    """
+)
+
+SELECT_TENANT = text(
+    f"""
+    SELECT {_TENANT_COLUMNS}
+    FROM tenants t
+    WHERE t.uid = :uid AND (CAST(:scope AS text) IS NULL OR t.uid = :scope)
+    """
+)
+
+# What `outbox tenants show` counts. Deliveries are the tenant's own (its endpoints');
+# `other_pending` are deliveries of its events to other tenants' all-tenants endpoints,
+# which deleting the tenant (and so its events) would remove too.
+TENANT_COUNTS = text(
+    """
+    SELECT
+        (SELECT count(*) FROM endpoints e WHERE e.tenant_id = :id AND e.all_tenants)
+            AS all_tenants_endpoints,
+        (SELECT count(*) FROM outbox_events o WHERE o.tenant_id = :id) AS events,
+        (SELECT count(*) FROM outbox_events o WHERE o.tenant_id = :id AND o.relayed_at IS NULL)
+            AS unrelayed_events,
+        (SELECT count(*) FROM deliveries d
+         WHERE d.tenant_id <> :id AND d.state IN ('scheduled', 'in_flight')
+           AND d.event_id IN (SELECT o.id FROM outbox_events o WHERE o.tenant_id = :id))
+            AS other_pending,
+        (SELECT count(*) FROM admin_tokens k
+         WHERE k.tenant_uid = :uid AND k.revoked_at IS NULL) AS tokens
+    """
+)
+
+TENANT_DELIVERY_STATES = text(
+    "SELECT state, count(*) AS n FROM deliveries WHERE tenant_id = :id GROUP BY state"
+)
+
+UPDATE_TENANT = text(
+    """
+    UPDATE tenants
+    SET name = COALESCE(CAST(:name AS text), name),
+        metadata = COALESCE(CAST(:metadata AS jsonb), metadata),
+        max_in_flight = CASE WHEN :set_max_in_flight THEN CAST(:max_in_flight AS integer)
+                             ELSE max_in_flight END,
+        max_per_second = CASE WHEN :set_max_per_second THEN CAST(:max_per_second AS float8)
+                              ELSE max_per_second END,
+        updated_at = COALESCE(CAST(:now AS timestamptz), now())
+    WHERE uid = :uid
+    RETURNING id
+    """
+)
+
+SET_TENANT_ENABLED = text(
+    """
+    UPDATE tenants
+    SET enabled = :enabled,
+        disabled_reason = CASE WHEN :enabled THEN NULL ELSE CAST(:reason AS text) END,
+        disabled_at = CASE WHEN :enabled THEN NULL ELSE CAST(:now AS timestamptz) END,
+        updated_at = :now
+    WHERE uid = :uid
+    RETURNING id
+    """
+)
+
+LOCK_TENANT = text("SELECT id FROM tenants WHERE uid = :uid FOR UPDATE")
+
+# Deleting a tenant removes its endpoints, events and their deliveries (ON DELETE
+# CASCADE), including deliveries of its events to other tenants' all-tenants endpoints.
+# Their attempts and the events go through the same tally as retention, so the totals
+# on /metrics never go backwards.
+DELETE_TENANT_ATTEMPTS_TALLIED = text(
+    f"""
+    WITH doomed AS (
+        SELECT d.id FROM deliveries d WHERE d.tenant_id = :id
+        UNION
+        SELECT d.id FROM deliveries d
+        WHERE d.event_id IN (SELECT o.id FROM outbox_events o WHERE o.tenant_id = :id)
+    ), gone_attempts AS (
+        DELETE FROM delivery_attempts a USING doomed WHERE a.delivery_id = doomed.id
+        RETURNING a.outcome, a.duration_ms
+    ), {_TALLY_PRUNED_ATTEMPTS}, events AS (
+        INSERT INTO pruned_totals (name, value)
+        SELECT 'events', count(*) FROM outbox_events o WHERE o.tenant_id = :id
+        HAVING count(*) > 0
+        ON CONFLICT (name) DO UPDATE SET value = pruned_totals.value + excluded.value
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM doomed) AS deliveries,
+           (SELECT count(*) FROM gone_attempts) AS attempts,
+           (SELECT count(*) FROM tally) + (SELECT count(*) FROM events) AS tallied
+    """
+)
+
+DELETE_TENANT = text("DELETE FROM tenants WHERE id = :id RETURNING uid")
+
+REVOKE_TENANT_TOKENS = text(
+    """
+    UPDATE admin_tokens SET revoked_at = :now
+    WHERE tenant_uid = :uid AND revoked_at IS NULL
+    RETURNING token_id
+    """
+)
+
+TENANT_EXISTS = text("SELECT id FROM tenants WHERE uid = :uid")
 
 
 # -- the event-type catalogue (outbox/catalogue.py) ---------------------------------------
@@ -844,7 +1069,7 @@ SELECT_REJECTED_EVENTS = text(
     SELECT o.message_id, t.uid AS tenant, o.event_type, o.rejected_at,
            o.rejected_reason AS reason, o.payload
     FROM outbox_events o JOIN tenants t ON t.id = o.tenant_id
-    WHERE o.rejected_at IS NOT NULL
+    WHERE o.rejected_at IS NOT NULL AND (CAST(:scope AS text) IS NULL OR t.uid = :scope)
     ORDER BY o.id DESC
     LIMIT :limit
     """
@@ -856,7 +1081,9 @@ REQUEUE_REJECTED_EVENT = text(
     SET relayed_at = NULL, rejected_at = NULL, rejected_reason = NULL,
         validate_pending = :validate
     WHERE message_id = :message_id AND rejected_at IS NOT NULL
-    RETURNING id
+      AND (CAST(:scope AS text) IS NULL
+           OR tenant_id = (SELECT st.id FROM tenants st WHERE st.uid = CAST(:scope AS text)))
+    RETURNING id, (SELECT uid FROM tenants WHERE id = tenant_id) AS tenant
     """
 )
 

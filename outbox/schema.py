@@ -270,6 +270,13 @@ deliveries = Table(
         "event_id",
         postgresql_where=text("ordering_key IS NOT NULL"),
     ),
+    # What a tenant has in flight, for per-tenant caps (migration 0010): in-flight rows
+    # are few, so this stays small however long the tenant's history is.
+    Index(
+        "ix_deliveries_tenant_id_in_flight",
+        "tenant_id",
+        postgresql_where=text("state = 'in_flight'"),
+    ),
     # All deliveries of one event (first and replays): retention's group checks and
     # the ON DELETE CASCADE from outbox_events need it (migration 0005).
     Index("ix_deliveries_event_id_endpoint_id", "event_id", "endpoint_id"),
@@ -353,11 +360,20 @@ admin_tokens = Table(
     # so a token whose tenant was deleted is refused by name (deleting revokes it too).
     Column("tenant_uid", Text),
     CheckConstraint("role IN ('viewer', 'operator')", name="known_role"),
+    # Active names are unique among unscoped tokens, and per tenant among scoped ones, so
+    # a tenant's names reveal nothing of another tenant's tokens (migration 0013).
     Index(
         "uq_admin_tokens_active_name",
         "name",
         unique=True,
-        postgresql_where=text("revoked_at IS NULL"),
+        postgresql_where=text("revoked_at IS NULL AND tenant_uid IS NULL"),
+    ),
+    Index(
+        "uq_admin_tokens_active_tenant_uid_name",
+        "tenant_uid",
+        "name",
+        unique=True,
+        postgresql_where=text("revoked_at IS NULL AND tenant_uid IS NOT NULL"),
     ),
 )
 
@@ -429,6 +445,43 @@ event_type_priorities = Table(
     Column("priority", SmallInteger, nullable=False),
     _now_column("updated_at"),
     CheckConstraint("priority BETWEEN -100 AND 100", name="priority_range"),
+)
+
+
+# The routing index (migration 0010): one row per (endpoint, pattern), with the endpoint's
+# tenant, or NULL for an all_tenants endpoint. The relay looks up, per event, only the
+# patterns that can match it ('*', the exact type, each 'prefix.*'), so routing costs
+# follow the matching endpoints, not the number of endpoints. A trigger on `endpoints`
+# keeps it in step (insert, change of patterns or tenant, delete through the cascade):
+# every writer of endpoints, including SQL run by hand or by the bench, is covered.
+endpoint_subscriptions = Table(
+    "endpoint_subscriptions",
+    metadata,
+    Column(
+        "endpoint_id",
+        BigInteger,
+        ForeignKey("endpoints.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("pattern", Text, primary_key=True),
+    Column("tenant_id", BigInteger),
+    Index("ix_endpoint_subscriptions_pattern_tenant_id", "pattern", "tenant_id"),
+)
+
+# Token bucket of tenants with a max_per_second cap (migration 0010). Kept apart from
+# `tenants` so claims write it without touching the rows operators edit; a missing row
+# means a full bucket. Claims serialise on the tenant row (FOR NO KEY UPDATE SKIP LOCKED).
+tenant_buckets = Table(
+    "tenant_buckets",
+    metadata,
+    Column(
+        "tenant_id",
+        BigInteger,
+        ForeignKey("tenants.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("tokens", Float, nullable=False),
+    Column("tokens_at", DateTime(timezone=True), nullable=False),
 )
 
 

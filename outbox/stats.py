@@ -85,6 +85,8 @@ class Breaker:
 @dataclass(frozen=True, slots=True)
 class EndpointHealth:
     uid: str
+    tenant: str
+    all_tenants: bool
     url: str
     enabled: bool
     disabled_reason: str | None
@@ -190,24 +192,31 @@ def collect_stats(
     now: dt.datetime,
     window: dt.timedelta = dt.timedelta(hours=1),
     thresholds: AlertThresholds | None = None,
+    scope: str | None = None,
 ) -> Stats:
-    """One consistent-enough snapshot (a handful of cheap queries, no locks taken)."""
+    """One consistent-enough snapshot (a handful of cheap queries, no locks taken).
+
+    With `scope` (a tenant uid) every figure is that tenant's alone: its deliveries (those
+    of its endpoints) and their attempts, its endpoints, and the events it published.
+    """
     limits = thresholds or AlertThresholds()
     since = now - window
+    scoped = {"scope": scope}
     counts = {state: 0 for state in DELIVERY_STATES}
     counts.update(
-        {str(row.state): int(row.n) for row in conn.execute(queries.STATS_COUNTS_BY_STATE)}
+        {str(row.state): int(row.n) for row in conn.execute(queries.STATS_COUNTS_BY_STATE, scoped)}
     )
-    due = conn.execute(queries.STATS_OLDEST_DUE, {"now": now}).one()
-    lag = conn.execute(queries.STATS_RELAY_LAG).one()
+    due = conn.execute(queries.STATS_OLDEST_DUE, {"now": now, **scoped}).one()
+    lag = conn.execute(queries.STATS_RELAY_LAG, scoped).one()
     rates = (
         conn.execute(
-            queries.STATS_WINDOW_RATES, {"now": now, "since": since, "previous": since - window}
+            queries.STATS_WINDOW_RATES,
+            {"now": now, "since": since, "previous": since - window, **scoped},
         )
         .mappings()
         .one()
     )
-    params = {"now": now, "since": since}
+    params = {"now": now, "since": since, **scoped}
     columns = [name for name in EndpointHealth.__dataclass_fields__ if name != "breaker"]
     endpoints = [
         EndpointHealth(**{name: row[name] for name in columns}, breaker=Breaker.from_row(row, now))
@@ -321,16 +330,30 @@ class Totals:
     latency_sum_seconds: float
 
 
-def read_totals(conn: Connection, buckets: tuple[float, ...]) -> Totals:
-    """Bucket bounds are seconds in whole milliseconds (0.05, 0.25, 1, ...)."""
-    pruned = {str(r.name): float(r.value) for r in conn.execute(queries.SELECT_PRUNED_TOTALS)}
-    events = conn.execute(queries.METRICS_EVENTS).one()
+def read_totals(
+    conn: Connection, buckets: tuple[float, ...], *, scope: str | None = None
+) -> Totals:
+    """Bucket bounds are seconds in whole milliseconds (0.05, 0.25, 1, ...).
+
+    With `scope` (a tenant uid) the totals count that tenant's stored rows only: the
+    pruned tallies are kept for the whole installation, not per tenant, so a scoped
+    total can drop when retention prunes that tenant's history.
+    """
+    pruned = (
+        {str(r.name): float(r.value) for r in conn.execute(queries.SELECT_PRUNED_TOTALS)}
+        if scope is None
+        else {}
+    )
+    events = conn.execute(queries.METRICS_EVENTS, {"scope": scope}).one()
     by_outcome = {outcome: int(pruned.get(f"attempts:{outcome}", 0)) for outcome in OUTCOMES}
     bounds = sorted(buckets)
     per_bucket = [0] * (len(bounds) + 1)  # the last one: above every bound (+Inf only)
     count = 0
     seconds = pruned.get("attempt_seconds_sum", 0.0)
-    params = {"bounds_ms_plus_one": [round(bound * 1000) + 1 for bound in bounds]}
+    params = {
+        "bounds_ms_plus_one": [round(bound * 1000) + 1 for bound in bounds],
+        "scope": scope,
+    }
     for row in conn.execute(queries.METRICS_ATTEMPTS, params):
         by_outcome[str(row.outcome)] = by_outcome.get(str(row.outcome), 0) + int(row.n)
         count += int(row.n)

@@ -78,9 +78,11 @@ def send_test_event(
     now: dt.datetime,
     actor: str,
     request_id: str | None = None,
+    scope: str | None = None,
 ) -> SentTest:
-    """Queue the test event for `uid` in the caller's transaction (nothing else receives it)."""
-    endpoint = get_endpoint(conn, uid)
+    """Queue the test event for `uid` in the caller's transaction (nothing else receives it).
+    With `scope` (a tenant uid), only that tenant's endpoints exist."""
+    endpoint = get_endpoint(conn, uid, scope=scope)
     if not endpoint.enabled:
         raise EndpointError(
             f"endpoint {uid} is disabled ({endpoint.disabled_reason}); enable it first "
@@ -121,6 +123,7 @@ def send_test_event(
         target_id=uid,
         details={"event_type": name, "delivery_id": delivery_id, "message_id": message_id},
         request_id=request_id,
+        tenant=endpoint.tenant,
     )
     return SentTest(uid, int(delivery_id), message_id, name, payload)
 

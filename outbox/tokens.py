@@ -1,5 +1,8 @@
 """Bearer tokens of the admin HTTP API, with a role each: viewer (read) or operator (act).
 
+A token may be confined to one tenant (`tenant_uid`): every read and write it makes is
+then scoped to that tenant's rows in the queries themselves (see outbox.tenants).
+
 A token reads `obx_<token_id>_<secret>`. The token id is public and finds the row;
 only a SHA-256 of the secret is stored, and the presented secret's hash is compared
 with `hmac.compare_digest`, so neither the database nor response timing reveals it.
@@ -20,12 +23,17 @@ from sqlalchemy import Connection
 
 from outbox import queries
 from outbox.audit import record_audit
-from outbox.errors import OperationError
+from outbox.errors import NotFoundError, OperationError, OutboxError
+from outbox.tenants import require_tenant
 
 Role = Literal["viewer", "operator"]
 ROLES: tuple[Role, ...] = ("viewer", "operator")
 PREFIX = "obx_"
 _TOKEN = re.compile(r"^obx_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
+
+
+class TokenRefusedError(OutboxError):
+    """A well-formed, known token that may not be used; the message says why (401)."""
 
 
 def _hash(secret: str) -> str:
@@ -46,12 +54,14 @@ class TokenInfo:
     created_at: dt.datetime
     last_used_at: dt.datetime | None
     revoked_at: dt.datetime | None
+    tenant: str | None
 
     def as_json(self) -> dict[str, Any]:
         return {
             "token_id": self.token_id,
             "name": self.name,
             "role": self.role,
+            "tenant": self.tenant,
             "created_by": self.created_by,
             "created_at": self.created_at.isoformat(),
             "last_used_at": self.last_used_at.isoformat() if self.last_used_at else None,
@@ -70,20 +80,38 @@ class Principal:
     token_row: int
     name: str
     role: str
+    tenant: str | None = None  # None: every tenant; else the only tenant it sees
 
     @property
     def actor(self) -> str:
         return f"token:{self.name}"
 
 
-def create_token(conn: Connection, *, name: str, role: str, actor: str) -> tuple[TokenInfo, str]:
-    """Store a new token and return it in clear text: the only time it is ever shown."""
+def create_token(
+    conn: Connection,
+    *,
+    name: str,
+    role: str,
+    actor: str,
+    tenant: str | None = None,
+    scope: str | None = None,
+    request_id: str | None = None,
+) -> tuple[TokenInfo, str]:
+    """Store a new token and return it in clear text: the only time it is ever shown.
+
+    `tenant` confines the token to that tenant. A caller itself confined (`scope`) can
+    only create tokens of its own tenant: another tenant is not found.
+    """
     if role not in ROLES:
         raise OperationError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
     name = name.strip()
     if not name:
         raise OperationError("give the token a name that says who or what uses it")
-    active = [t for t in list_tokens(conn) if t.name == name]
+    if scope is not None and tenant is None:
+        tenant = scope
+    if tenant is not None:
+        tenant = require_tenant(conn, tenant, scope=scope)
+    active = [t for t in list_tokens(conn, scope=tenant) if t.name == name and t.tenant == tenant]
     if active:
         raise OperationError(f"a token named {name!r} exists; revoke it first or pick another name")
     token_id = secrets.token_hex(8)
@@ -97,6 +125,7 @@ def create_token(conn: Connection, *, name: str, role: str, actor: str) -> tuple
                 "role": role,
                 "secret_hash": _hash(secret),
                 "created_by": actor,
+                "tenant_uid": tenant,
             },
         )
         .mappings()
@@ -108,21 +137,39 @@ def create_token(conn: Connection, *, name: str, role: str, actor: str) -> tuple
         action="token.create",
         target_type="token",
         target_id=token_id,
-        details={"name": name, "role": role},
+        details={"name": name, "role": role, "tenant": tenant},
+        request_id=request_id,
+        tenant=tenant,
     )
     return _info(row), f"{PREFIX}{token_id}_{secret}"
 
 
-def list_tokens(conn: Connection, *, include_revoked: bool = False) -> list[TokenInfo]:
-    rows = conn.execute(queries.SELECT_TOKENS, {"include_revoked": include_revoked}).mappings()
+def list_tokens(
+    conn: Connection, *, include_revoked: bool = False, scope: str | None = None
+) -> list[TokenInfo]:
+    rows = conn.execute(
+        queries.SELECT_TOKENS, {"include_revoked": include_revoked, "scope": scope}
+    ).mappings()
     return [_info(row) for row in rows]
 
 
-def revoke_token(conn: Connection, name: str, *, actor: str, now: dt.datetime) -> str:
-    """Revoke by name or token id; returns the token id. The row stays for the record."""
-    row = conn.execute(queries.REVOKE_TOKEN, {"name": name, "now": now}).first()
-    if row is None:
-        raise OperationError(f"no active token {name!r}; `outbox tokens list` shows them")
+def revoke_token(
+    conn: Connection, name: str, *, actor: str, now: dt.datetime, scope: str | None = None
+) -> str:
+    """Revoke by name or token id; returns the token id. The row stays for the record.
+
+    Names are unique per tenant, so an unscoped caller naming a token that several
+    tenants use is asked for the token id instead.
+    """
+    found = conn.execute(queries.SELECT_TOKENS_TO_REVOKE, {"name": name, "scope": scope}).all()
+    if not found:
+        raise NotFoundError(f"no active token {name!r}; `outbox tokens list` shows them")
+    if len(found) > 1:
+        ids = ", ".join(f"{r.token_id} ({r.tenant_uid or 'unscoped'})" for r in found)
+        raise OperationError(
+            f"{len(found)} active tokens are named {name!r}: revoke one by its token id ({ids})"
+        )
+    row = conn.execute(queries.REVOKE_TOKEN, {"id": found[0].id, "now": now}).one()
     record_audit(
         conn,
         actor=actor,
@@ -130,12 +177,18 @@ def revoke_token(conn: Connection, name: str, *, actor: str, now: dt.datetime) -
         target_type="token",
         target_id=str(row.token_id),
         details={"name": name},
+        tenant=row.tenant_uid,
     )
     return str(row.token_id)
 
 
 def authenticate(conn: Connection, presented: str, *, now: dt.datetime) -> Principal | None:
-    """The principal of a presented token, or None when it is malformed, unknown or revoked."""
+    """The principal of a presented token, or None when it is malformed, unknown or revoked.
+
+    A genuine token confined to a tenant that no longer exists raises TokenRefusedError
+    saying so (deleting a tenant revokes its tokens; the name check also covers a tenant
+    row removed by other means).
+    """
     match = _TOKEN.match(presented.strip())
     if match is None:
         return None
@@ -143,5 +196,14 @@ def authenticate(conn: Connection, presented: str, *, now: dt.datetime) -> Princ
     row = conn.execute(queries.SELECT_TOKEN_FOR_AUTH, {"token_id": token_id}).first()
     if row is None or not hmac.compare_digest(_hash(secret), str(row.secret_hash)):
         return None
+    if not row.tenant_exists:
+        raise TokenRefusedError(
+            f"this token is scoped to tenant {row.tenant_uid!r}, which was deleted: "
+            "create a new token (`outbox tokens create NAME --role ... --tenant ...`)"
+        )
+    if row.revoked_at is not None:
+        return None
     conn.execute(queries.TOUCH_TOKEN, {"id": row.id, "now": now})
-    return Principal(token_row=int(row.id), name=str(row.name), role=str(row.role))
+    return Principal(
+        token_row=int(row.id), name=str(row.name), role=str(row.role), tenant=row.tenant_uid
+    )

@@ -83,6 +83,23 @@ def test_quick_benchmark_measures_every_figure() -> None:
         assert outcome["unsigned_requests"] == 0
     assert set(results["ratios"]) == {"fanout_1", "fanout_2"}
 
+    # Scale (issue 10), at its quick sizes: every drain delivered everything due, the relay
+    # fanned each event out to the busy endpoint only, and both ratios have a verdict.
+    scale = results["scale"]
+    deliveries = scale["plan"]["deliveries"]
+    assert [r["deliveries"] for r in scale["idle"].values()] == [deliveries] * 3
+    assert scale["idle"]["1000"]["endpoints"] == 1 + 1000 + 20
+    assert scale["many_busy"]["deliveries"] == deliveries
+    relay_events = scale["plan"]["relay_events"]
+    assert all(r["deliveries"] == r["events"] == relay_events for r in scale["relay"].values())
+    assert set(scale["ratios"]) == {
+        "idle_max_over_none",
+        "many_busy_over_one",
+        "relay_max_over_none",
+    }
+
     text = report(results)
     assert "pgqueuer fan-out 2" in text
     assert "targets (issue 7)" in text
+    assert "targets (issue 10, ratios within this run)" in text
+    assert "busy endpoints / one busy" in text

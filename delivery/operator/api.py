@@ -5,6 +5,10 @@ the Starlette routing and the OpenAPI document are built from that table, so the
 document cannot drift from what is served.
 
 Roles: a viewer reads; an operator also replays, discards and changes endpoints.
+A token may be confined to one tenant: then every route reads and acts on that
+tenant's rows only, enforced in the queries (the `scope` every outbox call takes),
+and another tenant's object answers 404 exactly like one that does not exist.
+Unscoped tokens can narrow reads with `?tenant=`.
 A refused call (401 without a valid token, 403 with too weak a role) is written
 to the audit log like any other action, with the request id. Mutations write
 their audit row in the same transaction as the change (see outbox.operations).
@@ -37,14 +41,25 @@ from starlette.routing import Route
 
 from delivery.operator.metrics import render_metrics
 from outbox import operations as ops
+from outbox import tenants as tenant_ops
 from outbox.audit import record_audit
 from outbox.clock import Clock, SystemClock
 from outbox.crypto import SecretBox
 from outbox.endpoints import get_endpoint, list_endpoints, set_enabled
-from outbox.errors import NotFoundError, OutboxError
+from outbox.errors import NotFoundError, OutboxError, TenantError
 from outbox.migrate import VERSION_TABLE, head_revision
 from outbox.stats import AlertThresholds, EndpointHealth, collect_stats, read_totals
-from outbox.tokens import Principal, Role, authenticate, role_allows
+from outbox.tenants import DEFAULT_TENANT, require_tenant
+from outbox.tokens import (
+    Principal,
+    Role,
+    TokenRefusedError,
+    authenticate,
+    create_token,
+    list_tokens,
+    revoke_token,
+    role_allows,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -85,6 +100,28 @@ class Call:
     @property
     def actor(self) -> str:
         return self.principal.actor if self.principal else "anonymous"
+
+    @property
+    def scope(self) -> str | None:
+        """The tenant a scoped token is confined to; None for an unscoped caller."""
+        return self.principal.tenant if self.principal else None
+
+    async def tenant(self, requested: Any = None, *, from_query: bool = True) -> str | None:
+        """The tenant to narrow to: the scope, or the `tenant` asked for (which must exist).
+
+        `requested` defaults to the `tenant` query parameter. A scoped caller asking for
+        another tenant gets the not-found an unknown one gets.
+        """
+        if requested is None and from_query:
+            requested = self.query("tenant")
+        if requested is None:
+            return self.scope
+        scope = self.scope
+        return await self.api.read(lambda c: require_tenant(c, requested, scope=scope))
+
+    def unscoped_only(self, what: str) -> None:
+        if self.scope is not None:
+            raise ApiError(403, f"a tenant-scoped token cannot {what}; use an unscoped token")
 
     def query(self, name: str) -> str | None:
         value = self.request.query_params.get(name)
@@ -155,9 +192,10 @@ class Operation:
 # -- handlers ---------------------------------------------------------------------------
 
 
-def _filter_from_query(call: Call) -> ops.DeliveryFilter:
+def _filter_from_query(call: Call, tenant: str | None) -> ops.DeliveryFilter:
     states = tuple(s.strip() for s in (call.query("state") or "").split(",") if s.strip())
     return ops.DeliveryFilter(
+        tenant=tenant,
         states=states,
         endpoint=call.query("endpoint"),
         event_type=call.query("event_type"),
@@ -169,9 +207,10 @@ def _filter_from_query(call: Call) -> ops.DeliveryFilter:
     )
 
 
-def _filter_from_body(data: dict[str, Any]) -> ops.DeliveryFilter:
+def _filter_from_body(data: dict[str, Any], tenant: str | None) -> ops.DeliveryFilter:
     states = data.get("state") or []
     return ops.DeliveryFilter(
+        tenant=tenant,
         states=tuple([states] if isinstance(states, str) else states),
         endpoint=data.get("endpoint"),
         event_type=data.get("event_type"),
@@ -182,7 +221,7 @@ def _filter_from_body(data: dict[str, Any]) -> ops.DeliveryFilter:
 
 
 async def list_deliveries(call: Call) -> Any:
-    flt = _filter_from_query(call)
+    flt = _filter_from_query(call, await call.tenant())
     items = await call.api.read(lambda c: ops.search_deliveries(c, flt))
     return {
         "items": [item.as_json() for item in items],
@@ -191,8 +230,8 @@ async def list_deliveries(call: Call) -> Any:
 
 
 async def show_delivery(call: Call) -> Any:
-    delivery_id = call.path_int("id")
-    return (await call.api.read(lambda c: ops.get_delivery(c, delivery_id))).as_json()
+    delivery_id, scope = call.path_int("id"), call.scope
+    return (await call.api.read(lambda c: ops.get_delivery(c, delivery_id, scope=scope))).as_json()
 
 
 async def replay_one(call: Call) -> Any:
@@ -207,6 +246,7 @@ async def replay_one(call: Call) -> Any:
             now=now,
             force=bool(data.get("force")),
             request_id=call.request_id,
+            scope=call.scope,
         )
     )
     return result.as_json()
@@ -228,10 +268,13 @@ async def replay_many(call: Call) -> Any:
                 force=bool(data.get("force")),
                 rate_per_minute=rate,
                 request_id=call.request_id,
+                scope=call.scope,
             )
         )
         return result.as_json()
-    flt = _filter_from_body(data.get("filter") or {})
+    criteria = data.get("filter") or {}
+    tenant = await call.tenant(criteria.get("tenant"), from_query=False)
+    flt = _filter_from_body(criteria, tenant)
     result = await call.api.write(
         lambda c: ops.bulk_replay(
             c,
@@ -263,7 +306,13 @@ async def _discard(call: Call, ids: list[int], reason: str | None) -> Any:
     now = call.api.clock.now()
     done = await call.api.write(
         lambda c: ops.discard(
-            c, ids, actor=call.actor, reason=reason, now=now, request_id=call.request_id
+            c,
+            ids,
+            actor=call.actor,
+            reason=reason,
+            now=now,
+            request_id=call.request_id,
+            scope=call.scope,
         )
     )
     return {"discarded": done}
@@ -283,18 +332,30 @@ def _endpoint_json(health: EndpointHealth | None, data: dict[str, Any]) -> dict[
 
 
 async def list_endpoints_route(call: Call) -> Any:
-    now = call.api.clock.now()
+    """The tenant's endpoints in `items`; those receiving every tenant's events apart."""
+    now, tenant = call.api.clock.now(), await call.tenant()
 
     def read(conn: Connection) -> list[dict[str, Any]]:
-        stats = collect_stats(conn, now=now, window=call.api.config.stats_window)
+        stats = collect_stats(conn, now=now, window=call.api.config.stats_window, scope=tenant)
         health = {item.uid: item for item in stats.endpoints}
-        return [_endpoint_json(health.get(e.uid), e.as_json()) for e in list_endpoints(conn)]
+        return [
+            _endpoint_json(health.get(e.uid), e.as_json())
+            for e in list_endpoints(conn, scope=tenant)
+        ]
 
-    return {"items": await call.api.read(read)}
+    found = await call.api.read(read)
+    return {
+        "items": [e for e in found if not e["all_tenants"]],
+        "all_tenants": [e for e in found if e["all_tenants"]],
+    }
 
 
 async def create_endpoint_route(call: Call) -> Any:
     data = await call.body()
+    all_tenants = bool(data.get("all_tenants"))
+    if all_tenants:
+        call.unscoped_only("create an endpoint that receives every tenant's events")
+    owner = await call.tenant(data.get("tenant"), from_query=False) or DEFAULT_TENANT
 
     def create(conn: Connection) -> dict[str, Any]:
         created = ops.add_endpoint(
@@ -308,6 +369,8 @@ async def create_endpoint_route(call: Call) -> Any:
             request_id=call.request_id,
             https_only=call.api.config.https_only,
             signature=data.get("signature"),
+            tenant=owner,
+            all_tenants=all_tenants,
         )
         # An ed25519 endpoint's answer holds its whpk_ public key (in the endpoint), no secret.
         secret = (
@@ -333,6 +396,7 @@ async def update_endpoint_route(call: Call) -> Any:
             reason=data.get("reason"),
             request_id=call.request_id,
             https_only=call.api.config.https_only,
+            scope=call.scope,
         )
     )
     return updated.as_json()
@@ -349,6 +413,7 @@ async def _set_enabled(call: Call, enabled: bool) -> Any:
             reason=data.get("reason"),
             actor=call.actor,
             request_id=call.request_id,
+            scope=call.scope,
         )
         return item.as_json()
 
@@ -383,6 +448,7 @@ async def rotate_endpoint_secret(call: Call) -> Any:
             reason=data.get("reason"),
             request_id=call.request_id,
             signature=data.get("signature"),
+            scope=call.scope,
         )
     )
     ed25519 = rotated.endpoint.signature_scheme == "ed25519"
@@ -398,10 +464,18 @@ async def delete_endpoint_route(call: Call) -> Any:
     force = (call.query("force") or "").lower() in ("1", "true", "yes")
     reason = call.query("reason")
 
+    scope = call.scope
+
     def delete(conn: Connection) -> dict[str, Any]:
-        get_endpoint(conn, uid)
+        get_endpoint(conn, uid, scope=scope)
         return ops.delete_endpoint(
-            conn, uid, actor=call.actor, reason=reason, force=force, request_id=call.request_id
+            conn,
+            uid,
+            actor=call.actor,
+            reason=reason,
+            force=force,
+            request_id=call.request_id,
+            scope=scope,
         )
 
     return {"deleted": uid, **(await call.api.write(delete))}
@@ -410,18 +484,19 @@ async def delete_endpoint_route(call: Call) -> Any:
 async def stats_route(call: Call) -> Any:
     seconds = call.query_int("window")
     window = dt.timedelta(seconds=seconds) if seconds else call.api.config.stats_window
-    now = call.api.clock.now()
+    now, tenant = call.api.clock.now(), await call.tenant()
     thresholds = call.api.config.thresholds
     stats = await call.api.read(
-        lambda c: collect_stats(c, now=now, window=window, thresholds=thresholds)
+        lambda c: collect_stats(c, now=now, window=window, thresholds=thresholds, scope=tenant)
     )
-    return stats.as_json()
+    return {"tenant": tenant, **stats.as_json()}
 
 
 async def audit_route(call: Call) -> Any:
     actor, action, target = call.query("actor"), call.query("action"), call.query("target")
     since, before = call.query_time("since"), call.query_int("before")
     limit = call.query_int("limit", 50) or 50
+    tenant = await call.tenant()
     entries = await call.api.read(
         lambda c: ops.list_audit(
             c,
@@ -431,23 +506,187 @@ async def audit_route(call: Call) -> Any:
             since=since,
             before_id=before,
             limit=limit,
+            scope=tenant,
         )
     )
     return {"items": [entry.as_json() for entry in entries]}
 
 
 async def metrics_route(call: Call) -> Any:
-    now = call.api.clock.now()
+    """Every figure for the installation, or one tenant's (a scoped token, or ?tenant=).
+
+    No series gets a tenant label: with thousands of tenants that would multiply the
+    series count by the tenant count. Per-tenant numbers are a scrape per tenant (a
+    scoped token, or `?tenant=`); the tenant count by state is the one tenant gauge.
+    """
+    now, tenant = call.api.clock.now(), await call.tenant()
     config = call.api.config
 
     def read(conn: Connection) -> bytes:
         stats = collect_stats(
-            conn, now=now, window=config.stats_window, thresholds=config.thresholds
+            conn, now=now, window=config.stats_window, thresholds=config.thresholds, scope=tenant
         )
-        return render_metrics(read_totals(conn, ops.LATENCY_BUCKETS), stats)
+        totals = read_totals(conn, ops.LATENCY_BUCKETS, scope=tenant)
+        counts = None if tenant is not None else tenant_ops.count_tenants(conn)
+        return render_metrics(totals, stats, tenants=counts)
 
     body = await call.api.read(read)
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+# -- tenants and tokens ---------------------------------------------------------------
+
+
+def _path_tenant(call: Call) -> str:
+    return str(call.request.path_params["tenant"])
+
+
+def _tenant_change(call: Call) -> str:
+    """The tenant a change names; a scoped token may change no tenant (404 for another's)."""
+    uid = _path_tenant(call)
+    if call.scope is not None and uid != call.scope:
+        raise ApiError(404, f"no tenant {uid!r}; `outbox tenants list` shows them")
+    call.unscoped_only("change a tenant")
+    return uid
+
+
+async def list_tenants_route(call: Call) -> Any:
+    scope, after = call.scope, call.query("after")
+    limit = call.query_int("limit", 100) or 100
+    enabled = call.query("enabled")
+    want = None if enabled is None else enabled.lower() in ("1", "true", "yes")
+    found = await call.api.read(
+        lambda c: tenant_ops.list_tenants(c, scope=scope, after=after, enabled=want, limit=limit)
+    )
+    return {
+        "items": [t.as_json() for t in found],
+        "next_after": found[-1].uid if len(found) == limit else None,
+    }
+
+
+async def show_tenant_route(call: Call) -> Any:
+    uid, scope = _path_tenant(call), call.scope
+    return (await call.api.read(lambda c: tenant_ops.show_tenant(c, uid, scope=scope))).as_json()
+
+
+def _caps(data: dict[str, Any]) -> dict[str, Any]:
+    """Caps present in a body: 0 or null clears one (no limit); absent keys stay."""
+    return {key: data[key] or None for key in ("max_in_flight", "max_per_second") if key in data}
+
+
+async def create_tenant_route(call: Call) -> Any:
+    call.unscoped_only("create tenants")
+    data = await call.body()
+    uid = data.get("id")
+    if not isinstance(uid, str):
+        raise TenantError('give the tenant id (your customer id) as a string: {"id": "..."}')
+    created = await call.api.write(
+        lambda c: tenant_ops.add_tenant(
+            c,
+            uid,
+            actor=call.actor,
+            name=str(data.get("name") or ""),
+            metadata=data.get("metadata"),
+            request_id=call.request_id,
+            **_caps(data),
+        )
+    )
+    return created.as_json()
+
+
+async def update_tenant_route(call: Call) -> Any:
+    uid, data = _tenant_change(call), await call.body()
+    now = call.api.clock.now()
+    name = data.get("name")
+    if name is not None and not isinstance(name, str):
+        raise TenantError("name must be a string")
+    updated = await call.api.write(
+        lambda c: tenant_ops.update_tenant(
+            c,
+            uid,
+            actor=call.actor,
+            now=now,
+            name=name,
+            metadata=data.get("metadata"),
+            reason=data.get("reason"),
+            request_id=call.request_id,
+            **_caps(data),
+        )
+    )
+    return updated.as_json()
+
+
+async def _tenant_enabled(call: Call, enabled: bool) -> Any:
+    uid, data = _tenant_change(call), await call.body()
+    now = call.api.clock.now()
+    changed = await call.api.write(
+        lambda c: tenant_ops.set_tenant_enabled(
+            c,
+            uid,
+            enabled=enabled,
+            actor=call.actor,
+            now=now,
+            reason=data.get("reason"),
+            request_id=call.request_id,
+        )
+    )
+    return changed.as_json()
+
+
+async def disable_tenant_route(call: Call) -> Any:
+    return await _tenant_enabled(call, False)
+
+
+async def enable_tenant_route(call: Call) -> Any:
+    return await _tenant_enabled(call, True)
+
+
+async def delete_tenant_route(call: Call) -> Any:
+    uid = _tenant_change(call)
+    force = (call.query("force") or "").lower() in ("1", "true", "yes")
+    reason, now = call.query("reason"), call.api.clock.now()
+    result = await call.api.write(
+        lambda c: tenant_ops.delete_tenant(
+            c, uid, actor=call.actor, reason=reason, now=now, force=force,
+            request_id=call.request_id,
+        )
+    )  # fmt: skip
+    return {"deleted": uid, **result}
+
+
+async def list_tokens_route(call: Call) -> Any:
+    scope = call.scope
+    found = await call.api.read(lambda c: list_tokens(c, scope=scope))
+    return {"items": [t.as_json() for t in found]}
+
+
+async def create_token_route(call: Call) -> Any:
+    """A scoped operator may create tokens of its own tenant only (and no unscoped ones)."""
+    data = await call.body()
+    tenant = data.get("tenant")
+
+    def create(conn: Connection) -> dict[str, Any]:
+        info, secret = create_token(
+            conn,
+            name=str(data.get("name") or ""),
+            role=str(data.get("role") or ""),
+            actor=call.actor,
+            tenant=tenant,
+            scope=call.scope,
+            request_id=call.request_id,
+        )
+        return {**info.as_json(), "token": secret}
+
+    return await call.api.write(create)
+
+
+async def revoke_token_route(call: Call) -> Any:
+    """By name or token id; a scoped caller can revoke its own tenant's tokens only."""
+    name, now, scope = str(call.request.path_params["token"]), call.api.clock.now(), call.scope
+    revoked = await call.api.write(
+        lambda c: revoke_token(c, name, actor=call.actor, now=now, scope=scope)
+    )
+    return {"revoked": revoked}
 
 
 async def healthz(call: Call) -> Any:
@@ -481,6 +720,10 @@ async def openapi_route(call: Call) -> Any:
 
 
 _ID = Param("id", "Delivery id.", "integer", "path")
+_TENANT = Param("tenant", "Tenant id (the application's customer id).", where="path")
+_TENANT_FILTER = Param(
+    "tenant", "Only this tenant's (a tenant-scoped token is always confined to its own)."
+)
 _UID = Param("uid", "Endpoint id (ep_...).", where="path")
 _REASON = {"reason": {"type": "string", "description": "Why; goes in the audit log."}}
 _FILTER_PARAMS = (
@@ -492,10 +735,12 @@ _FILTER_PARAMS = (
     Param("until", "Created before (ISO 8601)."),
     Param("before", "Paging: only ids below this (pass next_before).", "integer"),
     Param("limit", "Page size, 1..1000 (default 50).", "integer"),
+    _TENANT_FILTER,
 )
 _FILTER_SCHEMA = {
     "type": "object",
     "properties": {
+        "tenant": {"type": "string"},
         "state": {"type": "array", "items": {"type": "string"}},
         "endpoint": {"type": "string"},
         "event_type": {"type": "string"},
@@ -509,7 +754,15 @@ ROUTES: tuple[Operation, ...] = (
     Operation("GET", "/healthz", None, "The process is alive.", healthz),
     Operation("GET", "/readyz", None, "The database is reachable and migrated.", readyz),
     Operation("GET", "/openapi.json", None, "This document.", openapi_route),
-    Operation("GET", "/metrics", "viewer", "Prometheus metrics.", metrics_route, raw=True),
+    Operation(
+        "GET",
+        "/metrics",
+        "viewer",
+        "Prometheus metrics (one tenant's with a scoped token or ?tenant=).",
+        metrics_route,
+        (_TENANT_FILTER,),
+        raw=True,
+    ),
     Operation(
         "GET", "/v1/deliveries", "viewer", "Search deliveries.", list_deliveries, _FILTER_PARAMS
     ),
@@ -581,8 +834,10 @@ ROUTES: tuple[Operation, ...] = (
         "GET",
         "/v1/endpoints",
         "viewer",
-        "Endpoints with their recent success rate, latency, backlog and circuit breaker.",
+        "Endpoints with their recent success rate, latency, backlog and circuit breaker; "
+        "all-tenants endpoints listed apart.",
         list_endpoints_route,
+        (_TENANT_FILTER,),
     ),
     Operation(
         "POST",
@@ -600,6 +855,8 @@ ROUTES: tuple[Operation, ...] = (
                 "description": {"type": "string"},
                 "secret": {"type": "string"},
                 "signature": {"enum": ["hmac", "ed25519"]},
+                "tenant": {"type": "string", "description": "Owner (default: the default)."},
+                "all_tenants": {"type": "boolean", "description": "Receive every tenant's."},
             },
         },
     ),
@@ -670,7 +927,7 @@ ROUTES: tuple[Operation, ...] = (
         "viewer",
         "Backlog, lag, rates, per-endpoint health, top errors and alert signals.",
         stats_route,
-        (Param("window", "Window in seconds (default from settings).", "integer"),),
+        (Param("window", "Window in seconds (default from settings).", "integer"), _TENANT_FILTER),
     ),
     Operation(
         "GET",
@@ -685,7 +942,123 @@ ROUTES: tuple[Operation, ...] = (
             Param("since", "At or after (ISO 8601)."),
             Param("before", "Paging: only ids below this.", "integer"),
             Param("limit", "Page size (default 50).", "integer"),
+            _TENANT_FILTER,
         ),
+    ),
+    Operation(
+        "GET",
+        "/v1/tenants",
+        "viewer",
+        "Tenants in id order (a scoped token sees its own).",
+        list_tenants_route,
+        (
+            Param("after", "Paging: only ids after this (pass next_after)."),
+            Param("enabled", "true or false."),
+            Param("limit", "Page size, 1..1000 (default 100).", "integer"),
+        ),
+    ),
+    Operation(
+        "POST",
+        "/v1/tenants",
+        "operator",
+        "Create a tenant (unscoped tokens only).",
+        create_tenant_route,
+        (),
+        {
+            "type": "object",
+            "required": ["id"],
+            "properties": {
+                "id": {"type": "string"},
+                "name": {"type": "string"},
+                "metadata": {"type": "object"},
+                "max_in_flight": {"type": "integer"},
+                "max_per_second": {"type": "number"},
+            },
+        },
+    ),
+    Operation(
+        "GET",
+        "/v1/tenants/{tenant}",
+        "viewer",
+        "A tenant with its endpoint, event, delivery and token counts.",
+        show_tenant_route,
+        (_TENANT,),
+    ),
+    Operation(
+        "PATCH",
+        "/v1/tenants/{tenant}",
+        "operator",
+        "Change a tenant's name, metadata or caps (0 or null: no limit).",
+        update_tenant_route,
+        (_TENANT,),
+        {
+            "type": "object",
+            "properties": {
+                **_REASON,
+                "name": {"type": "string"},
+                "metadata": {"type": "object"},
+                "max_in_flight": {"type": ["integer", "null"]},
+                "max_per_second": {"type": ["number", "null"]},
+            },
+        },
+    ),
+    Operation(
+        "POST",
+        "/v1/tenants/{tenant}/disable",
+        "operator",
+        "Disable a tenant: its deliveries are held (nothing is dropped) until enabled.",
+        disable_tenant_route,
+        (_TENANT,),
+        {"type": "object", "required": ["reason"], "properties": _REASON},
+    ),
+    Operation(
+        "POST",
+        "/v1/tenants/{tenant}/enable",
+        "operator",
+        "Enable a tenant; its held deliveries resume.",
+        enable_tenant_route,
+        (_TENANT,),
+    ),
+    Operation(
+        "DELETE",
+        "/v1/tenants/{tenant}",
+        "operator",
+        "Delete a tenant, its endpoints and history, revoking its tokens "
+        "(refused while anything is pending).",
+        delete_tenant_route,
+        (_TENANT, Param("reason", "Why (required)."), Param("force", "Delete pending ones too.")),
+    ),
+    Operation(
+        "GET",
+        "/v1/tokens",
+        "operator",
+        "Active tokens, never their secrets (a scoped token sees its tenant's).",
+        list_tokens_route,
+    ),
+    Operation(
+        "POST",
+        "/v1/tokens",
+        "operator",
+        "Create a token, optionally confined to a tenant; the answer holds it, shown once.",
+        create_token_route,
+        (),
+        {
+            "type": "object",
+            "required": ["name", "role"],
+            "properties": {
+                "name": {"type": "string"},
+                "role": {"type": "string", "enum": ["viewer", "operator"]},
+                "tenant": {"type": "string"},
+            },
+        },
+    ),
+    Operation(
+        "DELETE",
+        "/v1/tokens/{token}",
+        "operator",
+        "Revoke a token by name or token id; it stops working at once.",
+        revoke_token_route,
+        (Param("token", "Token name or token id.", where="path"),),
     ),
 )
 
@@ -734,8 +1107,10 @@ def openapi_document() -> dict[str, Any]:
         "info": {
             "title": "webhook-outbox admin API",
             "version": "1",
-            "description": "Viewer tokens read; operator tokens also act. "
-            "Create tokens with `outbox tokens create NAME --role viewer|operator`.",
+            "description": "Viewer tokens read; operator tokens also act. A token confined "
+            "to a tenant sees and acts on that tenant's objects only; any other tenant's "
+            "object answers 404. Create tokens with "
+            "`outbox tokens create NAME --role viewer|operator [--tenant T]`.",
         },
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "paths": paths,
@@ -778,7 +1153,13 @@ class AdminApi:
         now = self.clock.now()
         principal = None
         if scheme.lower() == "bearer" and presented:
-            principal = await self.write(lambda c: authenticate(c, presented, now=now))
+            try:
+                principal = await self.write(lambda c: authenticate(c, presented, now=now))
+            except TokenRefusedError as exc:
+                await self._refuse(call, 401, str(exc), "anonymous")
+                return JSONResponse(
+                    {"error": str(exc)}, 401, headers={"www-authenticate": "Bearer"}
+                )
         if principal is None:
             why = "no bearer token" if not header else "invalid or revoked bearer token"
             await self._refuse(call, 401, why, "anonymous")
@@ -791,11 +1172,13 @@ class AdminApi:
         call.principal = principal
         if not role_allows(principal.role, needed):
             why = f"role {principal.role} cannot do this; it needs {needed}"
-            await self._refuse(call, 403, why, principal.actor)
+            await self._refuse(call, 403, why, principal.actor, principal.tenant)
             return JSONResponse({"error": why}, 403)
         return None
 
-    async def _refuse(self, call: Call, status: int, why: str, actor: str) -> None:
+    async def _refuse(
+        self, call: Call, status: int, why: str, actor: str, tenant: str | None = None
+    ) -> None:
         request = call.request
         target = f"{request.method} {request.url.path}"
         client = request.client.host if request.client else None
@@ -810,6 +1193,7 @@ class AdminApi:
                 reason=why,
                 details={"status": status, "client": client},
                 request_id=call.request_id,
+                tenant=tenant,
             )
 
         await self.write(audit)

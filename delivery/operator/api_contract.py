@@ -39,6 +39,7 @@ async def show_event_type(call: Call) -> Any:
 
 
 async def add_event_type(call: Call) -> Any:
+    call.unscoped_only("change the event-type catalogue (every tenant shares it)")
     data = await call.body()
     item = await call.api.write(
         lambda c: catalogue.add_event_type(
@@ -55,6 +56,7 @@ async def add_event_type(call: Call) -> Any:
 
 
 async def update_event_type(call: Call) -> Any:
+    call.unscoped_only("change the event-type catalogue (every tenant shares it)")
     name, data = call.request.path_params["name"], await call.body()
     item = await call.api.write(
         lambda c: catalogue.update_event_type(
@@ -72,6 +74,7 @@ async def update_event_type(call: Call) -> Any:
 
 
 async def _set_status(call: Call, status: str) -> Any:
+    call.unscoped_only("change the event-type catalogue (every tenant shares it)")
     name = call.request.path_params["name"]
     item = await call.api.write(
         lambda c: catalogue.set_status(
@@ -102,7 +105,8 @@ async def export_openapi(call: Call) -> Any:
 
 async def list_rejected(call: Call) -> Any:
     limit = call.query_int("limit", 100) or 100
-    items = await call.api.read(lambda c: catalogue.list_rejected(c, limit=limit))
+    scope = call.scope
+    items = await call.api.read(lambda c: catalogue.list_rejected(c, limit=limit, scope=scope))
     return {"items": [item.as_json() for item in items]}
 
 
@@ -117,6 +121,7 @@ async def requeue_rejected(call: Call) -> Any:
             actor=call.actor,
             reason=str(data.get("reason") or ""),
             request_id=call.request_id,
+            scope=call.scope,
         )
     )
     return {"requeued": message_id, "skip_validation": skip}
@@ -137,6 +142,7 @@ async def test_endpoint(call: Call) -> Any:
             now=now,
             actor=call.actor,
             request_id=call.request_id,
+            scope=call.scope,
         )
     )
     deadline = time.monotonic() + max(0.0, wait)

@@ -24,9 +24,10 @@ from outbox.stats import Stats, Totals
 
 
 class _Snapshot(Collector):
-    def __init__(self, totals: Totals, stats: Stats) -> None:
+    def __init__(self, totals: Totals, stats: Stats, tenants: dict[str, int] | None) -> None:
         self._totals = totals
         self._stats = stats
+        self._tenants = tenants
 
     def collect(self) -> Iterator[Metric]:
         totals, stats = self._totals, self._stats
@@ -126,9 +127,21 @@ class _Snapshot(Collector):
             values.add_metric([alert.name], alert.value)
         yield alerts
         yield values
+        if self._tenants is not None:
+            tenants = GaugeMetricFamily(
+                "outbox_tenants", "Tenants by state (enabled, disabled).", labels=["state"]
+            )
+            for state, count in self._tenants.items():
+                tenants.add_metric([state], count)
+            yield tenants
 
 
-def render_metrics(totals: Totals, stats: Stats) -> bytes:
+def render_metrics(totals: Totals, stats: Stats, *, tenants: dict[str, int] | None = None) -> bytes:
+    """`tenants` (counts by state) only for an unscoped scrape: a tenant sees its own figures.
+
+    No series carries a tenant label (the cardinality would grow with the customer
+    count); one tenant's figures are a scrape scoped to it (a scoped token, ?tenant=).
+    """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(totals, stats))
+    registry.register(_Snapshot(totals, stats, tenants))
     return generate_latest(registry)

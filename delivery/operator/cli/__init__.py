@@ -18,6 +18,7 @@ from delivery.operator.cli import (
     publish,
     service,
     stats,
+    tenants,
     tokens,
 )
 from outbox.logging_setup import configure_logging
@@ -45,6 +46,7 @@ for command in (
     deliveries.replay,
     deliveries.discard,
     keys.keys,
+    tenants.tenants,
     tokens.tokens,
     stats.stats,
     stats.audit,

@@ -25,6 +25,16 @@ from outbox.stats import Breaker, Stats
 F = TypeVar("F", bound=Callable[..., Any])
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+tenant_option = click.option(
+    "--tenant", default=None, help="Only this tenant's (a customer id; `outbox tenants list`)."
+)
+
+
+def tenant_filter(conn: Any, tenant: str | None) -> str | None:
+    """A --tenant filter checked up front: a malformed or unknown id is a one-line error."""
+    from outbox.tenants import require_tenant
+
+    return None if tenant is None else require_tenant(conn, tenant)
 
 
 def friendly_errors(func: F) -> F:

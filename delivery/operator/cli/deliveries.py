@@ -20,6 +20,7 @@ from delivery.operator.cli.common import (
     parse_when,
     print_table,
     short,
+    tenant_filter,
 )
 from outbox import operations
 from outbox.clock import SystemClock
@@ -36,6 +37,9 @@ def filter_options(func: F) -> F:
         click.option("--error", default=None, help="Text in the last error or any attempt's."),
         click.option("--since", default=None, help="Created at/after: ISO time or age (2h)."),
         click.option("--until", default=None, help="Created before: ISO time or age."),
+        click.option(
+            "--tenant", default=None, help="Only this tenant's (its endpoints' deliveries)."
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -50,6 +54,7 @@ def _filter(
     since: str | None,
     until: str | None,
     now: dt.datetime,
+    tenant: str | None = None,
     **extra: Any,
 ) -> operations.DeliveryFilter:
     flat = tuple(s.strip() for item in states for s in item.split(",") if s.strip())
@@ -60,6 +65,7 @@ def _filter(
         error=error,
         since=parse_when(since, now),
         until=parse_when(until, now),
+        tenant=tenant,
         **extra,
     )
 
@@ -70,6 +76,7 @@ def _delivery_rows(
     return [
         [
             item.id,
+            item.tenant,
             item.state + (f" (replay of {item.replay_of})" if item.replay_of else ""),
             f"{item.attempts}/{item.max_attempts}",
             item.endpoint_uid,
@@ -81,7 +88,9 @@ def _delivery_rows(
     ]
 
 
-_DELIVERY_HEADERS = ["ID", "STATE", "TRIES", "ENDPOINT", "EVENT", "CREATED", "LAST ERROR"]
+_DELIVERY_HEADERS = [
+    "ID", "TENANT", "STATE", "TRIES", "ENDPOINT", "EVENT", "CREATED", "LAST ERROR",
+]  # fmt: skip
 
 
 @click.group()
@@ -103,6 +112,7 @@ def deliveries_list(
     error: str | None,
     since: str | None,
     until: str | None,
+    tenant: str | None,
     unreplayed: bool,
     limit: int,
     before: int | None,
@@ -110,19 +120,20 @@ def deliveries_list(
 ) -> None:
     """List deliveries, newest first: outbox deliveries list --state dead --error timeout."""
     now = SystemClock().now()
-    flt = _filter(
-        states,
-        endpoint,
-        event_type,
-        error,
-        since,
-        until,
-        now,
-        unreplayed=unreplayed,
-        limit=limit,
-        before_id=before,
-    )
     with database() as (_, db), db.engine.connect() as conn:
+        flt = _filter(
+            states,
+            endpoint,
+            event_type,
+            error,
+            since,
+            until,
+            now,
+            tenant_filter(conn, tenant),
+            unreplayed=unreplayed,
+            limit=limit,
+            before_id=before,
+        )
         items = operations.search_deliveries(conn, flt)
     next_before = items[-1].id if len(items) == limit else None
     if as_json:
@@ -212,6 +223,7 @@ def replay(
     error: str | None,
     since: str | None,
     until: str | None,
+    tenant: str | None,
     max_count: int,
     rate: float | None,
     as_json: bool,
@@ -222,7 +234,7 @@ def replay(
     (outbox replay --endpoint ep_... --since 2h --reason ... [--dry-run]).
     """
     now = SystemClock().now()
-    has_filter = any([states, endpoint, event_type, error, since, until])
+    has_filter = any([states, endpoint, event_type, error, since, until, tenant])
     if bool(delivery_ids) == has_filter:
         raise click.UsageError("give delivery ids or a filter (--endpoint, --state, ...), not both")
     who = actor or default_actor()
@@ -244,7 +256,16 @@ def replay(
         else:
             result = operations.bulk_replay(
                 conn,
-                _filter(states, endpoint, event_type, error, since, until, now),
+                _filter(
+                    states,
+                    endpoint,
+                    event_type,
+                    error,
+                    since,
+                    until,
+                    now,
+                    tenant_filter(conn, tenant),
+                ),
                 actor=who,
                 reason=reason,
                 now=now,

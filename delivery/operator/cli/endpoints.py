@@ -21,6 +21,8 @@ from delivery.operator.cli.common import (
     print_table,
     secret_json,
     signature_option,
+    tenant_filter,
+    tenant_option,
 )
 from outbox import operations
 from outbox.clock import SystemClock
@@ -33,6 +35,7 @@ from outbox.endpoint_rules import (
 from outbox.endpoints import Endpoint, list_endpoints, reveal_secret, set_enabled
 from outbox.headers import get_headers, parse_header_argument, set_headers
 from outbox.stats import collect_stats
+from outbox.tenants import DEFAULT_TENANT
 
 
 @click.group()
@@ -44,6 +47,7 @@ def _endpoint_rows(items: Sequence[Endpoint]) -> list[list[object]]:
     return [
         [
             item.uid,
+            item.tenant,
             "enabled" if item.enabled else f"disabled ({item.disabled_reason})",
             ",".join(item.event_types),
             item.url,
@@ -60,6 +64,12 @@ def _endpoint_rows(items: Sequence[Endpoint]) -> list[list[object]]:
 )
 @signature_option
 @click.option("--description", default="", help="A note for operators.")
+@click.option(
+    "--tenant", default=DEFAULT_TENANT, show_default=True, help="The tenant that owns it."
+)
+@click.option(
+    "--all-tenants", is_flag=True, help="Receive the matching events of every tenant, not one."
+)
 @json_option
 @friendly_errors
 def endpoints_add(
@@ -68,10 +78,15 @@ def endpoints_add(
     secret: str | None,
     signature: str | None,
     description: str,
+    tenant: str,
+    all_tenants: bool,
     as_json: bool,
 ) -> None:
     """Add an endpoint; prints its id and its signing secret (shown only now), or for
-    `--signature ed25519` the whpk_ public key the receiver verifies with."""
+    `--signature ed25519` the whpk_ public key the receiver verifies with.
+
+    It receives its tenant's matching events; with --all-tenants, every tenant's.
+    """
     with database() as (current, db):
         box = app.secret_box(current, db)
         with db.engine.begin() as conn:
@@ -85,6 +100,8 @@ def endpoints_add(
                 description=description,
                 https_only=current.https_only,
                 signature=signature,
+                tenant=tenant,
+                all_tenants=all_tenants,
             )
     print_secret(created.endpoint, created.secret, as_json)
     if not as_json and created.endpoint.signature_scheme == "hmac":
@@ -93,26 +110,39 @@ def endpoints_add(
         click.echo("Give the public key to the receiver; it verifies v1a signatures with it.")
 
 
+_ENDPOINT_HEADERS = ["ID", "TENANT", "STATE", "EVENTS", "URL"]
+
+
 @endpoints.command("list")
+@tenant_option
 @json_option
 @friendly_errors
-def endpoints_list(as_json: bool) -> None:
-    """List endpoints."""
+def endpoints_list(tenant: str | None, as_json: bool) -> None:
+    """List endpoints; those receiving every tenant's events are listed apart."""
     with database() as (_, db), db.engine.connect() as conn:
-        items = list_endpoints(conn)
+        items = list_endpoints(conn, scope=tenant_filter(conn, tenant))
     if as_json:
         echo_json([item.as_json() for item in items])
-    elif not items:
+        return
+    if not items:
         click.echo("no endpoints yet: outbox endpoints add URL --events 'order.*'")
-    else:
-        print_table(_endpoint_rows(items), ["ID", "STATE", "EVENTS", "URL"])
+        return
+    own = [item for item in items if not item.all_tenants]
+    everyone = [item for item in items if item.all_tenants]
+    if own:
+        print_table(_endpoint_rows(own), _ENDPOINT_HEADERS)
+    if everyone:
+        click.echo(
+            "\nreceiving every tenant's events:" if own else "receiving every tenant's events:"
+        )
+        print_table(_endpoint_rows(everyone), _ENDPOINT_HEADERS)
 
 
 def _show_endpoint(item: Endpoint, as_json: bool) -> None:
     if as_json:
         echo_json(item.as_json())
     else:
-        print_table(_endpoint_rows([item]), ["ID", "STATE", "EVENTS", "URL"])
+        print_table(_endpoint_rows([item]), _ENDPOINT_HEADERS)
 
 
 def _set_enabled(uid: str, enabled: bool, reason: str | None, actor: str, as_json: bool) -> None:
@@ -370,12 +400,18 @@ def endpoints_rotate_secret(
 
 @endpoints.command("status")
 @click.option("--window", default="1h", show_default=True, help="How far back rates look.")
+@tenant_option
 @json_option
 @friendly_errors
-def endpoints_status(window: str, as_json: bool) -> None:
+def endpoints_status(window: str, tenant: str | None, as_json: bool) -> None:
     """Each endpoint's state, circuit breaker, recent success rate, latency and backlog."""
     with database() as (_, db), db.engine.connect() as conn:
-        stats = collect_stats(conn, now=SystemClock().now(), window=parse_duration(window))
+        stats = collect_stats(
+            conn,
+            now=SystemClock().now(),
+            window=parse_duration(window),
+            scope=tenant_filter(conn, tenant),
+        )
     if as_json:
         echo_json([item.as_json() for item in stats.endpoints])
         return

@@ -21,6 +21,8 @@ from delivery.operator.cli.common import (
     print_table,
     short,
     span,
+    tenant_filter,
+    tenant_option,
 )
 from outbox import operations
 from outbox.clock import SystemClock
@@ -59,28 +61,41 @@ def _print_stats(stats: Stats) -> None:
 @click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
 @click.option("--interval", default=5.0, show_default=True, help="Seconds between refreshes.")
 @click.option("--times", type=int, default=None, hidden=True, help="Stop after N refreshes.")
+@tenant_option
 @json_option
 @friendly_errors
 def stats(
-    window: str | None, watch: bool, interval: float, times: int | None, as_json: bool
+    window: str | None,
+    watch: bool,
+    interval: float,
+    times: int | None,
+    tenant: str | None,
+    as_json: bool,
 ) -> None:
-    """Backlog, relay lag, rates, per-endpoint health, top errors and alert signals."""
+    """Backlog, relay lag, rates, per-endpoint health, top errors and alert signals.
+
+    With --tenant every figure is that tenant's alone.
+    """
     with database() as (current, db):
         period = (
             parse_duration(window) if window else dt.timedelta(seconds=current.stats_window_seconds)
         )
         thresholds = app.alert_thresholds(current)
+        with db.engine.connect() as conn:
+            scope = tenant_filter(conn, tenant)
         shown = 0
         while True:
             with db.engine.connect() as conn:
                 snapshot = collect_stats(
-                    conn, now=SystemClock().now(), window=period, thresholds=thresholds
+                    conn, now=SystemClock().now(), window=period, thresholds=thresholds, scope=scope
                 )
             if as_json:
-                click.echo(json.dumps(snapshot.as_json(), default=str))
+                click.echo(json.dumps({"tenant": scope, **snapshot.as_json()}, default=str))
             else:
                 if watch:
                     click.clear()
+                if scope is not None:
+                    click.echo(f"tenant {scope}")
                 _print_stats(snapshot)
             shown += 1
             if not watch or (times is not None and shown >= times):
@@ -98,6 +113,7 @@ def stats(
 @click.option("--since", default=None, help="ISO time or age (2h).")
 @click.option("--limit", default=50, show_default=True)
 @click.option("--before", type=int, default=None, help="Next page: ids below this one.")
+@tenant_option
 @json_option
 @friendly_errors
 def audit(
@@ -107,10 +123,12 @@ def audit(
     since: str | None,
     limit: int,
     before: int | None,
+    tenant: str | None,
     as_json: bool,
 ) -> None:
     """The audit log, newest first: who did what to which row, when and why."""
     with database() as (_, db), db.engine.connect() as conn:
+        scope = tenant_filter(conn, tenant)
         entries = operations.list_audit(
             conn,
             actor=actor,
@@ -119,6 +137,7 @@ def audit(
             since=parse_when(since, SystemClock().now()),
             before_id=before,
             limit=limit,
+            scope=scope,
         )
     if as_json:
         echo_json([entry.as_json() for entry in entries])
@@ -131,6 +150,7 @@ def audit(
             [
                 e.id,
                 e.at.isoformat(timespec="seconds"),
+                e.tenant or "-",
                 e.actor,
                 e.action,
                 f"{e.target_type}:{e.target_id}",
@@ -139,5 +159,5 @@ def audit(
             ]
             for e in entries
         ],
-        ["ID", "AT", "ACTOR", "ACTION", "TARGET", "REASON", "REQUEST"],
+        ["ID", "AT", "TENANT", "ACTOR", "ACTION", "TARGET", "REASON", "REQUEST"],
     )

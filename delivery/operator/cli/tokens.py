@@ -24,18 +24,28 @@ def tokens() -> None:
 @tokens.command("create")
 @click.argument("name")
 @click.option("--role", type=click.Choice(list(ROLES)), required=True)
+@click.option(
+    "--tenant",
+    default=None,
+    help="Confine the token to this tenant: it sees and acts on that tenant's objects only.",
+)
 @click.option("--actor", default=None, help="Who is acting, for the audit log.")
 @json_option
 @friendly_errors
-def tokens_create(name: str, role: str, actor: str | None, as_json: bool) -> None:
+def tokens_create(
+    name: str, role: str, tenant: str | None, actor: str | None, as_json: bool
+) -> None:
     """Create a token; it is printed once and stored only as a hash."""
     with database() as (_, db), db.engine.begin() as conn:
-        info, secret = create_token(conn, name=name, role=role, actor=actor or default_actor())
+        info, secret = create_token(
+            conn, name=name, role=role, actor=actor or default_actor(), tenant=tenant
+        )
     if as_json:
         echo_json({**info.as_json(), "token": secret})
     else:
         click.echo(f"token: {secret}")
-        click.echo(f"role {info.role}; store it now, it is not shown again")
+        scope = f", confined to tenant {info.tenant}" if info.tenant else ", every tenant"
+        click.echo(f"role {info.role}{scope}; store it now, it is not shown again")
 
 
 @tokens.command("list")
@@ -54,6 +64,7 @@ def tokens_list(include_revoked: bool, as_json: bool) -> None:
             [
                 t.name,
                 t.role,
+                t.tenant or "(all)",
                 t.token_id,
                 t.created_by,
                 t.last_used_at.isoformat(timespec="seconds") if t.last_used_at else "never",
@@ -61,7 +72,7 @@ def tokens_list(include_revoked: bool, as_json: bool) -> None:
             ]
             for t in items
         ],
-        ["NAME", "ROLE", "TOKEN ID", "CREATED BY", "LAST USED", "STATE"],
+        ["NAME", "ROLE", "TENANT", "TOKEN ID", "CREATED BY", "LAST USED", "STATE"],
     )
 
 

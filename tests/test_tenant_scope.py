@@ -1,0 +1,82 @@
+"""The tenant scope in outbox/ itself: every lookup and change by id, called with another
+tenant's scope, is "not found" and writes nothing (the admin API and any portal build on this)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import Connection, Engine
+
+from delivery.health import EndpointLimits, get_endpoint_limits, set_endpoint_limits
+from outbox import operations as ops
+from outbox.crypto import SecretBox
+from outbox.endpoint_rules import DeliveryRules, get_delivery_rules, set_delivery_rules
+from outbox.endpoints import get_endpoint, reveal_secret, set_enabled
+from outbox.errors import NotFoundError
+from outbox.headers import get_headers, set_headers
+from outbox.tenants import create_tenant, get_tenant, show_tenant
+from tests.helpers import add_endpoint, rows
+
+NOW = dt.datetime(2026, 11, 30, tzinfo=dt.UTC)
+
+Call = Callable[[Connection, SecretBox, str], Any]
+
+CALLS: dict[str, Call] = {
+    "get_endpoint": lambda c, box, uid: get_endpoint(c, uid, scope="a"),
+    "set_enabled": lambda c, box, uid: set_enabled(
+        c, uid, enabled=False, reason="x", actor="t", scope="a"
+    ),
+    "update_endpoint": lambda c, box, uid: ops.update_endpoint(
+        c, uid, actor="t", description="x", scope="a"
+    ),
+    "rotate_secret": lambda c, box, uid: ops.rotate_secret(
+        c, box, uid, actor="t", now=NOW, grace=dt.timedelta(0), scope="a"
+    ),
+    "delete_endpoint": lambda c, box, uid: ops.delete_endpoint(
+        c, uid, actor="t", reason="x", force=True, scope="a"
+    ),
+    "reveal_secret": lambda c, box, uid: reveal_secret(
+        c, box, uid, actor="t", reason="x", scope="a"
+    ),
+    "get_delivery_rules": lambda c, box, uid: get_delivery_rules(c, uid, scope="a"),
+    "set_delivery_rules": lambda c, box, uid: set_delivery_rules(
+        c, uid, DeliveryRules(max_attempts=2), actor="t", scope="a"
+    ),
+    "get_headers": lambda c, box, uid: get_headers(c, box, uid, scope="a"),
+    "set_headers": lambda c, box, uid: set_headers(
+        c, box, uid, {"x-key": "v"}, actor="t", scope="a"
+    ),
+    "get_endpoint_limits": lambda c, box, uid: get_endpoint_limits(c, uid, scope="a"),
+    "set_endpoint_limits": lambda c, box, uid: set_endpoint_limits(
+        c, uid, EndpointLimits(max_in_flight=1), actor="t", scope="a"
+    ),
+    "get_tenant": lambda c, box, uid: get_tenant(c, "b", scope="a"),
+    "show_tenant": lambda c, box, uid: show_tenant(c, "b", scope="a"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_another_tenants_endpoint_is_not_found_and_nothing_changes(
+    engine: Engine, box: SecretBox, name: str
+) -> None:
+    with engine.begin() as conn:
+        create_tenant(conn, "a")
+        create_tenant(conn, "b")
+    mine = add_endpoint(engine, box, "http://127.0.0.1:1/a", tenant="a").endpoint.uid
+    theirs = add_endpoint(engine, box, "http://127.0.0.1:1/b", tenant="b").endpoint.uid
+    before = rows(engine, "SELECT * FROM endpoints ORDER BY id")
+    with engine.begin() as conn, pytest.raises(NotFoundError) as caught:
+        CALLS[name](conn, box, theirs)
+    assert "\n" not in str(caught.value)
+    assert rows(engine, "SELECT * FROM endpoints ORDER BY id") == before
+    assert rows(engine, "SELECT * FROM endpoint_health") == []
+    assert rows(engine, "SELECT * FROM audit_log") == []
+    # The same call on its own tenant's endpoint works (the scope is not simply refusing).
+    with engine.begin() as conn:
+        if name in ("get_tenant", "show_tenant"):
+            assert get_tenant(conn, "a", scope="a").uid == "a"
+        else:
+            CALLS[name](conn, box, mine)
