@@ -32,7 +32,12 @@ from sqlalchemy import Connection
 
 from outbox import queries
 from outbox.audit import record_audit
-from outbox.errors import CatalogueError, ConfigurationError, PublishError
+from outbox.errors import (
+    CatalogueError,
+    CatalogueNotFoundError,
+    ConfigurationError,
+    PublishError,
+)
 
 Mode = Literal["accept", "strict"]
 MODES: tuple[Mode, ...] = ("accept", "strict")
@@ -310,7 +315,9 @@ def update_event_type(
     # Locked first: two concurrent updates must not both claim the next version number.
     type_id = conn.execute(queries.LOCK_EVENT_TYPE, {"name": name}).scalar_one_or_none()
     if type_id is None:
-        raise CatalogueError(f"no event type {name!r}; `outbox event-types list` shows them")
+        raise CatalogueNotFoundError(
+            f"no event type {name!r}; `outbox event-types list` shows them"
+        )
     current = get_event_type(conn, name)
     if status is not None and status not in ("active", "deprecated", "archived"):
         raise CatalogueError(f"status {status!r} is not one of active, deprecated, archived")
@@ -369,7 +376,9 @@ def _dump(value: Any) -> str | None:
 def get_event_type(conn: Connection, name: str) -> EventType:
     row = conn.execute(queries.SELECT_EVENT_TYPE, {"name": name}).mappings().first()
     if row is None:
-        raise CatalogueError(f"no event type {name!r}; `outbox event-types list` shows them")
+        raise CatalogueNotFoundError(
+            f"no event type {name!r}; `outbox event-types list` shows them"
+        )
     return EventType(**row)
 
 
@@ -438,9 +447,7 @@ def list_rejected(
     conn: Connection, *, limit: int = 100, scope: str | None = None
 ) -> list[RejectedEvent]:
     """Rejected events, newest first; with `scope` (a tenant uid) that tenant's only."""
-    rows = conn.execute(
-        queries.SELECT_REJECTED_EVENTS, {"limit": limit, "scope": scope}
-    ).mappings()
+    rows = conn.execute(queries.SELECT_REJECTED_EVENTS, {"limit": limit, "scope": scope}).mappings()
     return [RejectedEvent(**row) for row in rows]
 
 
@@ -464,7 +471,7 @@ def requeue_rejected(
         {"message_id": message_id, "validate": not skip_validation, "scope": scope},
     ).first()
     if done is None:
-        raise CatalogueError(
+        raise CatalogueNotFoundError(
             f"no rejected event {message_id!r}; `outbox events rejected` lists them"
         )
     record_audit(

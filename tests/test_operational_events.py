@@ -136,21 +136,35 @@ async def test_breaker_opened_then_recovered(
     assert check_documented(engine) == 2
 
 
-def test_a_disabled_tenant_is_reported(engine: Engine, box: SecretBox) -> None:
-    """Tenants are disabled by the tenant tools; the trigger reports it whoever does it."""
+def test_a_disabled_tenant_is_reported(
+    engine: Engine, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with engine.begin() as conn:
         create_tenant(conn, "acme")
-        conn.execute(
-            text(
-                "UPDATE tenants SET enabled = false, disabled_reason = 'unpaid',"
-                " disabled_at = now() WHERE uid = 'acme'"
-            )
-        )
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", database_url)
+    monkeypatch.setenv("OUTBOX_SECRET_KEYS", generate_key("ops"))
+    result = CliRunner().invoke(
+        main, ["tenants", "disable", "acme", "--reason", "unpaid"], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
     [event] = op_events(engine, "tenant.disabled")
     assert event["tenant"] == "acme"
     assert event["payload"]["tenant_id"] == "acme"  # type: ignore[index]
     assert event["payload"]["reason"] == "unpaid"  # type: ignore[index]
     assert check_documented(engine) == 1
+    # Whoever disables it (SQL by hand included), the trigger reports it, once per change.
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE tenants SET enabled = true, disabled_reason = NULL WHERE uid = 'acme'")
+        )
+        conn.execute(
+            text("UPDATE tenants SET enabled = false, disabled_reason = 'again',"
+                 " disabled_at = now() + interval '1 minute' WHERE uid = 'acme'")
+        )  # fmt: skip
+    assert [e["payload"]["reason"] for e in op_events(engine, "tenant.disabled")] == [  # type: ignore[index]
+        "unpaid",
+        "again",
+    ]
 
 
 async def test_a_storm_of_100_failing_endpoints_produces_a_bounded_number_of_events(

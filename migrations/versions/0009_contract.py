@@ -51,7 +51,7 @@ $$
 # deduplicated by its key, and waking an idle relay like publish() does.
 PUBLISH_OPERATIONAL = """
 CREATE FUNCTION outbox_publish_operational(
-    p_tenant_id bigint, p_event_type text, p_payload jsonb, p_key text
+    p_tenant_id bigint, p_event_type text, p_payload jsonb, p_key text, p_at timestamptz
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -59,10 +59,12 @@ DECLARE
     inserted text;
 BEGIN
     INSERT INTO outbox_events (message_id, tenant_id, event_type, payload, idempotency_key,
-                               priority)
+                               priority, created_at)
     VALUES (outbox_new_message_id(), p_tenant_id, p_event_type, p_payload, p_key,
             COALESCE((SELECT priority FROM event_type_priorities
-                      WHERE event_type = p_event_type), 0))
+                      WHERE event_type = p_event_type), 0),
+            -- the time of the change it reports (the service's injected clock), not now()
+            COALESCE(p_at, now()))
     ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING message_id INTO inserted;
     IF inserted IS NOT NULL AND idle THEN
@@ -165,7 +167,8 @@ BEGIN
         jsonb_build_object('endpoint_id', NEW.uid, 'url', NEW.url,
                            'reason', NEW.disabled_reason, 'disabled_at', NEW.disabled_at),
         'outbox:endpoint.disabled:' || NEW.uid || ':'
-            || extract(epoch FROM coalesce(NEW.disabled_at, now()))::text);
+            || extract(epoch FROM coalesce(NEW.disabled_at, now()))::text,
+        NEW.disabled_at);
     RETURN NULL;
 END
 $$
@@ -180,7 +183,8 @@ BEGIN
         jsonb_build_object('tenant_id', NEW.uid, 'reason', NEW.disabled_reason,
                            'disabled_at', NEW.disabled_at),
         'outbox:tenant.disabled:' || NEW.uid || ':'
-            || extract(epoch FROM coalesce(NEW.disabled_at, now()))::text);
+            || extract(epoch FROM coalesce(NEW.disabled_at, now()))::text,
+        NEW.disabled_at);
     RETURN NULL;
 END
 $$
@@ -215,13 +219,15 @@ BEGIN
                                'consecutive_failures', NEW.consecutive_failures,
                                'last_failure', NEW.last_failure),
             'outbox:endpoint.breaker_opened:' || ep.uid || ':'
-                || extract(epoch FROM NEW.opened_at)::text);
+                || extract(epoch FROM NEW.opened_at)::text,
+            NEW.opened_at);
     ELSIF NEW.breaker_state = 'closed' AND OLD.breaker_state IN ('open', 'half_open') THEN
         PERFORM outbox_publish_operational(
             ep.tenant_id, 'endpoint.recovered',
             jsonb_build_object('endpoint_id', ep.uid, 'recovered_at', NEW.updated_at),
             'outbox:endpoint.recovered:' || ep.uid || ':'
-                || extract(epoch FROM NEW.updated_at)::text);
+                || extract(epoch FROM NEW.updated_at)::text,
+            NEW.updated_at);
     END IF;
     RETURN NULL;
 END
@@ -234,7 +240,8 @@ _SUMMARY = """
             jsonb_build_object('endpoint_id', {uid}, 'summary', true, 'count', {count},
                                'window_start', {start},
                                'window_end', {start} + interval '1 minute'),
-            'outbox:delivery.dead:summary:' || {uid} || ':' || extract(epoch FROM {start})::text);
+            'outbox:delivery.dead:summary:' || {uid} || ':' || extract(epoch FROM {start})::text,
+            p_now);
 """
 
 # Called by the worker with the deliveries a batch made dead. Per endpoint and minute the
@@ -291,7 +298,8 @@ BEGIN
                                        'message_id', d.message_id, 'event_type', d.event_type,
                                        'attempts', d.attempts, 'reason', d.final_reason,
                                        'last_status_code', d.last_status_code),
-                    'outbox:delivery.dead:' || d.id::text);
+                    'outbox:delivery.dead:' || d.id::text,
+                    p_now);
                 mark.emitted := mark.emitted + 1;
                 sent := sent + 1;
             ELSE
@@ -477,7 +485,7 @@ def downgrade() -> None:
         "outbox_tenant_disabled_event()",
         "outbox_endpoint_disabled_event()",
         "outbox_publish(text, text, jsonb, text, text, integer, integer)",
-        "outbox_publish_operational(bigint, text, jsonb, text)",
+        "outbox_publish_operational(bigint, text, jsonb, text, timestamptz)",
         "outbox_new_message_id()",
     ):
         op.execute(f"DROP FUNCTION {name}")
