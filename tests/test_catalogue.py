@@ -275,7 +275,7 @@ async def test_admin_api_catalogue_and_openapi_export(
         "status"
     ] == "deprecated"
     missing = await api.get("/v1/event-types/nope", headers=viewer)
-    assert missing.status_code == 400 and "no event type 'nope'" in missing.json()["error"]
+    assert missing.status_code == 404 and "no event type 'nope'" in missing.json()["error"]
 
     document = (await api.get("/v1/contract/openapi.json", headers=viewer)).json()
     validate(document)  # raises if it is not a valid OpenAPI 3.1 document
