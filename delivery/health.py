@@ -35,7 +35,7 @@ import dataclasses
 import datetime as dt
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -421,14 +421,18 @@ def choose_endpoints(
     budgets: Mapping[int, int],
     tenant_budgets: Mapping[int, int],
     limit: int,
-) -> list[int]:
+    set_aside: Collection[int] = frozenset(),
+) -> tuple[list[int], bool]:
     """The endpoints one claim visits: at most `limit`, in the claim's own order, so the
-    claim's cost follows its batch size, not the number of endpoints with due work.
+    claim's cost follows its batch size, not the number of endpoints with due work; and
+    whether more endpoints were eligible than chosen.
 
     The order is the claim's: priority first, then round robin across tenants (each
     tenant's endpoints take turns by their heads' age), then the oldest head. An endpoint
     served by this claim moves its head to a newer row, so the next claim rotates on to
     the endpoints that waited. Endpoints or tenants with no budget left are not visited.
+    `set_aside` endpoints (a recent visit found nothing claimable: per-key ordering held
+    every due row) come last, so stuck endpoints never crowd out the others.
     """
     eligible = [
         h
@@ -441,8 +445,16 @@ def choose_endpoints(
     for head in eligible:
         turns[head.tenant_id, head.priority] += 1
         turn[head.endpoint_id] = turns[head.tenant_id, head.priority]
-    eligible.sort(key=lambda h: (-h.priority, turn[h.endpoint_id], h.due_at, h.delivery_id))
-    return [h.endpoint_id for h in eligible[:limit]]
+    eligible.sort(
+        key=lambda h: (
+            h.endpoint_id in set_aside,
+            -h.priority,
+            turn[h.endpoint_id],
+            h.due_at,
+            h.delivery_id,
+        )
+    )
+    return [h.endpoint_id for h in eligible[:limit]], len(eligible) > limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,16 +469,23 @@ class Gates:
     tenants_locked: dict[int, TenantCap] = dataclasses.field(default_factory=dict)
     tenant_of: dict[int, int] = dataclasses.field(default_factory=dict)
 
-    def params(self, limit: int, local_caps: Mapping[int, int] | None = None) -> dict[str, Any]:
-        """Claim parameters; `local_caps` lowers budgets further (this worker's slot share)."""
+    def params(
+        self,
+        limit: int,
+        local_caps: Mapping[int, int] | None = None,
+        set_aside: Collection[int] = frozenset(),
+    ) -> dict[str, Any]:
+        """Claim parameters; `local_caps` lowers budgets further (this worker's slot share).
+        `more` (not a statement parameter) says whether eligible endpoints were left out."""
         budgets = dict(self.budgets)
         for endpoint_id, cap in (local_caps or {}).items():
             budgets[endpoint_id] = min(budgets.get(endpoint_id, cap), cap)
-        chosen = choose_endpoints(self.heads, budgets, self.tenant_budgets, limit)
+        chosen, more = choose_endpoints(self.heads, budgets, self.tenant_budgets, limit, set_aside)
         # About twice each endpoint's fair share of the batch: enough to fill it when some
         # endpoints have less due, few enough that many busy endpoints lock few rows each.
         per_endpoint = max(1, math.ceil(2 * limit / max(1, len(chosen))))
         return {
+            "more": more,
             "endpoint_ids": chosen,
             "per_endpoint": per_endpoint,
             "gate_ids": list(budgets),
@@ -551,13 +570,22 @@ async def close_gates(
     *,
     now: dt.datetime,
     config: HealthConfig,
-) -> None:
-    """Charge what the claim took to the locked rows (tokens, probe), in the claim's transaction."""
+) -> dt.datetime | None:
+    """Charge what the claim took to the locked rows (tokens, probe), in the claim's transaction.
+
+    Returns the earliest moment one of these endpoints' gates opens again by itself
+    (a pause or cooldown ending, a token refilling), so the worker can claim then
+    instead of at its next poll.
+    """
     changed = []
+    openings = []
     for endpoint_id, health in gates.locked.items():
         updated = after_claim(health, claimed.get(endpoint_id, 0), now=now, config=config)
         if updated != health:
             changed.append(updated)
+        opening = next_opening(updated, now=now, config=config)
+        if opening is not None:
+            openings.append(opening)
     await save(conn, changed, now=now)
     per_tenant: Counter[int] = Counter()
     for endpoint_id, count in claimed.items():
@@ -576,6 +604,43 @@ async def close_gates(
                 "tokens_at": [b.tokens_at for b in buckets],
             },
         )
+    return min(openings, default=None)
+
+
+def earliest_opening(gates: Gates, *, now: dt.datetime, config: HealthConfig) -> dt.datetime | None:
+    """`close_gates`' answer for a claim that took nothing, without writing anything."""
+    openings = [
+        opening
+        for health in gates.locked.values()
+        if (
+            opening := next_opening(
+                after_claim(health, 0, now=now, config=config), now=now, config=config
+            )
+        )
+        is not None
+    ]
+    return min(openings, default=None)
+
+
+def next_opening(health: Health, *, now: dt.datetime, config: HealthConfig) -> dt.datetime | None:
+    """When an endpoint that may take nothing right now may take one again, if time alone
+    decides it (None: it is not gated now, or an outcome must arrive first: a probe's answer,
+    a slot under its in-flight limit)."""
+    if health.paused_until is not None and now < health.paused_until:
+        return health.paused_until
+    if health.breaker_state == OPEN:
+        if health.open_until is not None and now < health.open_until:
+            return health.open_until
+        return None
+    if health.breaker_state == HALF_OPEN:
+        return None
+    rate = effective_rate(health, now, config)
+    if rate is None or rate <= 0:
+        return None
+    tokens = available_tokens(health, now, rate)
+    if tokens >= 1:
+        return None
+    return now + dt.timedelta(seconds=(1 - tokens) / rate)
 
 
 async def save(conn: AsyncConnection, rows: Sequence[Health], *, now: dt.datetime) -> None:

@@ -171,6 +171,10 @@ class Settings(BaseSettings):
         default="aiohttp",
         description="Wire under httpx: 'aiohttp' (fast) or 'httpx' (httpcore's own pool).",
     )
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        default="auto",
+        description="Event loop of `outbox run`: 'auto' = uvloop when installed, else asyncio.",
+    )
 
     # Operator tools (issue 5): retention, the admin HTTP API, alert thresholds.
     retention_days: float = Field(

@@ -1,7 +1,8 @@
 """Running the service: `migrate`, `run`, `serve` and `demo`.
 
-`run` starts the relay, workers and reaper in one process or, with `--processes N`,
-under the supervisor; `serve` runs the admin API alone.
+`run` starts the relay, workers and reaper under the supervisor, one process per core
+unless `--processes N` says otherwise (in one process, without the supervisor, when
+N is 1); `serve` runs the admin API alone.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import click
 
 from delivery.operator import api, app
 from delivery.operator.cli.common import database, friendly_errors, settings
+from delivery.operator.loop import run_loop
+from delivery.operator.supervisor import default_processes
 from outbox import migrate as migrations
 from outbox.crypto import SecretBox
 from outbox.db import make_async_engine
@@ -38,14 +41,17 @@ def migrate() -> None:
 @click.option(
     "--processes",
     type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
+    default=None,
     envvar="OUTBOX_PROCESSES",
-    help="Service processes on this host (one per core is a good start); env OUTBOX_PROCESSES.",
+    help="Service processes on this host; env OUTBOX_PROCESSES. [default: one per core; "
+    "1 with --admin]",
 )
 @friendly_errors
-def run(admin: bool, processes: int) -> None:
+def run(admin: bool, processes: int | None) -> None:
     """Run the relay, the delivery workers and the reaper until SIGINT or SIGTERM."""
+    if processes is None:
+        # One per core: a process delivers on one core (the GIL). --admin serves from one.
+        processes = 1 if admin else default_processes()
     if admin and processes > 1:
         raise click.UsageError(
             "--admin serves from one process: with --processes > 1 run `outbox serve` beside it"
@@ -66,6 +72,7 @@ def run(admin: bool, processes: int) -> None:
                 https_only=current.https_only,
                 http_transport=current.http_transport,
                 log_level=current.log_level,
+                event_loop=current.event_loop,
             )
             app.secret_box(current, db)  # refuse to start children that could not sign
             click.echo(
@@ -89,9 +96,12 @@ def run(admin: bool, processes: int) -> None:
         )
         click.echo("outbox running; Ctrl-C (SIGINT) or SIGTERM stops it cleanly", err=True)
         if admin:
-            asyncio.run(_run_all_until_signalled([service.run, _admin_runner(current, db, box)]))
+            run_loop(
+                _run_all_until_signalled([service.run, _admin_runner(current, db, box)]),
+                current.event_loop,
+            )
         else:
-            asyncio.run(_run_until_signalled(service))
+            run_loop(_run_until_signalled(service), current.event_loop)
         click.echo("outbox stopped", err=True)
 
 
