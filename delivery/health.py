@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import math
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -47,6 +48,8 @@ from delivery.policy import Outcome
 from outbox.audit import record_audit
 from outbox.endpoints import get_endpoint
 from outbox.errors import EndpointError
+
+log = logging.getLogger(__name__)
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 THROTTLE_STATUS = 429
@@ -657,12 +660,15 @@ async def record_observations(
     *,
     now: dt.datetime,
     config: HealthConfig,
+    names: Mapping[int, str] | None = None,
 ) -> list[int]:
     """Update breakers from a batch of outcomes, in the outcomes' transaction.
 
     Returns the ids of endpoints disabled because they failed for too long. Call
     `ensure_health_rows` first (outside this transaction) so every row exists: the
     rows are then locked in id order, which keeps concurrent writers deadlock-free.
+    A breaker that opens or closes, and an endpoint disabled, each log one line
+    (`names` maps endpoint ids to the uids operators know).
     """
     summaries = summarize(observations, config)
     if not summaries:
@@ -688,11 +694,37 @@ async def record_observations(
             if uid is not None:
                 disabled.append(endpoint_id)
                 await conn.run_sync(_audit_disable, uid, reason)
+                log.warning("endpoint %s disabled: %s", uid, reason)
             after = Health(endpoint_id, after.max_in_flight, after.max_per_second)
+        else:
+            log_transition(health, after, (names or {}).get(endpoint_id), now=now)
         if after != health:
             updated.append(after)
     await save(conn, updated, now=now)
     return disabled
+
+
+def log_transition(before: Health, after: Health, uid: str | None, *, now: dt.datetime) -> None:
+    """One line when a breaker opens (with why and for how long) and one when it closes."""
+    name = uid or f"#{before.endpoint_id}"
+    if after.breaker_state == OPEN and after.trips > before.trips:
+        reopened = " again (the probe failed)" if before.breaker_state == HALF_OPEN else ""
+        probe_in = (after.open_until - now).total_seconds() if after.open_until else 0.0
+        log.warning(
+            "circuit breaker of endpoint %s opened%s (%d consecutive failures, trip %d); "
+            "last error: %s; its deliveries wait, next probe in %.0fs",
+            name,
+            reopened,
+            after.consecutive_failures,
+            after.trips,
+            after.last_failure or "unknown",
+            probe_in,
+        )
+    elif before.breaker_state != CLOSED and after.breaker_state == CLOSED:
+        log.warning(
+            "circuit breaker of endpoint %s closed: the probe succeeded; its backlog ramps back up",
+            name,
+        )
 
 
 async def ensure_health_rows(

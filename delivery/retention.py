@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from outbox import queries
 from outbox.clock import Clock
 from outbox.operations import LATENCY_BUCKETS
+from outbox.outage import OUTAGE
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ class Retention:
         while not stop.is_set():
             try:
                 pruned = await self.run_until_done()
+                OUTAGE.succeeded()
                 if pruned.total:
                     log.info(
                         "retention pruned %d deliveries, %d attempts, %d events, %d audit rows",
@@ -132,7 +134,7 @@ class Retention:
                         pruned.events,
                         pruned.audit,
                     )
-            except Exception:
-                log.exception("retention pass failed; trying again next interval")
+            except Exception as exc:
+                OUTAGE.failed("retention", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.config.interval)

@@ -40,11 +40,13 @@ from delivery.policy import (
     matching_rule,
     parse_status_overrides,
 )
+from outbox import tracing
 from outbox.clock import Clock
 from outbox.crypto import SecretBox, SigningKey, signing_key
 from outbox.endpoints import secret_context
 from outbox.headers import decrypt_headers
 from outbox.notify import wait_for_any
+from outbox.outage import OUTAGE
 from outbox.settings import DEFAULT_RETRY_SCHEDULE, LEASE_MARGIN_SECONDS
 
 log = logging.getLogger(__name__)
@@ -111,6 +113,8 @@ class ClaimedDelivery:
     request: OutgoingRequest
     endpoint_id: int = 0
     endpoint_spotless: bool = False  # at claim time: closed breaker, no recent failure
+    event_type: str = ""
+    traceparent: str | None = None  # W3C trace context of publish(), for the attempt's span
 
 
 @dataclass(slots=True)
@@ -308,6 +312,8 @@ class Worker:
             endpoint_uid=row.endpoint_uid,
             endpoint_id=row.endpoint_id,
             endpoint_spotless=row.endpoint_spotless,
+            event_type=row.event_type,
+            traceparent=row.traceparent,
             policy=policy,
             request=OutgoingRequest(
                 delivery_id=row.id,
@@ -332,14 +338,30 @@ class Worker:
     # -- attempting and recording ---------------------------------------------------
 
     async def attempt(self, claimed: ClaimedDelivery) -> AttemptResult:
-        return await send_attempt(
-            self._http,
-            claimed.request,
-            self._clock,
-            body_cap=self.config.response_body_cap,
-            excerpt_bytes=self.config.response_excerpt_bytes,
-            on_start=lambda: self._started.add(claimed.id),
+        span = tracing.start_attempt_span(
+            claimed.traceparent,
+            event_type=claimed.event_type,
+            message_id=claimed.request.message_id,
+            delivery_id=claimed.id,
+            endpoint_uid=claimed.endpoint_uid,
+            attempt=claimed.attempts + 1,
         )
+        try:
+            result = await send_attempt(
+                self._http,
+                claimed.request,
+                self._clock,
+                body_cap=self.config.response_body_cap,
+                excerpt_bytes=self.config.response_excerpt_bytes,
+                on_start=lambda: self._started.add(claimed.id),
+            )
+        except BaseException as exc:
+            tracing.end_attempt_span(span, outcome="error", status_code=None, error=repr(exc))
+            raise
+        tracing.end_attempt_span(
+            span, outcome=str(result.outcome), status_code=result.status_code, error=result.error
+        )
+        return result
 
     async def record(self, outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]]) -> BatchStats:
         """Write a batch of outcomes in one statement; returns what became of them."""
@@ -393,7 +415,14 @@ class Worker:
             )
             await self._disable_gone_endpoints(conn, now, outcomes)
             # Every attempt that happened informs its endpoint's breaker, kept or not.
-            await health.record_observations(conn, observations, now=now, config=self.config.health)
+            await health.record_observations(
+                conn,
+                observations,
+                now=now,
+                config=self.config.health,
+                names={claimed.endpoint_id: claimed.endpoint_uid for claimed, _ in outcomes},
+            )
+        self._log_outcomes(outcomes, decisions, kept)
         lost = len(outcomes) - len(kept)
         if lost:
             log.warning("%d outcomes arrived after their lease was rescued; kept as history", lost)
@@ -407,6 +436,37 @@ class Worker:
             lost,
         )
         return stats
+
+    def _log_outcomes(
+        self,
+        outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]],
+        decisions: Sequence[Decision],
+        kept: set[tuple[int, int]],
+    ) -> None:
+        """One WARNING per delivery that became dead (the state change an operator acts
+        on); each failed attempt that will be retried at DEBUG (the summary counts them)."""
+        debug = log.isEnabledFor(logging.DEBUG)
+        for (claimed, result), decision in zip(outcomes, decisions, strict=True):
+            if (claimed.id, claimed.claim) not in kept:
+                continue
+            if decision.state == "scheduled" and debug:
+                log.debug(
+                    "delivery %d to endpoint %s, attempt %d failed (%s): %s; retry at %s",
+                    claimed.id,
+                    claimed.endpoint_uid,
+                    claimed.attempts + 1,
+                    result.outcome,
+                    result.error or "no error text",
+                    _iso(decision.next_attempt_at),
+                )
+            elif decision.state == "dead":
+                log.warning(
+                    "delivery %d to endpoint %s is dead (attempt %d): %s",
+                    claimed.id,
+                    claimed.endpoint_uid,
+                    claimed.attempts + 1,
+                    decision.final_reason or "no reason recorded",
+                )
 
     async def _explain_exhausted(
         self,
@@ -562,8 +622,9 @@ class Worker:
                     self._finished_while_claiming = []
                     try:
                         claimed = await self.claim(want)
-                    except Exception:
-                        log.exception("claiming failed; retrying after the poll interval")
+                        OUTAGE.succeeded()
+                    except Exception as exc:
+                        OUTAGE.failed("worker claim", exc)
                         claimed = []
                     finally:
                         meanwhile, self._finished_while_claiming = (
@@ -653,11 +714,12 @@ class Worker:
             batch, self._pending = self._pending, []
             try:
                 self.stats.merge(await self.record(batch))
+                OUTAGE.succeeded()
             except asyncio.CancelledError:
                 self._pending[:0] = batch
                 raise
-            except Exception:
-                log.exception("recording %d outcomes failed; retrying", len(batch))
+            except Exception as exc:
+                OUTAGE.failed(f"recording {len(batch)} outcomes", exc)
                 self._pending[:0] = batch
                 await asyncio.sleep(self.config.poll_interval)
 
@@ -677,7 +739,7 @@ class Worker:
         await asyncio.gather(*queued, return_exceptions=True)
         handed_back = [item for task, item in queued.items() if task.cancelled()]
         if handed_back:
-            released = await self.release(handed_back)
+            released = await self._release_at_shutdown(handed_back)
             log.info("shutdown: released %d claimed deliveries that had not started", released)
         if not in_flight:
             return
@@ -686,8 +748,18 @@ class Worker:
         for task in unfinished:
             task.cancel()
         if leftovers:
-            released = await self.release(leftovers)
+            released = await self._release_at_shutdown(leftovers)
             log.info("shutdown: released %d unfinished deliveries", released)
+
+    async def _release_at_shutdown(self, claims: Sequence[ClaimedDelivery]) -> int:
+        """Hand claims back; with the database away, leave them to the reaper (lease expiry)."""
+        try:
+            return await self.release(claims)
+        except Exception as exc:
+            OUTAGE.failed(
+                f"releasing {len(claims)} claims at shutdown (the reaper takes them)", exc
+            )
+            return 0
 
 
 def _memo(cache: dict[str, T], key: str, compute: Callable[[], T]) -> T:

@@ -18,6 +18,7 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
+from outbox import tracing
 from outbox.catalogue import CACHE, OPERATIONAL_EVENT_TYPES, Entry, Mode, mode_from_environment
 from outbox.errors import PublishError
 from outbox.ids import new_message_id
@@ -46,9 +47,10 @@ class PreparedEvent:
     priority: int | None  # None: the event type's default (event_type_priorities), else 0
     payload: Any = None
 
-    def params(self, entry: Entry) -> dict[str, Any]:
+    def params(self, entry: Entry, traceparent: str | None = None) -> dict[str, Any]:
         return {
             "catalogue_revision": entry.revision,
+            "traceparent": traceparent,
             "message_id": self.message_id,
             "tenant": self.tenant,
             "event_type": self.event_type,
@@ -246,22 +248,26 @@ def publish(
     name = event.event_type
     cached = CACHE.get(name)
     entry = cached if cached is not None else CACHE.load(connection, name)
-    for _ in range(_CATALOGUE_RETRIES):
-        if not entry.allows(event.payload, mode=mode):
-            # A refusal is never made on a cached entry alone: read the type again first
-            # (refusals are rare, so this costs nothing on the happy path).
-            if entry is cached:
-                entry = CACHE.load(connection, name)
-            entry.check(event.payload, mode=mode)
-        rows = connection.execute(INSERT_EVENT, event.params(entry)).all()
-        if not any(row[0] == _STALE for row in rows):
-            break
-        entry = CACHE.load(connection, event.event_type)
-    else:
-        raise PublishError("the event-type catalogue kept changing during publish; retry")
-    if not rows:
-        rows = [connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params()).one()]
-    return _message_id(rows[0][0], event)
+    with tracing.publish_span(event.event_type, event.tenant) as (span, traceparent):
+        for _ in range(_CATALOGUE_RETRIES):
+            if not entry.allows(event.payload, mode=mode):
+                # A refusal is never made on a cached entry alone: read the type again
+                # first (refusals are rare, so this costs nothing on the happy path).
+                if entry is cached:
+                    entry = CACHE.load(connection, name)
+                entry.check(event.payload, mode=mode)
+            rows = connection.execute(INSERT_EVENT, event.params(entry, traceparent)).all()
+            if not any(row[0] == _STALE for row in rows):
+                break
+            entry = CACHE.load(connection, name)
+        else:
+            raise PublishError("the event-type catalogue kept changing during publish; retry")
+        if not rows:
+            found = connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params())
+            rows = [found.one()]
+        message_id = _message_id(rows[0][0], event)
+        tracing.set_message_id(span, message_id)
+    return message_id
 
 
 async def publish_async(
@@ -293,18 +299,22 @@ async def publish_async(
     name = event.event_type
     cached = CACHE.get(name)
     entry = cached if cached is not None else await connection.run_sync(CACHE.load, name)
-    for _ in range(_CATALOGUE_RETRIES):
-        if not entry.allows(event.payload, mode=mode):
-            if entry is cached:
-                entry = await connection.run_sync(CACHE.load, name)
-            entry.check(event.payload, mode=mode)
-        rows = (await connection.execute(INSERT_EVENT, event.params(entry))).all()
-        if not any(row[0] == _STALE for row in rows):
-            break
-        entry = await connection.run_sync(CACHE.load, name)
-    else:
-        raise PublishError("the event-type catalogue kept changing during publish; retry")
-    if not rows:
-        found = await connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params())
-        rows = [found.one()]
-    return _message_id(rows[0][0], event)
+    with tracing.publish_span(event.event_type, event.tenant) as (span, traceparent):
+        for _ in range(_CATALOGUE_RETRIES):
+            if not entry.allows(event.payload, mode=mode):
+                if entry is cached:
+                    entry = await connection.run_sync(CACHE.load, name)
+                entry.check(event.payload, mode=mode)
+            result = await connection.execute(INSERT_EVENT, event.params(entry, traceparent))
+            rows = result.all()
+            if not any(row[0] == _STALE for row in rows):
+                break
+            entry = await connection.run_sync(CACHE.load, name)
+        else:
+            raise PublishError("the event-type catalogue kept changing during publish; retry")
+        if not rows:
+            found = await connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params())
+            rows = [found.one()]
+        message_id = _message_id(rows[0][0], event)
+        tracing.set_message_id(span, message_id)
+    return message_id

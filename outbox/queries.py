@@ -36,13 +36,14 @@ INSERT_EVENT = text(
     ), inserted AS (
         INSERT INTO outbox_events
             (message_id, tenant_id, event_type, payload, idempotency_key, ordering_key,
-             priority)
+             priority, traceparent)
         SELECT :message_id, tenant.id, :event_type, CAST(:payload AS jsonb), :idempotency_key,
                :ordering_key,
                COALESCE(CAST(:priority AS smallint),
                         (SELECT p.priority FROM event_type_priorities p
                          WHERE p.event_type = :event_type),
-                        0)
+                        0),
+               :traceparent
         FROM tenant
         ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING message_id

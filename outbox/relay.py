@@ -15,6 +15,7 @@ from outbox import queries
 from outbox.catalogue import Mode, validate_pending
 from outbox.clock import Clock
 from outbox.notify import wait_for_any
+from outbox.outage import OUTAGE
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +133,9 @@ class Relay:
             wake.clear()
             try:
                 result = await self.run_once()
-            except Exception:
-                log.exception("relay batch failed; retrying after the poll interval")
+                OUTAGE.succeeded()
+            except Exception as exc:
+                OUTAGE.failed("relay", exc)
                 result = RelayResult(0, 0)
             if result.events:
                 # Keep going while there is a backlog: publishers do not notify then.

@@ -111,6 +111,8 @@ outbox_events = Table(
     # mode): the event is not sent; `outbox events requeue` puts it back.
     Column("rejected_at", DateTime(timezone=True)),
     Column("rejected_reason", Text),
+    # W3C trace context of publish() when the application traces (migration 0014).
+    Column("traceparent", Text),
     # Idempotency keys are unique per tenant (migration 0006).
     Index(
         "uq_outbox_events_tenant_id_idempotency_key",

@@ -141,7 +141,15 @@ class Settings(BaseSettings):
         description="CIDRs the SSRF guard lets deliveries reach, e.g. '127.0.0.0/8'.",
     )
     https_only: bool = Field(default=False, description="Refuse http:// endpoints.")
-    log_level: str = "INFO"
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR.")
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="'json' writes one JSON object per log line."
+    )
+    log_summary_interval: float = Field(
+        default=60.0,
+        ge=0,
+        description="`outbox run` logs a one-line summary this often, s; 0 = never.",
+    )
     # Endpoint health (delivery/health.py): circuit breaker, ramp, 429 pause, auto-disable.
     breaker_failure_threshold: int = Field(
         default=5, gt=0, description="Consecutive failures that open an endpoint's breaker."
@@ -219,6 +227,14 @@ class Settings(BaseSettings):
     alert_relay_lag_seconds: float = Field(default=60.0, gt=0)
     replay_rate_per_minute: float = Field(default=600.0, gt=0)
 
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        name = value.strip().upper()
+        if name not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError("is not a log level; use DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        return name
+
     @field_validator("retry_schedule", "allowed_networks", mode="before")
     @classmethod
     def _csv(cls, value: Any) -> Any:
@@ -292,4 +308,5 @@ def load_settings(**overrides: Any) -> Settings:
             # The variable in upper case, the path inside its value as written.
             env = ".".join([f"OUTBOX_{loc[0].upper()}", *loc[1:]]) if loc else "settings"
             problems.append(f"{env}: {err['msg']}")
-        raise ConfigurationError("invalid settings:\n  " + "\n  ".join(problems)) from exc
+        # One line, so the operator sees every problem at once and nothing scrolls away.
+        raise ConfigurationError("invalid settings: " + "; ".join(problems)) from exc

@@ -25,6 +25,7 @@ import datetime as dt
 import json
 import logging
 import re
+import socket
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -1367,11 +1368,16 @@ async def serve(
     port: int,
     stop: asyncio.Event,
     on_started: Callable[[int], None] | None = None,
+    sock: socket.socket | None = None,
 ) -> None:
-    """Serve `app` until `stop` is set; `on_started` gets the bound port (port 0 picks one)."""
+    """Serve `app` until `stop` is set; `on_started` gets the bound port (port 0 picks one).
+
+    `sock`, already bound, is served instead of binding host:port here: the CLI binds
+    it before anything else starts, so a busy port is reported first.
+    """
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
     server = _EmbeddedServer(config)
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=None if sock is None else [sock]))
     try:
         while not server.started:
             if task.done():

@@ -18,6 +18,7 @@ from delivery.http import build_http_client
 from delivery.operator.api import AdminConfig
 from delivery.reaper import Reaper, ReaperConfig
 from delivery.retention import Retention, RetentionConfig
+from delivery.summary import Summary
 from delivery.worker import Worker, WorkerConfig
 from outbox import migrate
 from outbox.clock import Clock, SystemClock
@@ -199,8 +200,10 @@ class Service:
         allowed_networks: tuple[str, ...] = (),
         https_only: bool = False,
         http_transport: str = "httpx",
+        summary_interval: float = 0.0,
     ) -> None:
         self.url = url
+        self._summary_interval = summary_interval
         self._box = box
         self._relay_config = relay
         self._worker_config = worker
@@ -239,6 +242,15 @@ class Service:
                 group.create_task(self.worker.run(stop, deliveries_due))
                 group.create_task(reaper.run(stop))
                 group.create_task(Retention(engine, self._clock, self._retention_config).run(stop))
+                worker = self.worker
+                summary = Summary(
+                    engine,
+                    self._clock,
+                    lambda: worker.stats,
+                    interval=self._summary_interval,
+                    worker=self._worker_config.worker_id,
+                )
+                group.create_task(summary.run(stop))
         finally:
             await listener.close()
             if owns_http:

@@ -63,6 +63,8 @@ class ProcessSpec:
     https_only: bool = False
     http_transport: str = "aiohttp"
     log_level: str = "WARNING"
+    log_format: str = "text"
+    summary_interval: float = 0.0
     event_loop: str = "auto"
 
 
@@ -81,7 +83,7 @@ def child_spec(spec: ProcessSpec, index: int) -> ProcessSpec:
 def _child_main(spec: ProcessSpec) -> None:
     from delivery.operator.app import Service
 
-    configure_logging(spec.log_level)  # redacting, and quiet about each httpx request
+    configure_logging(spec.log_level, fmt=spec.log_format)  # redacting, quiet about httpx
     service = Service(
         spec.url,
         SecretBox.from_setting(spec.secret_keys),
@@ -92,6 +94,7 @@ def _child_main(spec: ProcessSpec) -> None:
         allowed_networks=spec.allowed_networks,
         https_only=spec.https_only,
         http_transport=spec.http_transport,
+        summary_interval=spec.summary_interval,
     )
     run_loop(run_until_signalled(service), spec.event_loop)
 

@@ -13,7 +13,7 @@
   `operational_event_marks`.
 
 Revision ID: 0009
-Revises: 0008
+Revises: 0014
 Create Date: 2026-11-30
 """
 
@@ -24,7 +24,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0009"
-down_revision = "0008"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 

@@ -11,6 +11,7 @@ import click
 
 from delivery.operator.cli import (
     contract,
+    db,
     deliveries,
     endpoints,
     keys,
@@ -53,6 +54,7 @@ for command in (
     priorities.priorities,
     contract.event_types,
     contract.events,
+    db.db,
 ):
     main.add_command(command)
 endpoints.endpoints.add_command(contract.endpoints_test)

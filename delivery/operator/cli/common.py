@@ -12,7 +12,10 @@ import functools
 import getpass
 import json
 import re
+import signal
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 from typing import Any, TypeVar
 
 import click
@@ -55,10 +58,54 @@ def settings() -> Settings:
 
 
 @contextlib.contextmanager
-def database(auto_migrate: bool | None = None) -> Iterator[tuple[Settings, app.Database]]:
-    current = settings()
-    with app.open_database(current, auto_migrate=auto_migrate) as db:
+def database(
+    auto_migrate: bool | None = None, current: Settings | None = None
+) -> Iterator[tuple[Settings, app.Database]]:
+    """Settings and the database; SIGTERM unwinds this (the embedded server stops)."""
+    current = current or settings()
+    with terminate_as_exit(), app.open_database(current, auto_migrate=auto_migrate) as db:
         yield current, db
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def terminate_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit while a command holds the database.
+
+    By default they end the process on the spot, skipping every `finally`, which
+    would leave the embedded PostgreSQL running. asyncio's own handlers (`outbox
+    run`) take over while the service runs; `rearm_terminate()` puts these back.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {
+        signum: signal.signal(signum, _exit_on_signal)
+        for signum in _EXIT_SIGNALS
+        # A signal the caller ignores (SIG_IGN) stays ignored.
+        if signal.getsignal(signum) is not signal.SIG_IGN
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def rearm_terminate() -> None:
+    """After asyncio.run (which resets SIGTERM to the default), exit cleanly on it again."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in _EXIT_SIGNALS:
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, _exit_on_signal)
+
+
+# Not SIGHUP: during `outbox run` it would unwind the event loop mid-attempt. A hangup
+# still ends the process at once, and the next command reuses the server it left.
+_EXIT_SIGNALS = (signal.SIGTERM,)
 
 
 def default_actor() -> str:
