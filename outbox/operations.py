@@ -20,15 +20,16 @@ from sqlalchemy import Connection
 
 from outbox import queries
 from outbox.audit import record_audit, record_audit_many
-from outbox.crypto import InvalidSecretError, SecretBox, generate_secret, secret_key_bytes
+from outbox.crypto import SecretBox, signature_scheme
 from outbox.endpoints import (
     CreatedEndpoint,
     Endpoint,
+    check_signing_secret,
     create_endpoint,
     endpoint_not_found,
     get_endpoint,
     parse_event_patterns,
-    secret_context,
+    secret_columns,
 )
 from outbox.errors import EndpointError, NotFoundError, OperationError
 from outbox.schema import DEFAULT_TENANT, DELIVERY_STATES
@@ -529,6 +530,7 @@ def add_endpoint(
     description: str = "",
     request_id: str | None = None,
     https_only: bool = False,
+    signature: str | None = None,
     tenant: str = DEFAULT_TENANT,
     all_tenants: bool = False,
 ) -> CreatedEndpoint:
@@ -541,6 +543,7 @@ def add_endpoint(
         secret=secret,
         description=description,
         https_only=https_only,
+        signature=signature,
         tenant=tenant,
         all_tenants=all_tenants,
     )
@@ -636,23 +639,25 @@ def rotate_secret(
     secret: str | None = None,
     reason: str | None = None,
     request_id: str | None = None,
+    signature: str | None = None,
     scope: str | None = None,
 ) -> RotatedSecret:
-    """Install a new signing secret; the old one keeps signing too until `now + grace`."""
+    """Install a new signing secret; the old one keeps signing too until `now + grace`.
+
+    The new secret keeps the endpoint's scheme unless `signature` names the other one
+    ('hmac' or 'ed25519'); during the grace both signatures go out, whatever schemes."""
     if grace < dt.timedelta(0):
         raise EndpointError("the grace period cannot be negative")
-    new_secret = secret or generate_secret()
-    try:
-        secret_key_bytes(new_secret)
-    except InvalidSecretError as exc:
-        raise EndpointError(str(exc)) from exc
+    if signature is None and secret is None:
+        signature = get_endpoint(conn, uid, scope=scope).signature_scheme  # keep its scheme
+    new_secret = check_signing_secret(secret, signature)
     expires = now + grace
     updated = conn.execute(
         queries.ROTATE_ENDPOINT_SECRET,
         {
             "uid": uid,
             "expires_at": expires,
-            "signing_secret": box.encrypt(new_secret, context=secret_context(uid)),
+            **secret_columns(box, uid, new_secret),
             **scope_params(conn, scope),
         },
     ).first()
@@ -665,7 +670,10 @@ def rotate_secret(
         target_type="endpoint",
         target_id=uid,
         reason=reason,
-        details={"previous_expires_at": expires.isoformat()},
+        details={
+            "previous_expires_at": expires.isoformat(),
+            "signature_scheme": signature_scheme(new_secret),
+        },
         request_id=request_id,
     )
     return RotatedSecret(get_endpoint(conn, uid, scope=scope), new_secret, expires)

@@ -85,7 +85,8 @@ async def test_tenant_lifecycle_from_the_terminal(
     assert receiver.received("/7") == []
     shown = as_json(outbox("tenants", "show", "seller-7", "--json"))
     assert shown["deliveries"]["scheduled"] == 1 and shown["pending"] == 1
-    assert shown["endpoints"] == 1 and shown["events"] == 1
+    # Two events: the one published, and the service's tenant.disabled report to seller-7.
+    assert shown["endpoints"] == 1 and shown["events"] == 2
     assert "unpaid" in outbox("tenants", "show", "seller-7").output
     refused = outbox("tenants", "delete", "seller-7", "--reason", "churned", ok=False)
     one_line_error(refused, "1 pending deliveries")
@@ -104,7 +105,8 @@ async def test_tenant_lifecycle_from_the_terminal(
     with engine.connect() as conn:
         after = read_totals(conn, LATENCY_BUCKETS)
     # Deleting history never makes a /metrics counter go backwards.
-    assert after.events_published == before.events_published == 1
+    # (Two: the published event and the service's tenant.disabled report.)
+    assert after.events_published == before.events_published == 2
     assert after.attempts_by_outcome == before.attempts_by_outcome
     audit = rows(engine, "SELECT action, tenant_uid, reason FROM audit_log ORDER BY id")
     tenant_rows = [
