@@ -1,7 +1,7 @@
 """console and portal sessions; single-use portal links
 
 Revision ID: 0011
-Revises: 0014
+Revises: 0009
 Create Date: 2026-11-30
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0011"
-down_revision = "0014"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
