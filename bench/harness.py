@@ -90,6 +90,18 @@ class Plan:
     worker_batch_size: int = 100
     peer: bool = True
     repeat: int = 2
+    # Backlog drains (bench/drain.py): a partner answering in `drain_latency` s, one at once.
+    drain_latency: float = 0.2
+    drain_slow_backlog: int = 3000
+    drain_backlog: int = 20_000
+    # Flat cost (bench/flat.py): a grown database against an empty one.
+    flat_backlog: int = 1_000_000
+    flat_history: int = 10_000_000
+    flat_events: int = 20_000
+    flat_rounds: int = 3
+    # "core": the issue-7 rows; "drain": bench/drain.py; "flat": bench/flat.py.
+    sections: tuple[str, ...] = ("core", "drain", "flat")
+    event_loop: str = "auto"  # OUTBOX_EVENT_LOOP of the worker processes
     scale_quick: bool = False  # bench/scale.py at its quick sizes
 
     @classmethod
@@ -110,6 +122,12 @@ class Plan:
             rss_in_flight=40,
             slow_delay=2.0,
             repeat=1,
+            drain_slow_backlog=300,
+            drain_backlog=300,
+            flat_backlog=500,
+            flat_history=2_000,
+            flat_events=500,
+            flat_rounds=1,
             scale_quick=True,
         )
 
@@ -561,6 +579,7 @@ async def end_to_end(
                 "OUTBOX_HTTP_TRANSPORT": transport,
                 "OUTBOX_ALLOWED_NETWORKS": LOOPBACK,
                 "OUTBOX_LOG_LEVEL": "WARNING",
+                "OUTBOX_EVENT_LOOP": plan.event_loop,
             },
             logs / f"{database}.log",
         )
@@ -935,6 +954,21 @@ async def _run(
 ) -> dict[str, Any]:
     results: dict[str, Any] = {"end_to_end": []}
     async with receiver.client():
+        if "drain" in plan.sections:
+            from bench.drain import drains
+
+            progress("backlog drains: slow partner, instant partner, raw ceiling, 2 processes")
+            results["drain"] = await drains(cluster, receiver, plan, logs)
+        if "flat" in plan.sections:
+            from bench.flat import flat_cost
+
+            progress(
+                f"flat cost: {plan.flat_backlog} backlog and {plan.flat_history} history "
+                "rows against empty tables"
+            )
+            results["flat"] = await flat_cost(cluster, plan)
+        if "core" not in plan.sections:
+            return results
         progress("transports: httpx default pool vs aiohttp transport")
         results["transports"] = await transports(receiver, plan)
         progress("relay alone")

@@ -11,9 +11,11 @@ Paths:
     /_count     -> {"count": n, "unsigned": u}   requests so far (control, not counted)
     /_arrivals  -> [[webhook-id, unix time], ...] and forgets them (control)
     /slow/...   -> answered after SLOW_DELAY seconds (keeps deliveries in flight)
+    /wait/MS/...-> answered after MS milliseconds (a partner with that latency)
     anything    -> 200 at once
 
 Run it as `python -m bench.receiver [--port N] [--slow-delay S]`; it prints its port.
+It runs on uvloop when that is installed, so that it stays the cheap side.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import asyncio
 import json
 import signal
 import time
+from typing import cast
 
 _OK = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 
@@ -52,8 +55,8 @@ class HttpProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses; they have its methods.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         arrived = time.time()
@@ -85,6 +88,9 @@ class HttpProtocol(asyncio.Protocol):
             state.unsigned += 1
         if path.startswith(b"/slow"):
             asyncio.get_running_loop().call_later(state.slow_delay, self._write_ok)
+        elif path.startswith(b"/wait/"):
+            millis = int(path.split(b"/")[2])
+            asyncio.get_running_loop().call_later(millis / 1000, self._write_ok)
         else:
             self.transport.write(_OK)
 
@@ -126,7 +132,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--slow-delay", type=float, default=3.0)
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.slow_delay))
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(args.port, args.slow_delay))
+    else:
+        uvloop.run(serve(args.port, args.slow_delay))
 
 
 if __name__ == "__main__":

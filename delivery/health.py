@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,8 @@ from delivery.policy import Outcome
 from outbox.audit import record_audit
 from outbox.endpoints import get_endpoint
 from outbox.errors import EndpointError
+
+log = logging.getLogger(__name__)
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 THROTTLE_STATUS = 429
@@ -421,14 +424,18 @@ def choose_endpoints(
     budgets: Mapping[int, int],
     tenant_budgets: Mapping[int, int],
     limit: int,
-) -> list[int]:
+    set_aside: Collection[int] = frozenset(),
+) -> tuple[list[int], bool]:
     """The endpoints one claim visits: at most `limit`, in the claim's own order, so the
-    claim's cost follows its batch size, not the number of endpoints with due work.
+    claim's cost follows its batch size, not the number of endpoints with due work; and
+    whether more endpoints were eligible than chosen.
 
     The order is the claim's: priority first, then round robin across tenants (each
     tenant's endpoints take turns by their heads' age), then the oldest head. An endpoint
     served by this claim moves its head to a newer row, so the next claim rotates on to
     the endpoints that waited. Endpoints or tenants with no budget left are not visited.
+    `set_aside` endpoints (a recent visit found nothing claimable: per-key ordering held
+    every due row) come last, so stuck endpoints never crowd out the others.
     """
     eligible = [
         h
@@ -441,8 +448,16 @@ def choose_endpoints(
     for head in eligible:
         turns[head.tenant_id, head.priority] += 1
         turn[head.endpoint_id] = turns[head.tenant_id, head.priority]
-    eligible.sort(key=lambda h: (-h.priority, turn[h.endpoint_id], h.due_at, h.delivery_id))
-    return [h.endpoint_id for h in eligible[:limit]]
+    eligible.sort(
+        key=lambda h: (
+            h.endpoint_id in set_aside,
+            -h.priority,
+            turn[h.endpoint_id],
+            h.due_at,
+            h.delivery_id,
+        )
+    )
+    return [h.endpoint_id for h in eligible[:limit]], len(eligible) > limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,16 +472,23 @@ class Gates:
     tenants_locked: dict[int, TenantCap] = dataclasses.field(default_factory=dict)
     tenant_of: dict[int, int] = dataclasses.field(default_factory=dict)
 
-    def params(self, limit: int, local_caps: Mapping[int, int] | None = None) -> dict[str, Any]:
-        """Claim parameters; `local_caps` lowers budgets further (this worker's slot share)."""
+    def params(
+        self,
+        limit: int,
+        local_caps: Mapping[int, int] | None = None,
+        set_aside: Collection[int] = frozenset(),
+    ) -> dict[str, Any]:
+        """Claim parameters; `local_caps` lowers budgets further (this worker's slot share).
+        `more` (not a statement parameter) says whether eligible endpoints were left out."""
         budgets = dict(self.budgets)
         for endpoint_id, cap in (local_caps or {}).items():
             budgets[endpoint_id] = min(budgets.get(endpoint_id, cap), cap)
-        chosen = choose_endpoints(self.heads, budgets, self.tenant_budgets, limit)
+        chosen, more = choose_endpoints(self.heads, budgets, self.tenant_budgets, limit, set_aside)
         # About twice each endpoint's fair share of the batch: enough to fill it when some
         # endpoints have less due, few enough that many busy endpoints lock few rows each.
         per_endpoint = max(1, math.ceil(2 * limit / max(1, len(chosen))))
         return {
+            "more": more,
             "endpoint_ids": chosen,
             "per_endpoint": per_endpoint,
             "gate_ids": list(budgets),
@@ -551,13 +573,22 @@ async def close_gates(
     *,
     now: dt.datetime,
     config: HealthConfig,
-) -> None:
-    """Charge what the claim took to the locked rows (tokens, probe), in the claim's transaction."""
+) -> dt.datetime | None:
+    """Charge what the claim took to the locked rows (tokens, probe), in the claim's transaction.
+
+    Returns the earliest moment one of these endpoints' gates opens again by itself
+    (a pause or cooldown ending, a token refilling), so the worker can claim then
+    instead of at its next poll.
+    """
     changed = []
+    openings = []
     for endpoint_id, health in gates.locked.items():
         updated = after_claim(health, claimed.get(endpoint_id, 0), now=now, config=config)
         if updated != health:
             changed.append(updated)
+        opening = next_opening(updated, now=now, config=config)
+        if opening is not None:
+            openings.append(opening)
     await save(conn, changed, now=now)
     per_tenant: Counter[int] = Counter()
     for endpoint_id, count in claimed.items():
@@ -576,6 +607,43 @@ async def close_gates(
                 "tokens_at": [b.tokens_at for b in buckets],
             },
         )
+    return min(openings, default=None)
+
+
+def earliest_opening(gates: Gates, *, now: dt.datetime, config: HealthConfig) -> dt.datetime | None:
+    """`close_gates`' answer for a claim that took nothing, without writing anything."""
+    openings = [
+        opening
+        for health in gates.locked.values()
+        if (
+            opening := next_opening(
+                after_claim(health, 0, now=now, config=config), now=now, config=config
+            )
+        )
+        is not None
+    ]
+    return min(openings, default=None)
+
+
+def next_opening(health: Health, *, now: dt.datetime, config: HealthConfig) -> dt.datetime | None:
+    """When an endpoint that may take nothing right now may take one again, if time alone
+    decides it (None: it is not gated now, or an outcome must arrive first: a probe's answer,
+    a slot under its in-flight limit)."""
+    if health.paused_until is not None and now < health.paused_until:
+        return health.paused_until
+    if health.breaker_state == OPEN:
+        if health.open_until is not None and now < health.open_until:
+            return health.open_until
+        return None
+    if health.breaker_state == HALF_OPEN:
+        return None
+    rate = effective_rate(health, now, config)
+    if rate is None or rate <= 0:
+        return None
+    tokens = available_tokens(health, now, rate)
+    if tokens >= 1:
+        return None
+    return now + dt.timedelta(seconds=(1 - tokens) / rate)
 
 
 async def save(conn: AsyncConnection, rows: Sequence[Health], *, now: dt.datetime) -> None:
@@ -592,12 +660,15 @@ async def record_observations(
     *,
     now: dt.datetime,
     config: HealthConfig,
+    names: Mapping[int, str] | None = None,
 ) -> list[int]:
     """Update breakers from a batch of outcomes, in the outcomes' transaction.
 
     Returns the ids of endpoints disabled because they failed for too long. Call
     `ensure_health_rows` first (outside this transaction) so every row exists: the
     rows are then locked in id order, which keeps concurrent writers deadlock-free.
+    A breaker that opens or closes, and an endpoint disabled, each log one line
+    (`names` maps endpoint ids to the uids operators know).
     """
     summaries = summarize(observations, config)
     if not summaries:
@@ -623,11 +694,37 @@ async def record_observations(
             if uid is not None:
                 disabled.append(endpoint_id)
                 await conn.run_sync(_audit_disable, uid, reason)
+                log.warning("endpoint %s disabled: %s", uid, reason)
             after = Health(endpoint_id, after.max_in_flight, after.max_per_second)
+        else:
+            log_transition(health, after, (names or {}).get(endpoint_id), now=now)
         if after != health:
             updated.append(after)
     await save(conn, updated, now=now)
     return disabled
+
+
+def log_transition(before: Health, after: Health, uid: str | None, *, now: dt.datetime) -> None:
+    """One line when a breaker opens (with why and for how long) and one when it closes."""
+    name = uid or f"#{before.endpoint_id}"
+    if after.breaker_state == OPEN and after.trips > before.trips:
+        reopened = " again (the probe failed)" if before.breaker_state == HALF_OPEN else ""
+        probe_in = (after.open_until - now).total_seconds() if after.open_until else 0.0
+        log.warning(
+            "circuit breaker of endpoint %s opened%s (%d consecutive failures, trip %d); "
+            "last error: %s; its deliveries wait, next probe in %.0fs",
+            name,
+            reopened,
+            after.consecutive_failures,
+            after.trips,
+            after.last_failure or "unknown",
+            probe_in,
+        )
+    elif before.breaker_state != CLOSED and after.breaker_state == CLOSED:
+        log.warning(
+            "circuit breaker of endpoint %s closed: the probe succeeded; its backlog ramps back up",
+            name,
+        )
 
 
 async def ensure_health_rows(

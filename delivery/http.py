@@ -10,9 +10,10 @@ import asyncio
 import contextlib
 import datetime as dt
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -26,6 +27,7 @@ from delivery.policy import (
 )
 from delivery.signing import signature_header
 from delivery.ssrf import AddressPolicy, build_guarded_transport
+from delivery.transport import AiohttpTransport
 from outbox.clock import Clock
 
 USER_AGENT = "webhook-outbox/0.1"
@@ -109,8 +111,6 @@ def build_http_client(
     policy = AddressPolicy(allowed_networks)
     wire: httpx.AsyncBaseTransport
     if transport == "aiohttp":
-        from delivery.transport import AiohttpTransport
-
         wire = AiohttpTransport(
             policy=policy, https_only=https_only, max_connections=max_connections
         )
@@ -148,14 +148,69 @@ def _direct_transport(client: httpx.AsyncClient, url: httpx.URL) -> httpx.AsyncB
     return client._transport_for_url(url)
 
 
+class _Response(Protocol):
+    """What send_attempt reads of a response: httpx.Response or the direct aiohttp one."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def reason_phrase(self) -> str: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    def aiter_raw(self) -> AsyncIterator[bytes]: ...
+
+
+def _direct_wire(client: httpx.AsyncClient) -> AiohttpTransport | None:
+    """The aiohttp transport when the client adds nothing of its own (no mounts, hooks,
+    auth): then the attempt posts through it directly (`AiohttpTransport.post`)."""
+    wire = client._transport  # httpx has no public accessor
+    if (
+        type(wire) is not AiohttpTransport
+        or client._mounts
+        or client.auth is not None
+        or any(client.event_hooks.values())
+    ):
+        return None
+    return wire
+
+
+_BASE_HEADERS: weakref.WeakKeyDictionary[httpx.AsyncClient, dict[str, str]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _client_headers(client: httpx.AsyncClient) -> dict[str, str]:
+    found = _BASE_HEADERS.get(client)
+    if found is None:
+        found = _BASE_HEADERS[client] = dict(client.headers)  # lower-case names
+    return found
+
+
 @contextlib.asynccontextmanager
 async def _post(
     client: httpx.AsyncClient,
     request: OutgoingRequest,
     headers: dict[str, str],
     progress: _Progress,
-) -> AsyncIterator[httpx.Response]:
+) -> AsyncIterator[_Response]:
     """POST with the client's headers and transport; the response streams and is closed."""
+    wire = _direct_wire(client)
+    if wire is not None:
+        direct = await wire.post(
+            request.url,
+            {**_client_headers(client), **headers},
+            request.body,
+            deadline=request.timeout,
+            trace=progress,
+        )
+        try:
+            yield direct
+        finally:
+            await direct.aclose()
+        return
     outgoing = httpx.Request(
         "POST",
         request.url,

@@ -133,7 +133,7 @@ CLAIM_DUE_DELIVERIES = text(
               e.previous_secret_expires_at, e.timeout_seconds, e.retry_schedule,
               e.custom_headers, e.status_overrides,
               ev.message_id, ev.event_type, ev.payload::text AS payload_json,
-              ev.created_at AS event_created_at,
+              ev.created_at AS event_created_at, ev.traceparent,
               d.endpoint_id,
               -- a spotless breaker: its successes need no health write (delivery/health.py)
               COALESCE(h.breaker_state = 'closed' AND h.consecutive_failures = 0

@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery import queries
 from outbox.clock import Clock
+from outbox.outage import OUTAGE
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,12 @@ class Reaper:
         rescued = [int(row.id) for row in rows]
         dead = [int(row.id) for row in rows if row.state == "dead"]
         if rescued:
-            log.warning("rescued %d deliveries whose lease expired", len(rescued))
+            log.warning(
+                "lease expired, %d deliveries rescued (their worker stopped without recording "
+                "an outcome); due again, no attempt spent: %s",
+                len(rescued),
+                rescued[:20],
+            )
         if dead:
             log.error(
                 "%d deliveries were rescued %d times and are now dead (possible poison): %s",
@@ -72,7 +78,8 @@ class Reaper:
         while not stop.is_set():
             try:
                 await self.run_once()
-            except Exception:
-                log.exception("reaper pass failed; trying again next interval")
+                OUTAGE.succeeded()
+            except Exception as exc:
+                OUTAGE.failed("reaper", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.config.interval)

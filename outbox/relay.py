@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from outbox import queries
 from outbox.clock import Clock
 from outbox.notify import wait_for_any
+from outbox.outage import OUTAGE
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,9 @@ class Relay:
             wake.clear()
             try:
                 result = await self.run_once()
-            except Exception:
-                log.exception("relay batch failed; retrying after the poll interval")
+                OUTAGE.succeeded()
+            except Exception as exc:
+                OUTAGE.failed("relay", exc)
                 result = RelayResult(0, 0)
             if result.events:
                 # Keep going while there is a backlog: publishers do not notify then.

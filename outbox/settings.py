@@ -93,6 +93,9 @@ class Settings(BaseSettings):
         description="Keys for endpoint secrets: 'kid:base64-32-bytes,...'; the first encrypts.",
     )
     max_payload_bytes: int = Field(default=64 * 1024, gt=0)
+    max_payload_depth: int = Field(
+        default=64, ge=1, le=256, description="Deepest nesting publish() accepts in a payload."
+    )
     relay_batch_size: int = Field(default=500, gt=0, le=10_000)
     relay_poll_interval: float = Field(default=1.0, gt=0)
     worker_batch_size: int = Field(default=100, gt=0, le=10_000)
@@ -131,7 +134,15 @@ class Settings(BaseSettings):
         description="CIDRs the SSRF guard lets deliveries reach, e.g. '127.0.0.0/8'.",
     )
     https_only: bool = Field(default=False, description="Refuse http:// endpoints.")
-    log_level: str = "INFO"
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR.")
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="'json' writes one JSON object per log line."
+    )
+    log_summary_interval: float = Field(
+        default=60.0,
+        ge=0,
+        description="`outbox run` logs a one-line summary this often, s; 0 = never.",
+    )
     # Endpoint health (delivery/health.py): circuit breaker, ramp, 429 pause, auto-disable.
     breaker_failure_threshold: int = Field(
         default=5, gt=0, description="Consecutive failures that open an endpoint's breaker."
@@ -164,6 +175,10 @@ class Settings(BaseSettings):
         default="aiohttp",
         description="Wire under httpx: 'aiohttp' (fast) or 'httpx' (httpcore's own pool).",
     )
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        default="auto",
+        description="Event loop of `outbox run`: 'auto' = uvloop when installed, else asyncio.",
+    )
 
     # Operator tools (issue 5): retention, the admin HTTP API, alert thresholds.
     retention_days: float = Field(
@@ -177,12 +192,41 @@ class Settings(BaseSettings):
     admin_host: str = "127.0.0.1"
     admin_port: int = Field(default=8181, ge=0, le=65535)
     admin_metrics_public: bool = False
+    admin_max_body_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        le=64 * 1024 * 1024,
+        description="Largest admin API request body; a larger one is answered 413 unread.",
+    )
+    admin_refused_interval_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=86400,
+        description="Refused calls from one client for one reason share one audit row per this.",
+    )
+    admin_unauthenticated_per_minute: float = Field(
+        default=60.0,
+        gt=0,
+        le=1_000_000,
+        description="Calls a client without a valid token may make per minute before 429.",
+    )
+    audit_retention_days: float = Field(
+        default=90.0, ge=0, description="Prune audit rows older than this; 0 = never."
+    )
     stats_window_seconds: float = Field(default=3600.0, gt=0)
     alert_dead_per_window: int = Field(default=10, gt=0)
     alert_repeated_error_deliveries: int = Field(default=20, gt=0)
     alert_oldest_due_seconds: float = Field(default=900.0, gt=0)
     alert_relay_lag_seconds: float = Field(default=60.0, gt=0)
     replay_rate_per_minute: float = Field(default=600.0, gt=0)
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        name = value.strip().upper()
+        if name not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError("is not a log level; use DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        return name
 
     @field_validator("retry_schedule", "allowed_networks", mode="before")
     @classmethod
@@ -257,4 +301,5 @@ def load_settings(**overrides: Any) -> Settings:
             # The variable in upper case, the path inside its value as written.
             env = ".".join([f"OUTBOX_{loc[0].upper()}", *loc[1:]]) if loc else "settings"
             problems.append(f"{env}: {err['msg']}")
-        raise ConfigurationError("invalid settings:\n  " + "\n  ".join(problems)) from exc
+        # One line, so the operator sees every problem at once and nothing scrolls away.
+        raise ConfigurationError("invalid settings: " + "; ".join(problems)) from exc

@@ -40,6 +40,11 @@ def test_quick_benchmark_measures_every_figure() -> None:
         transport_seconds=0.2,
         rss_in_flight=20,
         slow_delay=1.0,
+        drain_slow_backlog=150,
+        drain_backlog=200,
+        flat_backlog=300,
+        flat_history=1_000,
+        flat_events=200,
     )
     messages: list[str] = []
     results = run(plan, messages.append)
@@ -89,7 +94,7 @@ def test_quick_benchmark_measures_every_figure() -> None:
     deliveries = scale["plan"]["deliveries"]
     assert [r["deliveries"] for r in scale["idle"].values()] == [deliveries] * 3
     assert scale["idle"]["1000"]["endpoints"] == 1 + 1000 + 20
-    assert scale["many_busy"]["deliveries"] == deliveries
+    assert scale["many_busy"]["deliveries"] == scale["alone_again"]["deliveries"] == deliveries
     relay_events = scale["plan"]["relay_events"]
     assert all(r["deliveries"] == r["events"] == relay_events for r in scale["relay"].values())
     assert set(scale["ratios"]) == {
@@ -98,8 +103,30 @@ def test_quick_benchmark_measures_every_figure() -> None:
         "relay_max_over_none",
     }
 
+    drain = results["drain"]
+    for key, backlog in (("slow", 150), ("instant_1", 200), ("instant_2", 200)):
+        # Every delivery of the backlog arrived exactly once, and the drain was timed.
+        assert drain[key]["arrived"] == drain[key]["distinct"] == backlog, drain[key]
+        assert drain[key]["deliveries_per_s"] > 0
+    assert drain["instant_2"]["processes"] == 2
+    assert drain["ceiling"]["requests_per_s"] > 0
+    assert set(drain["ratios"]) == set(drain["targets"]) == set(drain["verdicts"])
+
+    flat = results["flat"]
+    assert flat["grown"]["backlog"] == plan.flat_backlog
+    assert flat["grown"]["history"] == plan.flat_history
+    for side in ("empty", "grown"):
+        # The same measured work on both sides: every new event relayed, claimed, recorded
+        # (and the backlog, due tomorrow, never claimed).
+        total = plan.flat_events * plan.flat_rounds
+        assert flat[side]["relayed"] == flat[side]["claimed_and_recorded"] == total
+    assert flat["worst_slowdown"] == max(flat["slowdown"].values()) > 0
+
     text = report(results)
     assert "pgqueuer fan-out 2" in text
-    assert "targets (issue 7)" in text
+    assert "targets (issues 7 and 11)" in text
     assert "targets (issue 10, ratios within this run)" in text
     assert "busy endpoints / one busy" in text
+    assert "slowdown with 300 backlog, 1,000 history" in text
+    assert "instant_share_of_ceiling" not in text  # rows are named, ratios shown
+    assert "raw aiohttp ceiling" in text and "slow partner (200 ms)" in text

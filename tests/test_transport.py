@@ -14,7 +14,13 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from delivery.http import AttemptResult, OutgoingRequest, build_http_client, send_attempt
+from delivery.http import (
+    AttemptResult,
+    OutgoingRequest,
+    _direct_wire,
+    build_http_client,
+    send_attempt,
+)
 from delivery.policy import Outcome
 from delivery.receiver import Receiver
 from delivery.ssrf import AddressPolicy
@@ -173,3 +179,36 @@ async def test_both_transports_honour_https_only(receiver: Receiver, transport: 
     assert result.outcome is Outcome.PERMANENT
     assert "only https" in (result.error or "")
     assert receiver.requests == []
+
+
+async def test_direct_aiohttp_path_sends_what_the_httpx_path_sends(receiver: Receiver) -> None:
+    """The attempt skips httpx's request/response models on the aiohttp wire unless the
+    client has something of its own (here an event hook); the wire sees the same request."""
+    hooked: list[str] = []
+
+    async def hook(request: httpx.Request) -> None:
+        hooked.append(str(request.url))
+
+    url = receiver.route("/same", status=503, headers={"retry-after": "7"})
+    async with build_http_client(
+        max_connections=2, timeout=5, transport="aiohttp", allowed_networks=LOOPBACK
+    ) as direct:
+        assert _direct_wire(direct) is not None
+        first = await attempt(direct, url)
+    async with build_http_client(
+        max_connections=2, timeout=5, transport="aiohttp", allowed_networks=LOOPBACK
+    ) as full:
+        full.event_hooks["request"] = [hook]
+        assert _direct_wire(full) is None
+        second = await attempt(full, url)
+    assert hooked == [url]
+    one, two = receiver.received("/same")
+    assert one.headers == two.headers  # same names, values and order (timestamps equal too)
+    assert one.body == two.body
+    for result in (first, second):
+        assert (result.outcome, result.status_code, result.retry_after) == (
+            Outcome.RETRYABLE,
+            503,
+            7.0,
+        )
+        assert result.error == "HTTP 503 Service Unavailable"

@@ -197,6 +197,13 @@ SQL_MUTANTS = [
         _REPLAY,
     ),
     SqlMutant(
+        "replay: originals not locked (a concurrent replay does not wait)",
+        OQ,
+        "ORDER BY id FOR UPDATE",
+        "ORDER BY id",
+        ("tests/test_replay_once.py", "-k", "concurrent"),
+    ),
+    SqlMutant(
         "discard: in-flight rows not left alone",
         OQ,
         "AND state IN ('scheduled', 'dead')",

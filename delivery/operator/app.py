@@ -18,6 +18,7 @@ from delivery.http import build_http_client
 from delivery.operator.api import AdminConfig
 from delivery.reaper import Reaper, ReaperConfig
 from delivery.retention import Retention, RetentionConfig
+from delivery.summary import Summary
 from delivery.worker import Worker, WorkerConfig
 from outbox import migrate
 from outbox.clock import Clock, SystemClock
@@ -145,6 +146,7 @@ def retention_config(settings: Settings) -> RetentionConfig:
     return RetentionConfig(
         retention_days=settings.retention_days,
         dead_retention_days=settings.dead_retention_days,
+        audit_retention_days=settings.audit_retention_days,
         batch_size=settings.retention_batch_size,
         interval=settings.retention_interval,
     )
@@ -166,6 +168,10 @@ def admin_config(settings: Settings) -> AdminConfig:
         replay_rate_per_minute=settings.replay_rate_per_minute,
         metrics_public=settings.admin_metrics_public,
         https_only=settings.https_only,
+        allowed_networks=tuple(settings.allowed_networks),
+        max_body_bytes=settings.admin_max_body_bytes,
+        refused_interval=dt.timedelta(seconds=settings.admin_refused_interval_seconds),
+        unauthenticated_per_minute=settings.admin_unauthenticated_per_minute,
     )
 
 
@@ -193,8 +199,10 @@ class Service:
         allowed_networks: tuple[str, ...] = (),
         https_only: bool = False,
         http_transport: str = "httpx",
+        summary_interval: float = 0.0,
     ) -> None:
         self.url = url
+        self._summary_interval = summary_interval
         self._box = box
         self._relay_config = relay
         self._worker_config = worker
@@ -233,6 +241,15 @@ class Service:
                 group.create_task(self.worker.run(stop, deliveries_due))
                 group.create_task(reaper.run(stop))
                 group.create_task(Retention(engine, self._clock, self._retention_config).run(stop))
+                worker = self.worker
+                summary = Summary(
+                    engine,
+                    self._clock,
+                    lambda: worker.stats,
+                    interval=self._summary_interval,
+                    worker=self._worker_config.worker_id,
+                )
+                group.create_task(summary.run(stop))
         finally:
             await listener.close()
             if owns_http:

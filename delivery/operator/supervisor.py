@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
+from delivery.operator.loop import run_loop
 from delivery.reaper import ReaperConfig
 from delivery.retention import RetentionConfig
 from delivery.worker import WorkerConfig
@@ -38,6 +39,14 @@ log = logging.getLogger(__name__)
 
 RESTART_DELAY = 1.0
 _NO_RETENTION = RetentionConfig(retention_days=0, dead_retention_days=0)  # 0 = keep for ever
+
+
+def default_processes() -> int:
+    """The cores this process may run on (its CPU affinity), at least one."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +63,9 @@ class ProcessSpec:
     https_only: bool = False
     http_transport: str = "aiohttp"
     log_level: str = "WARNING"
+    log_format: str = "text"
+    summary_interval: float = 0.0
+    event_loop: str = "auto"
 
 
 def child_spec(spec: ProcessSpec, index: int) -> ProcessSpec:
@@ -71,7 +83,7 @@ def child_spec(spec: ProcessSpec, index: int) -> ProcessSpec:
 def _child_main(spec: ProcessSpec) -> None:
     from delivery.operator.app import Service
 
-    configure_logging(spec.log_level)  # redacting, and quiet about each httpx request
+    configure_logging(spec.log_level, fmt=spec.log_format)  # redacting, quiet about httpx
     service = Service(
         spec.url,
         SecretBox.from_setting(spec.secret_keys),
@@ -82,8 +94,9 @@ def _child_main(spec: ProcessSpec) -> None:
         allowed_networks=spec.allowed_networks,
         https_only=spec.https_only,
         http_transport=spec.http_transport,
+        summary_interval=spec.summary_interval,
     )
-    asyncio.run(run_until_signalled(service))
+    run_loop(run_until_signalled(service), spec.event_loop)
 
 
 async def run_until_signalled(service: object) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from delivery.operator.cli import (
+    db,
     deliveries,
     endpoints,
     keys,
@@ -50,6 +51,7 @@ for command in (
     stats.stats,
     stats.audit,
     priorities.priorities,
+    db.db,
 ):
     main.add_command(command)
 

@@ -12,7 +12,10 @@ import functools
 import getpass
 import json
 import re
+import signal
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 from typing import Any, TypeVar
 
 import click
@@ -55,10 +58,54 @@ def settings() -> Settings:
 
 
 @contextlib.contextmanager
-def database(auto_migrate: bool | None = None) -> Iterator[tuple[Settings, app.Database]]:
-    current = settings()
-    with app.open_database(current, auto_migrate=auto_migrate) as db:
+def database(
+    auto_migrate: bool | None = None, current: Settings | None = None
+) -> Iterator[tuple[Settings, app.Database]]:
+    """Settings and the database; SIGTERM unwinds this (the embedded server stops)."""
+    current = current or settings()
+    with terminate_as_exit(), app.open_database(current, auto_migrate=auto_migrate) as db:
         yield current, db
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def terminate_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit while a command holds the database.
+
+    By default they end the process on the spot, skipping every `finally`, which
+    would leave the embedded PostgreSQL running. asyncio's own handlers (`outbox
+    run`) take over while the service runs; `rearm_terminate()` puts these back.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {
+        signum: signal.signal(signum, _exit_on_signal)
+        for signum in _EXIT_SIGNALS
+        # A signal the caller ignores (SIG_IGN) stays ignored.
+        if signal.getsignal(signum) is not signal.SIG_IGN
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def rearm_terminate() -> None:
+    """After asyncio.run (which resets SIGTERM to the default), exit cleanly on it again."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in _EXIT_SIGNALS:
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, _exit_on_signal)
+
+
+# Not SIGHUP: during `outbox run` it would unwind the event loop mid-attempt. A hangup
+# still ends the process at once, and the next command reuses the server it left.
+_EXIT_SIGNALS = (signal.SIGTERM,)
 
 
 def default_actor() -> str:
@@ -68,8 +115,17 @@ def default_actor() -> str:
         return "cli:unknown"
 
 
+def printable(value: object) -> str:
+    """`value` as text a terminal shows as is: control characters (an ANSI escape in a
+    hostile receiver's error text, say) become `?`, so output cannot rewrite the screen."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == " " else "?" for ch in text)
+
+
 def print_table(rows: Sequence[Sequence[object]], headers: Sequence[str]) -> None:
-    cells = [[str(cell) for cell in row] for row in rows]
+    cells = [[printable(cell) for cell in row] for row in rows]
     widths = [
         max(len(header), *(len(row[i]) for row in cells)) if cells else len(header)
         for i, header in enumerate(headers)
@@ -83,7 +139,10 @@ def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+# ASCII digits only: `\d` would also take full-width and other scripts' digits.
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*$")
+# A duration longer than this is a typo (and would overflow a timedelta).
+MAX_DURATION = dt.timedelta(days=3650)
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -92,7 +151,10 @@ def parse_duration(value: str) -> dt.timedelta:
     match = _DURATION.match(value)
     if match is None:
         raise click.BadParameter(f"{value!r} is not a duration: use e.g. 90s, 15m, 24h or 7d")
-    return dt.timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds > MAX_DURATION.total_seconds():
+        raise click.BadParameter(f"{value!r} is longer than {MAX_DURATION.days} days")
+    return dt.timedelta(seconds=seconds)
 
 
 def parse_when(value: str | None, now: dt.datetime) -> dt.datetime | None:
@@ -131,7 +193,7 @@ def span(seconds: float | None) -> str:
 def short(text: str | None, width: int = 60) -> str:
     if not text:
         return "-"
-    flat = " ".join(text.split())
+    flat = printable(" ".join(text.split()))
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 

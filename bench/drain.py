@@ -1,0 +1,220 @@
+"""Backlog drains (issue 11): how close `outbox run` gets to its slots and to the wire.
+
+Three measurements, each a ratio taken in one run so that the shared box's load
+hits both sides of it alike:
+
+- **slow partner**: a one-endpoint backlog to a receiver that answers every
+  request after `latency` seconds. A worker may hold `endpoint_slots` requests to
+  one endpoint, so the most it can do is slots / latency deliveries per second;
+  the row is the drain rate as a share of that.
+- **instant partner**: the same backlog shape to a receiver that answers at once,
+  against the raw ceiling: a bare aiohttp client (uvloop when installed, same body,
+  as many concurrent requests as the worker's slots for one endpoint) to the same
+  receiver, measured just before.
+- **processes**: the instant drain with `outbox run --processes 2` over 1.
+
+A drain is timed from the backlog's first arrival at the receiver to its last
+answer (the last arrival plus the partner's latency), so process start-up is not
+counted. The backlog is built (published and relayed)
+before the workers start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import multiprocessing
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.harness import (
+    EVENT_TYPE,
+    LOOPBACK,
+    PAYLOAD,
+    Cluster,
+    Plan,
+    ReceiverProcess,
+    WorkerProcesses,
+    _preload_events,
+    _vacuum,
+    ours_commands,
+)
+from delivery.worker import WorkerConfig, render_body
+from outbox.clock import SystemClock
+from outbox.crypto import SecretBox, generate_key
+from outbox.db import make_async_engine
+from outbox.relay import Relay, RelayConfig
+
+TARGETS = {"slow_share_of_slots": 0.8, "instant_share_of_ceiling": 0.35, "two_over_one": 1.4}
+
+
+def endpoint_slots(plan: Plan) -> int:
+    """The slots one endpoint may hold in one worker process with the bench's settings."""
+    return WorkerConfig(max_in_flight=plan.worker_max_in_flight).endpoint_slots
+
+
+async def drain(
+    cluster: Cluster,
+    receiver: ReceiverProcess,
+    plan: Plan,
+    logs: Path,
+    *,
+    backlog: int,
+    path: str,
+    processes: int = 1,
+    latency: float = 0.0,
+) -> dict[str, Any]:
+    """Deliver a `backlog`-row one-endpoint backlog with `outbox run --processes N`."""
+    database = cluster.new_database("drain")
+    url = cluster.database_url(database)
+    key_setting = generate_key("bench")
+    box = SecretBox.from_setting(key_setting)
+    _preload_events(url, backlog, 1, receiver.url(f"{path}/{database}"), box)
+    engine = make_async_engine(url, pool_pre_ping=False)
+    await Relay(engine, SystemClock(), RelayConfig(batch_size=2000)).run_until_idle()
+    await engine.dispose()
+    _vacuum(url)
+    await receiver.arrivals()  # forget earlier runs' arrivals
+    before = await receiver.count()
+    workers = WorkerProcesses(
+        ours_commands(processes),
+        {
+            "OUTBOX_DATABASE_URL": url,
+            "OUTBOX_SECRET_KEYS": key_setting,
+            "OUTBOX_WORKER_MAX_IN_FLIGHT": str(plan.worker_max_in_flight),
+            "OUTBOX_WORKER_BATCH_SIZE": str(plan.worker_batch_size),
+            "OUTBOX_ALLOWED_NETWORKS": LOOPBACK,
+            "OUTBOX_LOG_LEVEL": "WARNING",
+            "OUTBOX_EVENT_LOOP": plan.event_loop,
+        },
+        logs / f"{database}.log",
+    )
+    workers.start()
+    deadline = time.time() + 60 + backlog / 50
+    cpu_from: tuple[int, float] | None = None  # (arrived, worker CPU s) once the drain began
+    try:
+        while (arrived := await receiver.count() - before) < backlog:
+            if cpu_from is None and arrived:
+                cpu_from = (arrived, workers.cpu_seconds())
+            if time.time() > deadline:
+                raise RuntimeError(f"drain of {backlog} did not finish; see {logs}")
+            await asyncio.sleep(0.02)
+        cpu_to = workers.cpu_seconds()
+    finally:
+        workers.stop()
+    start_count, start_cpu = cpu_from or (0, cpu_to)
+    arrivals = await receiver.arrivals()
+    times = sorted(t for _, t in arrivals)
+    # The last request is answered `latency` after it arrived: that is when the drain ends.
+    seconds = times[-1] - times[0] + latency if times else 0.0
+    return {
+        "backlog": backlog,
+        "processes": processes,
+        "path": path,
+        "arrived": len(times),
+        "distinct": len({message_id for message_id, _ in arrivals}),
+        "seconds": round(seconds, 3),
+        "deliveries_per_s": round(len(times) / seconds) if seconds > 0 else 0,
+        # Contention-proof: worker CPU (all its processes) per delivery during the drain.
+        "worker_cpu_ms_per_delivery": round(
+            (cpu_to - start_cpu) * 1000 / max(backlog - start_count, 1), 3
+        ),
+    }
+
+
+def _ceiling_in_process(url: str, body: bytes, concurrency: int, seconds: float) -> int:
+    async def measure() -> int:
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=concurrency)
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def post() -> None:
+                async with session.post(url, data=body) as response:
+                    await response.read()
+                    response.raise_for_status()
+
+            await asyncio.gather(*(post() for _ in range(concurrency)))  # open the pool
+            done = 0
+            stop_at = time.perf_counter() + seconds
+
+            async def one() -> None:
+                nonlocal done
+                while time.perf_counter() < stop_at:
+                    await post()
+                    done += 1
+
+            began = time.perf_counter()
+            await asyncio.gather(*(one() for _ in range(concurrency)))
+            return round(done / (time.perf_counter() - began))
+
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(measure())
+    return uvloop.run(measure())
+
+
+async def raw_ceiling(receiver: ReceiverProcess, plan: Plan) -> dict[str, Any]:
+    """Requests/s of a bare aiohttp client in its own process, the webhook body, one endpoint."""
+    body = render_body(EVENT_TYPE, SystemClock().now(), _payload_json())
+    concurrency = endpoint_slots(plan)
+    context = multiprocessing.get_context("spawn")
+    loop = asyncio.get_running_loop()
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+        rate = await loop.run_in_executor(
+            pool,
+            _ceiling_in_process,
+            receiver.url("/ceiling"),
+            body,
+            concurrency,
+            plan.transport_seconds,
+        )
+    await receiver.arrivals()
+    return {"requests_per_s": rate, "concurrency": concurrency, "body_bytes": len(body)}
+
+
+def _payload_json() -> str:
+    import json
+
+    return json.dumps(PAYLOAD)
+
+
+async def drains(
+    cluster: Cluster, receiver: ReceiverProcess, plan: Plan, logs: Path
+) -> dict[str, Any]:
+    """Every drain row with its ratio, target and verdict."""
+    latency_ms = round(plan.drain_latency * 1000)
+    slots = endpoint_slots(plan)
+    slow = await drain(
+        cluster,
+        receiver,
+        plan,
+        logs,
+        backlog=plan.drain_slow_backlog,
+        path=f"/wait/{latency_ms}",
+        latency=plan.drain_latency,
+    )
+    ceiling = await raw_ceiling(receiver, plan)
+    one = await drain(cluster, receiver, plan, logs, backlog=plan.drain_backlog, path="/drain")
+    two = await drain(
+        cluster, receiver, plan, logs, backlog=plan.drain_backlog, path="/drain", processes=2
+    )
+    slot_rate = slots / plan.drain_latency
+    ratios = {
+        "slow_share_of_slots": round(slow["deliveries_per_s"] / slot_rate, 3),
+        "instant_share_of_ceiling": round(
+            one["deliveries_per_s"] / max(ceiling["requests_per_s"], 1), 3
+        ),
+        "two_over_one": round(two["deliveries_per_s"] / max(one["deliveries_per_s"], 1), 3),
+    }
+    return {
+        "slow": {**slow, "latency_ms": latency_ms, "slots": slots, "slots_per_latency": slot_rate},
+        "ceiling": ceiling,
+        "instant_1": one,
+        "instant_2": two,
+        "ratios": ratios,
+        "targets": TARGETS,
+        "verdicts": {name: ratios[name] >= goal for name, goal in TARGETS.items()},
+    }

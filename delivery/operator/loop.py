@@ -1,0 +1,43 @@
+"""The event loop `outbox run` uses: uvloop when it is installed, else asyncio's own.
+
+Why: the event loop's own socket handling and callbacks are a visible share of a
+worker's profile, and uvloop does that part in C. Measured on the backlog drain its
+effect on worker CPU per delivery was within the shared box's noise (README,
+performance; docs/performance-history.md), so it is optional, not a dependency:
+without it (or with OUTBOX_EVENT_LOOP=asyncio) the standard loop runs the same code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from outbox.errors import ConfigurationError
+
+T = TypeVar("T")
+
+
+def uvloop_available() -> bool:
+    return importlib.util.find_spec("uvloop") is not None
+
+
+def run_loop(main: Coroutine[Any, Any, T], choice: str = "auto") -> T:
+    """asyncio.run(main) on the chosen loop: 'auto', 'uvloop' or 'asyncio'."""
+    if choice not in ("auto", "uvloop", "asyncio"):
+        main.close()
+        raise ConfigurationError(
+            f"unknown event loop {choice!r}: set OUTBOX_EVENT_LOOP to auto, uvloop or asyncio"
+        )
+    if choice == "asyncio" or (choice == "auto" and not uvloop_available()):
+        return asyncio.run(main)
+    if not uvloop_available():
+        main.close()
+        raise ConfigurationError(
+            "OUTBOX_EVENT_LOOP=uvloop but uvloop is not installed: pip install uvloop, "
+            "or set OUTBOX_EVENT_LOOP=auto"
+        )
+    import uvloop
+
+    return uvloop.run(main)
