@@ -16,6 +16,7 @@ set-based SQL (generate_series), never row by row:
                    catalogue in place, and without it
 
 Targets, as ratios within one run: 100,000 idle >= 0.8 of none; 1,000 busy >= 0.8 of one.
+The one-busy-endpoint-alone drain is measured first and again last; ratios use the better.
 """
 
 from __future__ import annotations
@@ -243,7 +244,16 @@ async def measure(
         "tenants": plan.busy_tenants,
         **await drain(url, key_setting, plan, "many"),
     }
-    none = results["idle"][str(plan.idle[0])]["per_s"]
+    # The baseline again, last: on a shared box the first figure is often the odd one out,
+    # and the better of the two makes the ratios harder to meet, not easier.
+    if progress:
+        progress("scale: one busy endpoint alone, again")
+    url = cluster.database_url(cluster.new_database("scale_alone_again"))
+    engine = _engine(url)
+    add_due_deliveries(engine, add_busy_endpoints(engine, box, 1, 1), plan.deliveries)
+    engine.dispose()
+    results["alone_again"] = await drain(url, key_setting, plan, "alone")
+    none = max(results["idle"][str(plan.idle[0])]["per_s"], results["alone_again"]["per_s"])
     most = results["idle"][str(plan.idle[-1])]["per_s"]
     results["ratios"] = {
         "idle_max_over_none": round(most / none, 2),
@@ -287,8 +297,9 @@ def report(scale: dict[str, Any]) -> list[str]:
     many = scale["many_busy"]
     return [
         f"scale (issue 10): drain to one busy endpoint (claim+record, batch "
-        f"{scale['plan']['batch_size']}): {drains}; {many['endpoints']:,} busy endpoints in "
-        f"{many['tenants']} tenants: {many['per_s']}/s",
+        f"{scale['plan']['batch_size']}): {drains}, alone again {scale['alone_again']['per_s']}/s "
+        f"(the better of the two 'alone' figures is the base); {many['endpoints']:,} busy "
+        f"endpoints in {many['tenants']} tenants: {many['per_s']}/s",
         f"relay with the idle catalogue: {relays} "
         f"(ratio most/none {scale['ratios']['relay_max_over_none']})",
     ]

@@ -36,7 +36,7 @@ import datetime as dt
 import logging
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -424,14 +424,18 @@ def choose_endpoints(
     budgets: Mapping[int, int],
     tenant_budgets: Mapping[int, int],
     limit: int,
-) -> list[int]:
+    set_aside: Collection[int] = frozenset(),
+) -> tuple[list[int], bool]:
     """The endpoints one claim visits: at most `limit`, in the claim's own order, so the
-    claim's cost follows its batch size, not the number of endpoints with due work.
+    claim's cost follows its batch size, not the number of endpoints with due work; and
+    whether more endpoints were eligible than chosen.
 
     The order is the claim's: priority first, then round robin across tenants (each
     tenant's endpoints take turns by their heads' age), then the oldest head. An endpoint
     served by this claim moves its head to a newer row, so the next claim rotates on to
     the endpoints that waited. Endpoints or tenants with no budget left are not visited.
+    `set_aside` endpoints (a recent visit found nothing claimable: per-key ordering held
+    every due row) come last, so stuck endpoints never crowd out the others.
     """
     eligible = [
         h
@@ -444,8 +448,16 @@ def choose_endpoints(
     for head in eligible:
         turns[head.tenant_id, head.priority] += 1
         turn[head.endpoint_id] = turns[head.tenant_id, head.priority]
-    eligible.sort(key=lambda h: (-h.priority, turn[h.endpoint_id], h.due_at, h.delivery_id))
-    return [h.endpoint_id for h in eligible[:limit]]
+    eligible.sort(
+        key=lambda h: (
+            h.endpoint_id in set_aside,
+            -h.priority,
+            turn[h.endpoint_id],
+            h.due_at,
+            h.delivery_id,
+        )
+    )
+    return [h.endpoint_id for h in eligible[:limit]], len(eligible) > limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,16 +472,23 @@ class Gates:
     tenants_locked: dict[int, TenantCap] = dataclasses.field(default_factory=dict)
     tenant_of: dict[int, int] = dataclasses.field(default_factory=dict)
 
-    def params(self, limit: int, local_caps: Mapping[int, int] | None = None) -> dict[str, Any]:
-        """Claim parameters; `local_caps` lowers budgets further (this worker's slot share)."""
+    def params(
+        self,
+        limit: int,
+        local_caps: Mapping[int, int] | None = None,
+        set_aside: Collection[int] = frozenset(),
+    ) -> dict[str, Any]:
+        """Claim parameters; `local_caps` lowers budgets further (this worker's slot share).
+        `more` (not a statement parameter) says whether eligible endpoints were left out."""
         budgets = dict(self.budgets)
         for endpoint_id, cap in (local_caps or {}).items():
             budgets[endpoint_id] = min(budgets.get(endpoint_id, cap), cap)
-        chosen = choose_endpoints(self.heads, budgets, self.tenant_budgets, limit)
+        chosen, more = choose_endpoints(self.heads, budgets, self.tenant_budgets, limit, set_aside)
         # About twice each endpoint's fair share of the batch: enough to fill it when some
         # endpoints have less due, few enough that many busy endpoints lock few rows each.
         per_endpoint = max(1, math.ceil(2 * limit / max(1, len(chosen))))
         return {
+            "more": more,
             "endpoint_ids": chosen,
             "per_endpoint": per_endpoint,
             "gate_ids": list(budgets),

@@ -1,7 +1,8 @@
 """Retention: prune old history in small batches while the service runs.
 
 Succeeded and discarded deliveries (with their attempts) and relayed events go
-once they are older than the retention. A dead letter nobody replayed or
+once they are older than the retention; audit rows once they are older than the
+audit retention (longer by default, and independent of the rest). A dead letter nobody replayed or
 discarded is what an operator still has to look at, so it stays, for its own,
 longer retention (or for ever). Each batch is its own short transaction, so
 pruning never holds locks for long and never stalls delivery.
@@ -36,6 +37,7 @@ class RetentionConfig:
 
     retention_days: float = 7.0
     dead_retention_days: float = 30.0
+    audit_retention_days: float = 90.0
     batch_size: int = 500
     interval: float = 60.0
     max_batches_per_pass: int = 100
@@ -46,10 +48,11 @@ class PruneResult:
     deliveries: int = 0
     attempts: int = 0
     events: int = 0
+    audit: int = 0
 
     @property
     def total(self) -> int:
-        return self.deliveries + self.attempts + self.events
+        return self.deliveries + self.attempts + self.events + self.audit
 
 
 def _cutoff(now: dt.datetime, days: float) -> dt.datetime | None:
@@ -68,6 +71,18 @@ class Retention:
         """Prune at most one batch of delivery groups and one batch of events."""
         result = PruneResult()
         now = self._clock.now()
+        audit_before = _cutoff(now, self.config.audit_retention_days)
+        if audit_before is not None:
+            # The audit log has its own retention: refused API calls are audited, so
+            # without it anyone who can reach the admin port could grow it for ever.
+            async with self._engine.begin() as conn:
+                row = (
+                    await conn.execute(
+                        queries.PRUNE_AUDIT,
+                        {"before": audit_before, "limit": self.config.batch_size},
+                    )
+                ).one()
+                result.audit = int(row.audit)
         before = _cutoff(now, self.config.retention_days)
         if before is None:
             return result
@@ -101,6 +116,7 @@ class Retention:
             total.deliveries += step.deliveries
             total.attempts += step.attempts
             total.events += step.events
+            total.audit += step.audit
             if step.total == 0:
                 break
         return total
@@ -112,10 +128,11 @@ class Retention:
                 OUTAGE.succeeded()
                 if pruned.total:
                     log.info(
-                        "retention pruned %d deliveries, %d attempts, %d events",
+                        "retention pruned %d deliveries, %d attempts, %d events, %d audit rows",
                         pruned.deliveries,
                         pruned.attempts,
                         pruned.events,
+                        pruned.audit,
                     )
             except Exception as exc:
                 OUTAGE.failed("retention", exc)

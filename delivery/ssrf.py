@@ -425,3 +425,50 @@ def check_literal_host(policy: AddressPolicy, host: str) -> None:
     except ValueError:
         return  # a name: the resolver checks every address it resolves to
     policy.check(literal)
+
+
+async def refusal_warning(
+    policy: AddressPolicy,
+    url: str,
+    *,
+    resolver: Resolver | None = None,
+    resolve_seconds: float = 3.0,
+) -> str | None:
+    """Why deliveries to `url` would be refused today, or None: a warning when it is saved.
+
+    The same policy the connect-time guard applies, to the addresses the name resolves
+    to now. Only advice: DNS may answer differently when something is sent, and the
+    guard decides then. A name that does not resolve at all is not a refusal (the
+    worker retries a DNS failure), so it gets no warning here.
+    """
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError):
+        return None
+    host = parsed.host
+    if not host:
+        return None
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    literal = host.strip("[]")
+    try:
+        ipaddress.ip_address(literal)
+    except ValueError:
+        literal = ""
+    try:
+        if literal:
+            addresses: Sequence[str] = [literal]
+        else:
+            lookup = resolver or system_resolver
+            addresses = await asyncio.wait_for(lookup(host, port), resolve_seconds)
+    except (OSError, TimeoutError):
+        return None
+    for address in addresses:
+        try:
+            policy.check(address)
+        except AddressRefusedError as exc:
+            where = host if literal else f"{host} resolves to {exc.address}, which"
+            return (
+                f"{where} is {exc.reason}: the SSRF guard will refuse every delivery to it "
+                "(each one dead at once) unless OUTBOX_ALLOWED_NETWORKS includes that address"
+            )
+    return None

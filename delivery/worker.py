@@ -50,6 +50,8 @@ from outbox.outage import OUTAGE
 from outbox.settings import DEFAULT_RETRY_SCHEDULE, LEASE_MARGIN_SECONDS
 
 log = logging.getLogger(__name__)
+# How long an endpoint whose visit found nothing claimable comes last in the claim order.
+BARREN_FOR = dt.timedelta(seconds=1)
 T = TypeVar("T")
 
 
@@ -187,25 +189,44 @@ class Worker:
         self._refilled = asyncio.Event()
         self.next_gate_at: dt.datetime | None = None
         self.claims = 0  # claim statements run (the tests count them)
+        # Endpoints a recent claim visited without finding anything claimable, set aside
+        # until then (health.choose_endpoints puts them last).
+        self._barren: dict[int, dt.datetime] = {}
 
     # -- claiming -------------------------------------------------------------------
 
     async def claim(self, limit: int) -> list[ClaimedDelivery]:
-        """Claim up to `limit` due deliveries, within each endpoint's breaker and limits."""
+        """Claim up to `limit` due deliveries, within each endpoint's breaker and limits.
+
+        A claim visits at most `limit` endpoints. When some of them had nothing claimable
+        (per-key ordering held every due row) and other endpoints were left out, it claims
+        again at once with those set aside, so stuck endpoints cannot starve the rest.
+        """
+        claimed: list[ClaimedDelivery] = []
+        self.next_gate_at = None  # a failed claim must not leave a stale wake-up behind
+        for _ in range(3):
+            found, retry = await self._claim_round(limit - len(claimed))
+            claimed += found
+            if len(claimed) >= limit or not retry:
+                break
+        return claimed
+
+    async def _claim_round(self, limit: int) -> tuple[list[ClaimedDelivery], bool]:
         now = self._clock.now()
         self.claims += 1
-        self.next_gate_at = None  # a failed claim must not leave a stale wake-up behind
+        self._barren = {eid: until for eid, until in self._barren.items() if until > now}
         local = self._slots_left()
         async with self._engine.begin() as conn:
             gates = await health.open_gates(conn, now=now, config=self.config.health)
-            params = gates.params(limit, local)
+            params = gates.params(limit, local, self._barren.keys())
+            more = params.pop("more")
             if not params["endpoint_ids"]:
                 # Nothing due (or all held: disabled tenants, no budget left).
                 self._note_gates(gates, local, {})
-                self.next_gate_at = health.earliest_opening(
-                    gates, now=now, config=self.config.health
+                self._note_gate_opening(
+                    health.earliest_opening(gates, now=now, config=self.config.health)
                 )
-                return []
+                return [], False
             rows = (
                 await conn.execute(
                     queries.CLAIM_DUE_DELIVERIES,
@@ -219,11 +240,20 @@ class Worker:
                 )
             ).all()
             taken = health.claimed_per_endpoint(row.endpoint_id for row in rows)
-            self.next_gate_at = await health.close_gates(
-                conn, gates, taken, now=now, config=self.config.health
+            self._note_gate_opening(
+                await health.close_gates(conn, gates, taken, now=now, config=self.config.health)
             )
         self._note_gates(gates, local, taken)
-        return [self._prepare(row, now) for row in rows]
+        served = {row.endpoint_id for row in rows}
+        barren = [eid for eid in params["endpoint_ids"] if eid not in served]
+        for endpoint_id in barren:
+            self._barren[endpoint_id] = now + BARREN_FOR
+        return [self._prepare(row, now) for row in rows], bool(barren) and more
+
+    def _note_gate_opening(self, at: dt.datetime | None) -> None:
+        """Keep the earliest gate opening seen by this claim's rounds."""
+        if at is not None and (self.next_gate_at is None or at < self.next_gate_at):
+            self.next_gate_at = at
 
     def _note_gates(
         self, gates: health.Gates, local: Mapping[int, int], taken: Mapping[int, int]

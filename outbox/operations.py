@@ -63,6 +63,7 @@ class DeliveryFilter:
     endpoint: str | None = None
     event_type: str | None = None
     error: str | None = None
+    message_id: str | None = None  # the event's webhook-id: every delivery and replay of it
     since: dt.datetime | None = None
     until: dt.datetime | None = None
     unreplayed: bool = False
@@ -85,6 +86,7 @@ class DeliveryFilter:
             "endpoint": self.endpoint,
             "event_type": self.event_type,
             "error": self.error or None,
+            "message_id": self.message_id,
             "since": self.since,
             "until": self.until,
             "unreplayed": self.unreplayed,
@@ -225,11 +227,13 @@ class ReplayResult:
     sample: list[DeliverySummary] = field(default_factory=list)
     first_due: dt.datetime | None = None
     last_due: dt.datetime | None = None
+    skipped: int = 0  # bulk: replayed by someone else between the count and the lock
 
     def as_json(self) -> dict[str, Any]:
         return {
             "dry_run": self.dry_run,
             "matched": self.matched,
+            "skipped": self.skipped,
             "replayed": [{"delivery": old, "replay": new} for old, new in self.replayed],
             "sample": [item.as_json() for item in self.sample],
             "first_due": _iso(self.first_due),
@@ -255,6 +259,9 @@ def _spread(now: dt.datetime, count: int, rate_per_minute: float | None) -> list
     return [now + step * index for index in range(count)]
 
 
+PENDING_STATES = ("scheduled", "in_flight")
+
+
 def replay(
     conn: Connection,
     ids: Sequence[int],
@@ -263,9 +270,11 @@ def replay(
     reason: str | None,
     now: dt.datetime,
     force: bool = False,
+    again: bool = False,
     rate_per_minute: float | None = None,
     request_id: str | None = None,
     details: dict[str, Any] | None = None,
+    skip_replayed: bool = False,
     scope: str | None = None,
 ) -> ReplayResult:
     """Replay each delivery as a new row; all or nothing, with one audit row per delivery.
@@ -273,12 +282,22 @@ def replay(
     Dead and discarded deliveries can be replayed; a succeeded one only with `force`
     (the partner already has it). Scheduled and in-flight ones are still being
     delivered, so replaying them would only send the same message twice.
+
+    Exactly once per request: the rows are locked first, so a concurrent replay of the
+    same delivery (another shell, the API) waits and then sees this one's replay. A
+    delivery whose replay is still pending is never replayed again (a unique index
+    holds that even against other code); one replayed before needs `again`.
+    `skip_replayed` (bulk replay) leaves those out instead of refusing.
     """
     why = _need_reason(reason, "a replay")
     wanted = list(dict.fromkeys(int(i) for i in ids))
     if not wanted:
         raise OperationError("give at least one delivery id to replay")
-    states = _states(conn, wanted, scope)
+    # Locked and scoped: another tenant's id is simply missing (not found).
+    states = {
+        int(row.id): str(row.state)
+        for row in conn.execute(queries.LOCK_DELIVERIES_FOR_REPLAY, {"ids": wanted, "scope": scope})
+    }
     missing = [i for i in wanted if i not in states]
     if missing:
         raise NotFoundError(f"no delivery {', '.join(map(str, missing))}; nothing was replayed")
@@ -292,6 +311,28 @@ def replay(
             else ""
         )
         raise OperationError(f"cannot replay: {listed}{hint}; nothing was replayed")
+    latest = {
+        int(row.replay_of): (int(row.id), str(row.state))
+        for row in conn.execute(queries.SELECT_LATEST_REPLAYS, {"ids": wanted})
+    }
+    skipped = [i for i in wanted if i in latest] if skip_replayed else []
+    wanted = [i for i in wanted if i not in skipped]
+    pending = {i: latest[i] for i in wanted if i in latest and latest[i][1] in PENDING_STATES}
+    if pending:
+        listed = ", ".join(f"{i} has replay {new} ({state})" for i, (new, state) in pending.items())
+        raise OperationError(
+            f"already being replayed: {listed}; wait for it to finish (`outbox deliveries show "
+            "ID`) or discard that replay first; nothing was replayed"
+        )
+    done = {i: latest[i] for i in wanted if i in latest}
+    if done and not again:
+        listed = ", ".join(f"{i} as {new} ({state})" for i, (new, state) in done.items())
+        raise OperationError(
+            f"already replayed: {listed}; replaying again sends the message again: add "
+            '--again (API: "again": true) if that is meant; nothing was replayed'
+        )
+    if not wanted:
+        return ReplayResult(dry_run=False, matched=0, skipped=len(skipped))
     due = _spread(now, len(wanted), rate_per_minute)
     rows = conn.execute(
         queries.INSERT_REPLAYS,
@@ -308,14 +349,27 @@ def replay(
         action="delivery.replay",
         target_type="delivery",
         targets=[
-            (str(old), {"replay_id": new, "forced": force, **(details or {})})
+            (
+                str(old),
+                {
+                    "replay_id": new,
+                    "forced": force,
+                    **({"again": True} if old in done else {}),
+                    **(details or {}),
+                },
+            )
             for old, new in replayed
         ],
         reason=why,
         request_id=request_id,
     )
     return ReplayResult(
-        dry_run=False, matched=len(wanted), replayed=replayed, first_due=due[0], last_due=due[-1]
+        dry_run=False,
+        matched=len(wanted),
+        replayed=replayed,
+        first_due=due[0],
+        last_due=due[-1],
+        skipped=len(skipped),
     )
 
 
@@ -335,8 +389,9 @@ def bulk_replay(
     """Replay what a filter matches: dead ones by default, each at most once.
 
     Deliveries that already have a replay are skipped, so running the same bulk
-    replay twice does not send anything twice. A dry run counts and samples and
-    writes nothing (not even an audit row: nothing happened).
+    replay twice does not send anything twice, even at the same moment: `replay`
+    locks the rows and leaves out those another run replayed meanwhile. A dry run
+    counts and samples and writes nothing (not even an audit row: nothing happened).
     """
     why = _need_reason(reason, "a replay")
     allowed = _allowed_replay_states(force)
@@ -354,6 +409,7 @@ def bulk_replay(
         endpoint=flt.endpoint,
         event_type=flt.event_type,
         error=flt.error,
+        message_id=flt.message_id,
         since=flt.since,
         until=flt.until,
         unreplayed=True,
@@ -380,6 +436,8 @@ def bulk_replay(
         if len(batch) < page.limit:
             break
         before = batch[-1].id
+    if not ids:  # all replayed by someone else since the count
+        return ReplayResult(dry_run=False, matched=matched, sample=sample, skipped=matched)
     result = replay(
         conn,
         ids,
@@ -390,6 +448,7 @@ def bulk_replay(
         rate_per_minute=rate_per_minute,
         request_id=request_id,
         details={"bulk": True, "filter": flt.describe()},
+        skip_replayed=True,
         scope=flt.tenant,
     )
     result.matched = matched

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,10 @@ from outbox.queries import FIND_EVENT_BY_IDEMPOTENCY_KEY, INSERT_EVENT
 from outbox.tenants import DEFAULT_TENANT, validate_tenant_uid
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
+# Nesting deeper than this is refused at publish: readers (json, psycopg, the CLI and
+# the API) recurse per level, so a 990-level payload would break them, not the writer.
+DEFAULT_MAX_PAYLOAD_DEPTH = 64
+MAX_PAYLOAD_DEPTH_LIMIT = 256
 _EVENT_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*$")
 _MAX_EVENT_TYPE = 200
 _MAX_KEY = 255
@@ -66,6 +71,59 @@ def _message_id(found: object, event: PreparedEvent) -> str:
     return str(found)
 
 
+def _bad_text(value: str) -> bool:
+    """NUL, another C0/C1 control or a lone surrogate: PostgreSQL text cannot hold them all."""
+    return any(unicodedata.category(ch) in ("Cc", "Cs") for ch in value)
+
+
+def _check_text(value: str, where: str) -> None:
+    # NUL: jsonb refuses \u0000 (a DataError, after the caller's transaction is spoilt).
+    # A lone surrogate cannot be encoded as UTF-8 at all. Other control characters are
+    # valid JSON text and stay allowed in the payload. A backslash followed by "u0000"
+    # is six ordinary characters and is allowed.
+    if "\x00" in value:
+        raise PublishError(
+            f"payload {where} contains a NUL character, which PostgreSQL cannot store: remove it"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PublishError(
+            f"payload {where} contains a lone surrogate ({exc.reason}), which is not valid "
+            "UTF-8: decode your input properly (errors='replace' if it must be lossy)"
+        ) from exc
+
+
+def _check_payload_shape(payload: dict[str, Any], max_depth: int) -> None:
+    """Depth, NUL and surrogates, checked without recursion (a deep payload cannot crash it)."""
+    if (
+        isinstance(max_depth, bool)
+        or not isinstance(max_depth, int)
+        or not 1 <= max_depth <= MAX_PAYLOAD_DEPTH_LIMIT
+    ):
+        raise PublishError(
+            f"max_payload_depth must be an integer from 1 to {MAX_PAYLOAD_DEPTH_LIMIT}"
+        )
+    stack: list[tuple[Any, int]] = [(payload, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list | tuple):
+            if depth > max_depth:
+                raise PublishError(
+                    f"payload nests deeper than {max_depth} levels (or refers to itself): "
+                    "flatten it, or raise OUTBOX_MAX_PAYLOAD_DEPTH"
+                )
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    if isinstance(key, str):
+                        _check_text(key, "key")
+                    stack.append((item, depth + 1))
+            else:
+                stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str):
+            _check_text(value, "text")
+
+
 def prepare_event(
     event_type: str,
     payload: Any,
@@ -75,6 +133,7 @@ def prepare_event(
     priority: int | None = None,
     tenant: str = DEFAULT_TENANT,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    max_payload_depth: int = DEFAULT_MAX_PAYLOAD_DEPTH,
 ) -> PreparedEvent:
     """Validate and serialise an event; raises PublishError and writes nothing."""
     tenant = validate_tenant_uid(tenant, error=PublishError)
@@ -87,6 +146,7 @@ def prepare_event(
         raise PublishError(f"event type is longer than {_MAX_EVENT_TYPE} characters")
     if not isinstance(payload, dict):
         raise PublishError(f"payload must be a JSON object (a dict), not {type(payload).__name__}")
+    _check_payload_shape(payload, max_payload_depth)
     try:
         payload_json = json.dumps(
             payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")
@@ -96,8 +156,6 @@ def prepare_event(
             f"payload is not JSON-serialisable ({exc}); convert it to plain dicts, lists, "
             "strings, numbers, booleans and None first"
         ) from exc
-    if "\\u0000" in payload_json:
-        raise PublishError("payload contains a NUL character (\\u0000), which PostgreSQL rejects")
     size = len(payload_json.encode())
     if size > max_payload_bytes:
         raise PublishError(
@@ -107,6 +165,11 @@ def prepare_event(
     for name, key in (("idempotency_key", idempotency_key), ("ordering_key", ordering_key)):
         if key is not None and (not isinstance(key, str) or not key or len(key) > _MAX_KEY):
             raise PublishError(f"{name} must be a non-empty string of at most {_MAX_KEY} chars")
+        if key is not None and _bad_text(key):
+            raise PublishError(
+                f"{name} contains a NUL, a control character or a lone surrogate, which "
+                "PostgreSQL cannot store: use printable text"
+            )
     if priority is not None and (
         isinstance(priority, bool)
         or not isinstance(priority, int)
@@ -134,6 +197,7 @@ def publish(
     priority: int | None = None,
     tenant: str = DEFAULT_TENANT,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    max_payload_depth: int = DEFAULT_MAX_PAYLOAD_DEPTH,
 ) -> str:
     """Add an event to the outbox inside the caller's transaction; returns its message id.
 
@@ -151,6 +215,7 @@ def publish(
         priority=priority,
         tenant=tenant,
         max_payload_bytes=max_payload_bytes,
+        max_payload_depth=max_payload_depth,
     )
     connection = conn.connection() if isinstance(conn, Session) else conn
     with tracing.publish_span(event.event_type, event.tenant) as (span, traceparent):
@@ -172,6 +237,7 @@ async def publish_async(
     priority: int | None = None,
     tenant: str = DEFAULT_TENANT,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    max_payload_depth: int = DEFAULT_MAX_PAYLOAD_DEPTH,
 ) -> str:
     """The asyncio twin of `publish`; same rules, never commits."""
     event = prepare_event(
@@ -182,6 +248,7 @@ async def publish_async(
         priority=priority,
         tenant=tenant,
         max_payload_bytes=max_payload_bytes,
+        max_payload_depth=max_payload_depth,
     )
     connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
     with tracing.publish_span(event.event_type, event.tenant) as (span, traceparent):

@@ -263,6 +263,7 @@ _DELIVERY_FILTER = f"""
     AND (CAST(:states AS text[]) IS NULL OR d.state = ANY(CAST(:states AS text[])))
     AND (CAST(:endpoint AS text) IS NULL OR e.uid = :endpoint)
     AND (CAST(:event_type AS text) IS NULL OR ev.event_type = :event_type)
+    AND (CAST(:message_id AS text) IS NULL OR ev.message_id = :message_id)
     AND (CAST(:since AS timestamptz) IS NULL OR d.created_at >= :since)
     AND (CAST(:until AS timestamptz) IS NULL OR d.created_at < :until)
     AND (CAST(:before_id AS bigint) IS NULL OR d.id < :before_id)
@@ -343,6 +344,26 @@ SELECT_DELIVERY_STATES = text(
     """
 )
 
+# A replay locks the rows it replays, in id order (so concurrent replays never
+# deadlock): a second replay of the same delivery waits for the first to commit and
+# then sees its replay. The originals are terminal, so no worker ever waits on this.
+LOCK_DELIVERIES_FOR_REPLAY = text(
+    f"""
+    SELECT id, state FROM deliveries
+    WHERE id = ANY(CAST(:ids AS bigint[])) AND {_in_scope("tenant_id")}
+    ORDER BY id FOR UPDATE
+    """
+)
+
+# The newest replay of each of these deliveries, if any (read after the lock above).
+SELECT_LATEST_REPLAYS = text(
+    """
+    SELECT DISTINCT ON (replay_of) replay_of, id, state
+    FROM deliveries WHERE replay_of = ANY(CAST(:ids AS bigint[]))
+    ORDER BY replay_of, id DESC
+    """
+)
+
 # A replay is a NEW row for the same event and endpoint (so the same webhook-id);
 # the old row is only read. Each replay gets its own start time so a bulk replay is
 # spread out (the rate cap). The WHERE re-checks the states under the same snapshot.
@@ -362,6 +383,8 @@ INSERT_REPLAYS = text(
         JOIN endpoints e ON e.id = d.endpoint_id
         WHERE d.state = ANY(CAST(:allowed AS text[])) AND {_in_scope("d.tenant_id")}
         ORDER BY w.due, d.id
+        ON CONFLICT (replay_of)
+            WHERE replay_of IS NOT NULL AND state IN ('scheduled', 'in_flight') DO NOTHING
         RETURNING id, replay_of
     ), woken AS (
         SELECT pg_notify('outbox_deliveries', '') WHERE EXISTS (SELECT 1 FROM inserted)
@@ -553,6 +576,49 @@ PRUNE_EVENTS = text(
 )
 
 SELECT_PRUNED_TOTALS = text("SELECT name, value FROM pruned_totals")
+
+# The oldest audit rows, a batch at a time (OUTBOX_AUDIT_RETENTION_DAYS).
+PRUNE_AUDIT = text(
+    """
+    WITH doomed AS (
+        SELECT id FROM audit_log WHERE at < :before ORDER BY at LIMIT :limit
+    ), gone AS (
+        DELETE FROM audit_log a USING doomed WHERE a.id = doomed.id RETURNING 1
+    )
+    SELECT count(*) AS audit FROM gone
+    """
+)
+
+# Refused API calls are aggregated: one row per actor, client, status and reason per
+# interval, whose details.count grows. The lookup walks ix_audit_log_at from the
+# interval's start, which holds few rows precisely because they are aggregated.
+BUMP_REFUSAL = text(
+    """
+    UPDATE audit_log
+    SET details = details || jsonb_build_object(
+            'count', COALESCE(CAST(details ->> 'count' AS bigint), 1) + :count,
+            'last_at', CAST(:last_at AS text)),
+        request_id = :request_id
+    WHERE id = (
+        SELECT id FROM audit_log
+        WHERE at >= :since AND action = 'api.refused' AND actor = :actor AND reason = :reason
+          AND details ->> 'client' IS NOT DISTINCT FROM CAST(:client AS text)
+          AND details ->> 'status' = CAST(:status AS text)
+          AND tenant_uid IS NOT DISTINCT FROM CAST(:tenant AS text)
+        ORDER BY id LIMIT 1
+    )
+    RETURNING id
+    """
+)
+
+INSERT_REFUSAL = text(
+    """
+    INSERT INTO audit_log
+        (at, actor, action, target_type, target_id, reason, details, request_id, tenant_uid)
+    VALUES (:now, :actor, 'api.refused', 'http', :target_id, :reason, CAST(:details AS jsonb),
+            :request_id, :tenant)
+    """
+)
 
 # Admin API tokens.
 INSERT_TOKEN = text(

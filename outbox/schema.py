@@ -234,6 +234,14 @@ deliveries = Table(
     Index("ix_deliveries_leases", "lease_expires_at", postgresql_where=text("state = 'in_flight'")),
     Index("ix_deliveries_endpoint_state", "endpoint_id", "state"),
     Index("ix_deliveries_replay_of", "replay_of", postgresql_where=text("replay_of IS NOT NULL")),
+    # At most one pending replay per original (migration 0008): two operators replaying
+    # the same delivery at once, from the CLI and the API, cannot send it twice.
+    Index(
+        "uq_deliveries_one_pending_replay",
+        "replay_of",
+        unique=True,
+        postgresql_where=text("replay_of IS NOT NULL AND state IN ('scheduled', 'in_flight')"),
+    ),
     # A tenant's deliveries, newest first (scoped lists and stats).
     Index("ix_deliveries_tenant_id_id", "tenant_id", "id"),
     # Fair claiming walks each endpoint's due rows in claim order (delivery/health.py).

@@ -93,6 +93,9 @@ class Settings(BaseSettings):
         description="Keys for endpoint secrets: 'kid:base64-32-bytes,...'; the first encrypts.",
     )
     max_payload_bytes: int = Field(default=64 * 1024, gt=0)
+    max_payload_depth: int = Field(
+        default=64, ge=1, le=256, description="Deepest nesting publish() accepts in a payload."
+    )
     relay_batch_size: int = Field(default=500, gt=0, le=10_000)
     relay_poll_interval: float = Field(default=1.0, gt=0)
     worker_batch_size: int = Field(default=100, gt=0, le=10_000)
@@ -189,6 +192,27 @@ class Settings(BaseSettings):
     admin_host: str = "127.0.0.1"
     admin_port: int = Field(default=8181, ge=0, le=65535)
     admin_metrics_public: bool = False
+    admin_max_body_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        le=64 * 1024 * 1024,
+        description="Largest admin API request body; a larger one is answered 413 unread.",
+    )
+    admin_refused_interval_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=86400,
+        description="Refused calls from one client for one reason share one audit row per this.",
+    )
+    admin_unauthenticated_per_minute: float = Field(
+        default=60.0,
+        gt=0,
+        le=1_000_000,
+        description="Calls a client without a valid token may make per minute before 429.",
+    )
+    audit_retention_days: float = Field(
+        default=90.0, ge=0, description="Prune audit rows older than this; 0 = never."
+    )
     stats_window_seconds: float = Field(default=3600.0, gt=0)
     alert_dead_per_window: int = Field(default=10, gt=0)
     alert_repeated_error_deliveries: int = Field(default=20, gt=0)

@@ -149,6 +149,23 @@ async def test_a_release_with_a_stale_claim_leaves_the_newer_claim_alone(
     assert delivery(engine)["state"] == "scheduled"
 
 
+async def test_a_release_after_the_outcome_was_recorded_changes_nothing(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+    http: httpx.AsyncClient,
+) -> None:
+    await one_delivery(engine, async_engine, box, clock, receiver.route("/hook"))
+    w = worker(async_engine, http, box, clock, "W")
+    (claimed,) = await w.claim(10)
+    assert (await w.record([(claimed, await w.attempt(claimed))])).succeeded == 1
+    assert await w.release([claimed]) == 0  # a shutdown racing the write: too late
+    row = delivery(engine)
+    assert (row["state"], row["attempts"], row["locked_by"]) == ("succeeded", 1, None)
+
+
 async def test_the_reaper_leaves_a_claim_taken_again_by_the_same_worker_alone(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -168,6 +185,23 @@ async def test_the_reaper_leaves_a_claim_taken_again_by_the_same_worker_alone(
     assert await reaper.run_once() == []
     assert (await w.record([(again, await w.attempt(again))])).succeeded == 1
     assert delivery(engine)["state"] == "succeeded"
+
+
+async def test_a_lease_holds_up_to_its_expiry_instant(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+    http: httpx.AsyncClient,
+) -> None:
+    await one_delivery(engine, async_engine, box, clock, receiver.route("/hook"))
+    await worker(async_engine, http, box, clock, "W").claim(10)
+    reaper = Reaper(async_engine, clock)
+    clock.advance(60)  # exactly the lease: still held
+    assert await reaper.run_once() == []
+    clock.advance(0.001)
+    assert await reaper.run_once() == [1]
 
 
 async def test_writing_the_same_outcome_twice_adds_one_attempt(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.receiver import Receiver
@@ -238,3 +238,49 @@ async def test_endpoint_update_rotate_and_delete_are_audited(
     assert actions == ["endpoint.update", "endpoint.rotate_secret", "endpoint.delete"]
     # The removed attempt is tallied, so exported totals do not go backwards.
     assert scalar(engine, "SELECT value FROM pruned_totals WHERE name = 'attempts:succeeded'") == 1
+
+
+@pytest.mark.parametrize("now_state", ["in_flight", "succeeded", "discarded", "scheduled"])
+async def test_a_state_change_after_the_check_is_caught_by_the_write_itself(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+    now_state: str,
+) -> None:
+    """Replay and discard check states, then write; a worker or another operator may
+    change the row in between. The write re-checks, so it refuses and changes nothing."""
+    add_endpoint(engine, box, receiver.route("/ok"), "*")
+    publish_many(engine, "order.created")
+    await deliver(async_engine, box, clock)
+    target = scalar(engine, "SELECT id FROM deliveries")
+    lease = "now() + interval '1 minute'" if now_state == "in_flight" else "NULL"
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f"UPDATE deliveries SET state = :s, locked_by = 'w', lease_expires_at = {lease}"
+                " WHERE id = :id"
+            ),
+            {"s": now_state, "id": target},
+        )
+    before = snapshot(engine, target)
+    # What each check read a moment earlier, before the row moved on.
+    if now_state != "discarded":  # a discarded delivery may be replayed
+        monkeypatch.setattr(ops, "_states", lambda conn, ids, scope: {target: "dead"})
+        with (
+            engine.begin() as conn,
+            pytest.raises(OperationError, match="changed while replaying"),
+        ):
+            ops.replay(conn, [target], actor="a", reason="x", now=clock.now())
+    if now_state != "scheduled":  # a scheduled delivery may be discarded
+        monkeypatch.setattr(ops, "_states", lambda conn, ids, scope: {target: "scheduled"})
+        with (
+            engine.begin() as conn,
+            pytest.raises(OperationError, match="changed while discarding"),
+        ):
+            ops.discard(conn, [target], actor="c", reason="stale", now=clock.now())
+    assert snapshot(engine, target) == before
+    assert scalar(engine, "SELECT count(*) FROM deliveries") == 1
+    assert scalar(engine, "SELECT count(*) FROM audit_log") == 0

@@ -152,3 +152,67 @@ def test_only_an_event_that_finds_no_backlog_wakes_the_relay(
             assert publish(conn, "order.created", {"id": 4}, idempotency_key="k") == again
         assert notifications() == 1
     assert first != again
+
+
+def _nested(depth: int) -> dict[str, object]:
+    """A payload `depth` levels deep: {"a": {"a": ... {"a": 1}}}."""
+    payload: dict[str, object] = {"a": 1}
+    for _ in range(depth - 1):
+        payload = {"a": payload}
+    return payload
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"payload": {"nul\x00key": 1}}, "NUL"),
+        ({"payload": {"list": ["ok", "nul\x00"]}}, "NUL"),
+        ({"payload": {"x": "lone \ud800 surrogate"}}, "lone surrogate"),
+        ({"payload": {"lone \udfff": 1}}, "lone surrogate"),
+        ({"payload": _nested(65)}, "deeper than 64 levels"),
+        ({"payload": _nested(990)}, "deeper than 64 levels"),
+        ({"payload": {"deep": [[[[1]]]]}, "max_payload_depth": 3}, "deeper than 3 levels"),
+        ({"idempotency_key": "nul\x00key"}, "idempotency_key contains a NUL"),
+        ({"ordering_key": "nul\x00key"}, "ordering_key contains a NUL"),
+        ({"idempotency_key": "lone \ud800"}, "idempotency_key contains"),
+        ({"ordering_key": "bell\x07"}, "ordering_key contains"),
+    ],
+)
+def test_every_bad_input_is_a_publish_error_and_writes_nothing(
+    engine: Engine, kwargs: dict[str, object], message: str
+) -> None:
+    """NUL in keys used to leak DataError, surrogates UnicodeEncodeError, depth RecursionError."""
+    args: dict[str, object] = {"payload": {"ok": True}, **kwargs}
+    payload = args.pop("payload")
+    with engine.connect() as conn, conn.begin():
+        with pytest.raises(PublishError, match=message):
+            publish(conn, "order.created", payload, **args)  # type: ignore[arg-type]
+        publish(conn, "order.created", {"ok": True})  # the transaction is still usable
+    assert _event_count(engine) == 1
+
+
+def test_a_self_referencing_payload_is_refused_not_looped_over(engine: Engine) -> None:
+    loop: dict[str, object] = {}
+    loop["me"] = loop
+    with engine.begin() as conn, pytest.raises(PublishError, match="refers to itself"):
+        publish(conn, "order.created", loop)
+
+
+def test_harmless_text_that_looks_like_an_escape_is_accepted(engine: Engine) -> None:
+    """The six characters backslash-u-0-0-0-0 are ordinary text, not a NUL."""
+    text_value = "\\u0000"
+    assert len(text_value) == 6
+    with engine.begin() as conn:
+        publish(conn, "order.created", {"path": text_value, text_value: "key", "tab": "a\tb"})
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT payload FROM outbox_events")).scalar_one()
+    assert stored == {"path": text_value, text_value: "key", "tab": "a\tb"}
+
+
+def test_depth_cap_accepts_exactly_the_limit_and_is_itself_bounded(engine: Engine) -> None:
+    with engine.begin() as conn:
+        publish(conn, "order.created", _nested(64))
+        publish(conn, "order.created", _nested(100), max_payload_depth=100)
+        with pytest.raises(PublishError, match="max_payload_depth must be an integer"):
+            publish(conn, "order.created", {}, max_payload_depth=100_000)
+    assert _event_count(engine) == 2

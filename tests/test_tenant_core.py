@@ -490,9 +490,11 @@ def test_a_claim_visits_at_most_a_batch_of_endpoints_in_its_own_order() -> None:
     chosen = choose_endpoints(heads, {8: 0}, {3: 0}, 3)
     # Priority first; then each tenant's first turn (tenant 2's newer head beats tenant 1's
     # second endpoint); never more than the batch.
-    assert chosen == [9, 1, 6]
-    assert choose_endpoints(heads, {8: 0}, {3: 0}, 100) == [9, 1, 6, 2, 3, 4, 5]
-    assert choose_endpoints([], {}, {}, 10) == []
+    assert chosen == ([9, 1, 6], True)
+    assert choose_endpoints(heads, {8: 0}, {3: 0}, 100) == ([9, 1, 6, 2, 3, 4, 5], False)
+    # Endpoints set aside (nothing claimable on the last visit) come last.
+    assert choose_endpoints(heads, {8: 0}, {3: 0}, 3, {9, 1}) == ([6, 2, 3], True)
+    assert choose_endpoints([], {}, {}, 10) == ([], False)
 
 
 async def test_an_all_tenants_endpoint_orders_each_tenants_keys_apart(
@@ -516,3 +518,36 @@ async def test_an_all_tenants_endpoint_orders_each_tenants_keys_apart(
     assert sorted(json.loads(c.request.body)["data"]["i"] for c in first) == [0, 0]
     # a's head still in flight holds a's key only.
     assert await w.claim(10) == []
+
+
+async def test_endpoints_held_by_per_key_ordering_do_not_crowd_out_the_others(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    http: httpx.AsyncClient,
+) -> None:
+    stuck = [
+        add_endpoint(engine, box, f"http://127.0.0.1:1/s{i}", "blk.*").endpoint for i in range(12)
+    ]
+    live = add_endpoint(engine, box, "http://127.0.0.1:1/live", "live.*").endpoint
+    with engine.begin() as conn:
+        for endpoint in stuck:
+            set_endpoint_limits(conn, endpoint.uid, EndpointLimits(ordered=True), actor="test")
+        first = publish(conn, "blk.x", {}, ordering_key="k")
+        publish(conn, "blk.x", {}, ordering_key="k")
+    await Relay(async_engine, clock).run_until_idle()
+    # Every stuck endpoint's first delivery of key k is dead: the second is held (block).
+    execute(
+        engine,
+        """UPDATE deliveries SET state = 'dead', completed_at = now()
+           WHERE event_id = (SELECT id FROM outbox_events WHERE message_id = :m)""",
+        m=first,
+    )
+    with engine.begin() as conn:
+        publish(conn, "live.x", {})
+    await Relay(async_engine, clock).run_until_idle()
+    # The twelve held heads are older than the live one, and a claim of 10 visits 10
+    # endpoints: the first visit finds nothing, the same claim goes on to the others.
+    claimed = await worker(async_engine, http, box, clock).claim(10)
+    assert by_endpoint(claimed) == {live.uid: 1}

@@ -145,7 +145,7 @@ SQL_MUTANTS = [
         "WHERE d.id = c.id",
         _LEASES,
     ),
-    SqlMutant(
+    SqlMutant(  # main before issue 15: the guard was the worker name only
         "release (old): worker guard dropped",
         Q,
         "AND state = 'in_flight' AND locked_by = :worker_id",
@@ -197,6 +197,13 @@ SQL_MUTANTS = [
         _REPLAY,
     ),
     SqlMutant(
+        "replay: originals not locked (a concurrent replay does not wait)",
+        OQ,
+        "ORDER BY id FOR UPDATE",
+        "ORDER BY id",
+        ("tests/test_replay_once.py", "-k", "concurrent"),
+    ),
+    SqlMutant(
         "discard: in-flight rows not left alone",
         OQ,
         "AND state IN ('scheduled', 'dead')",
@@ -214,40 +221,38 @@ SQL_MUTANTS = [
     SqlMutant(
         "routing: disabled endpoints get deliveries",
         OQ,
-        "JOIN endpoints e ON e.enabled AND",
-        "JOIN endpoints e ON true AND",
+        "WHERE x.id = r.endpoint_id AND x.enabled LIMIT 1",
+        "WHERE x.id = r.endpoint_id LIMIT 1",
         _ROUTING,
     ),
     SqlMutant(
         "routing: tenant ignored",
         OQ,
-        "(e.tenant_id = b.tenant_id OR e.all_tenants)",
-        "true",
+        "WHERE pattern = c.pattern AND tenant_id = b.tenant_id",
+        "WHERE pattern = c.pattern",
         _ROUTING,
     ),
     SqlMutant(
-        "routing: all_tenants ignored",
+        "routing: all-tenants endpoints ignored",
         OQ,
-        "(e.tenant_id = b.tenant_id OR e.all_tenants)",
-        "(e.tenant_id = b.tenant_id)",
+        "                UNION ALL\n"
+        "                SELECT endpoint_id FROM endpoint_subscriptions\n"
+        "                WHERE pattern = c.pattern AND tenant_id IS NULL",
+        "",
         _ROUTING,
     ),
     SqlMutant(
-        "routing: prefix pattern matches without its dot",
+        "routing: no 'prefix.*' candidates",
         OQ,
-        "WHERE p.pattern = '*'\n           OR p.pattern = b.event_type\n"
-        "           OR (right(p.pattern, 2) = '.*' AND starts_with(b.event_type, "
-        "left(p.pattern, -1)))",
-        "WHERE p.pattern = '*'\n           OR p.pattern = b.event_type\n"
-        "           OR (right(p.pattern, 2) = '.*' AND starts_with(b.event_type, "
-        "left(p.pattern, -2)))",
+        "WHERE substr(b.event_type, i, 1) = '.'",
+        "WHERE substr(b.event_type, i, 1) = '_'",
         _ROUTING,
     ),
     SqlMutant(
-        "routing: '*' does not match everything",
+        "routing: '*' is not a candidate",
         OQ,
-        "WHERE p.pattern = '*'\n           OR p.pattern = b.event_type",
-        "WHERE p.pattern = b.event_type",
+        "SELECT '*' AS pattern\n    UNION ALL SELECT b.event_type",
+        "SELECT b.event_type AS pattern",
         _ROUTING,
     ),
     SqlMutant(
@@ -387,7 +392,7 @@ def _sql_mutants(copy: Path, wanted: set[str] | None) -> list[dict[str, Any]]:
                 cwd=copy,
                 capture_output=True,
                 text=True,
-                timeout=900,
+                timeout=300,  # a hang is a kill: the tests did not pass
             )
             status = "killed" if done.returncode != 0 else "survived"
             summary = done.stdout.strip().splitlines()[-1:] if done.stdout else []
@@ -437,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"mutmut: {module}", flush=True)
                     result = _mutmut_module(copy, module, MODULES[module])
                     report["modules"].append(result)
+                    if args.out:  # a long run keeps what it has so far
+                        args.out.write_text(json.dumps(report, indent=2) + "\n")
                     print(
                         f"  {result['mutants']} mutants, {result['counts']}, {result['seconds']} s",
                         flush=True,

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import uvicorn
 from alembic.runtime.migration import MigrationContext
+from pydantic import BaseModel
 from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
@@ -41,9 +42,33 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from delivery.operator.metrics import render_metrics
+from delivery.operator.refusals import RATE_LIMITED, UnauthenticatedLimiter, record_refusal
+from delivery.operator.validation import (
+    AuditQuery,
+    DeliveryRef,
+    DeliverySearch,
+    DiscardMany,
+    DiscardOne,
+    EndpointAction,
+    EndpointCreate,
+    EndpointDelete,
+    EndpointRef,
+    EndpointUpdate,
+    InputError,
+    ReplayFilter,
+    ReplayMany,
+    ReplayOne,
+    RotateSecret,
+    StatsQuery,
+    flag_value,
+    integer_value,
+    nul_in,
+    parse,
+    time_value,
+)
+from delivery.ssrf import AddressPolicy, refusal_warning
 from outbox import operations as ops
 from outbox import tenants as tenant_ops
-from outbox.audit import record_audit
 from outbox.clock import Clock, SystemClock
 from outbox.crypto import SecretBox
 from outbox.endpoints import get_endpoint, list_endpoints, set_enabled
@@ -64,6 +89,7 @@ from outbox.tokens import (
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 REQUEST_ID_HEADER = "x-request-id"
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -77,6 +103,10 @@ class AdminConfig:
     metrics_public: bool = False
     default_rotation_grace: dt.timedelta = dt.timedelta(hours=24)
     https_only: bool = False
+    max_body_bytes: int = 1024 * 1024
+    allowed_networks: tuple[str, ...] = ()  # the SSRF guard's, for warnings on save
+    refused_interval: dt.timedelta = dt.timedelta(minutes=1)
+    unauthenticated_per_minute: float = 60.0
 
 
 class ApiError(Exception):
@@ -126,45 +156,89 @@ class Call:
 
     def query(self, name: str) -> str | None:
         value = self.request.query_params.get(name)
+        if value and "\x00" in value:
+            # PostgreSQL cannot hold a NUL anywhere: refused for every route, not only
+            # those whose parameters go through a model.
+            raise InputError(f"{name}: contains a NUL: remove it")
         return value if value not in (None, "") else None
 
+    def query_as(self, model: type[M]) -> M:
+        """The query string as `model` (shared with the CLI: delivery.operator.validation).
+
+        Parameters the model does not know are left alone: `tenant`, for one, is
+        resolved against the database by `tenant()`.
+        """
+        data = {}
+        for name in model.model_fields:
+            value = self.query(name)
+            if value is not None:
+                data[name] = value
+        return parse(model, data)
+
     def query_int(self, name: str, default: int | None = None) -> int | None:
+        """One integer query parameter, as strict as the models (no `1.5`, no full-width)."""
         value = self.query(name)
-        if value is None:
-            return default
-        try:
-            return int(value)
-        except ValueError as exc:
-            raise ApiError(400, f"query parameter {name} must be an integer") from exc
+        return default if value is None else integer_value(name, value)
+
+    def query_flag(self, name: str) -> bool | None:
+        """true/false, 1/0, yes/no, or None when absent; anything else is refused."""
+        value = self.query(name)
+        return None if value is None else flag_value(name, value)
 
     def query_time(self, name: str) -> dt.datetime | None:
         value = self.query(name)
-        return None if value is None else parse_time(value, name)
+        return None if value is None else time_value(name, value)
 
     def path_int(self, name: str) -> int:
-        try:
-            return int(self.request.path_params[name])
-        except ValueError as exc:
-            raise ApiError(404, f"{name} must be an integer id") from exc
+        return integer_value(name, self.request.path_params[name], ge=1)
+
+    def path_id(self) -> int:
+        return parse(DeliveryRef, {"id": self.request.path_params["id"]}).id
+
+    def path_uid(self) -> str:
+        return parse(EndpointRef, {"uid": self.request.path_params["uid"]}).uid
 
     async def body(self) -> dict[str, Any]:
         if self._body is None:
-            raw = await self.request.body()
+            raw = await read_capped_body(self.request, self.api.config.max_body_bytes)
             try:
                 self._body = json.loads(raw) if raw.strip() else {}
-            except json.JSONDecodeError as exc:
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
+            except RecursionError as exc:
+                raise ApiError(400, "the request body nests too deeply") from exc
             if not isinstance(self._body, dict):
                 raise ApiError(400, "the request body must be a JSON object")
+            where = nul_in(self._body)
+            if where is not None:
+                raise InputError(f"{where}: contains a NUL: remove it")
         return dict(self._body)
 
+    async def body_as(self, model: type[M]) -> M:
+        return parse(model, await self.body())
 
-def parse_time(value: str, name: str) -> dt.datetime:
-    try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise ApiError(400, f"{name} must be an ISO 8601 time, e.g. 2026-11-29T10:00:00Z") from exc
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+async def read_capped_body(request: Request, limit: int) -> bytes:
+    """The body, or 413 as soon as it is known to be over `limit` (the rest is never read).
+
+    A Content-Length over the limit is refused before a byte of the body is read; a
+    chunked body is refused at the first chunk that passes it.
+    """
+    too_big = ApiError(
+        413,
+        f"the request body is over {limit} bytes (OUTBOX_ADMIN_MAX_BODY_BYTES); "
+        "send less, e.g. replay by filter instead of listing ids",
+    )
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 Handler = Callable[[Call], Awaitable[Any]]
@@ -193,36 +267,8 @@ class Operation:
 # -- handlers ---------------------------------------------------------------------------
 
 
-def _filter_from_query(call: Call, tenant: str | None) -> ops.DeliveryFilter:
-    states = tuple(s.strip() for s in (call.query("state") or "").split(",") if s.strip())
-    return ops.DeliveryFilter(
-        tenant=tenant,
-        states=states,
-        endpoint=call.query("endpoint"),
-        event_type=call.query("event_type"),
-        error=call.query("error"),
-        since=call.query_time("since"),
-        until=call.query_time("until"),
-        before_id=call.query_int("before"),
-        limit=call.query_int("limit", 50) or 50,
-    )
-
-
-def _filter_from_body(data: dict[str, Any], tenant: str | None) -> ops.DeliveryFilter:
-    states = data.get("state") or []
-    return ops.DeliveryFilter(
-        tenant=tenant,
-        states=tuple([states] if isinstance(states, str) else states),
-        endpoint=data.get("endpoint"),
-        event_type=data.get("event_type"),
-        error=data.get("error"),
-        since=parse_time(data["since"], "since") if data.get("since") else None,
-        until=parse_time(data["until"], "until") if data.get("until") else None,
-    )
-
-
 async def list_deliveries(call: Call) -> Any:
-    flt = _filter_from_query(call, await call.tenant())
+    flt = call.query_as(DeliverySearch).to_filter(tenant=await call.tenant())
     items = await call.api.read(lambda c: ops.search_deliveries(c, flt))
     return {
         "items": [item.as_json() for item in items],
@@ -231,21 +277,22 @@ async def list_deliveries(call: Call) -> Any:
 
 
 async def show_delivery(call: Call) -> Any:
-    delivery_id, scope = call.path_int("id"), call.scope
+    delivery_id, scope = call.path_id(), call.scope
     return (await call.api.read(lambda c: ops.get_delivery(c, delivery_id, scope=scope))).as_json()
 
 
 async def replay_one(call: Call) -> Any:
-    delivery_id, data = call.path_int("id"), await call.body()
+    delivery_id, data = call.path_id(), await call.body_as(ReplayOne)
     now = call.api.clock.now()
     result = await call.api.write(
         lambda c: ops.replay(
             c,
             [delivery_id],
             actor=call.actor,
-            reason=data.get("reason"),
+            reason=data.reason,
             now=now,
-            force=bool(data.get("force")),
+            force=data.force,
+            again=data.again,
             request_id=call.request_id,
             scope=call.scope,
         )
@@ -254,38 +301,41 @@ async def replay_one(call: Call) -> Any:
 
 
 async def replay_many(call: Call) -> Any:
-    data = await call.body()
+    data = await call.body_as(ReplayMany)
     now = call.api.clock.now()
-    rate = float(data.get("rate_per_minute") or call.api.config.replay_rate_per_minute)
-    if data.get("ids"):
-        ids = [int(i) for i in data["ids"]]
+    rate = data.rate_per_minute or call.api.config.replay_rate_per_minute
+    if data.ids and data.filter is not None:
+        raise ApiError(400, 'give "ids" or "filter", not both')
+    if data.ids:
+        ids = data.ids
         result = await call.api.write(
             lambda c: ops.replay(
                 c,
                 ids,
                 actor=call.actor,
-                reason=data.get("reason"),
+                reason=data.reason,
                 now=now,
-                force=bool(data.get("force")),
+                force=data.force,
+                again=data.again,
                 rate_per_minute=rate,
                 request_id=call.request_id,
                 scope=call.scope,
             )
         )
         return result.as_json()
-    criteria = data.get("filter") or {}
-    tenant = await call.tenant(criteria.get("tenant"), from_query=False)
-    flt = _filter_from_body(criteria, tenant)
+    criteria = data.filter or ReplayFilter()
+    tenant = await call.tenant(criteria.tenant, from_query=False)
+    flt = criteria.to_filter(tenant=tenant)
     result = await call.api.write(
         lambda c: ops.bulk_replay(
             c,
             flt,
             actor=call.actor,
-            reason=data.get("reason"),
+            reason=data.reason,
             now=now,
-            dry_run=bool(data.get("dry_run")),
-            force=bool(data.get("force")),
-            max_count=int(data.get("max_count") or ops.DEFAULT_BULK_LIMIT),
+            dry_run=data.dry_run,
+            force=data.force,
+            max_count=data.max_count,
             rate_per_minute=rate,
             request_id=call.request_id,
         )
@@ -294,13 +344,13 @@ async def replay_many(call: Call) -> Any:
 
 
 async def discard_one(call: Call) -> Any:
-    delivery_id, data = call.path_int("id"), await call.body()
-    return await _discard(call, [delivery_id], data.get("reason"))
+    delivery_id, data = call.path_id(), await call.body_as(DiscardOne)
+    return await _discard(call, [delivery_id], data.reason)
 
 
 async def discard_many(call: Call) -> Any:
-    data = await call.body()
-    return await _discard(call, [int(i) for i in data.get("ids") or []], data.get("reason"))
+    data = await call.body_as(DiscardMany)
+    return await _discard(call, data.ids, data.reason)
 
 
 async def _discard(call: Call, ids: list[int], reason: str | None) -> Any:
@@ -352,21 +402,21 @@ async def list_endpoints_route(call: Call) -> Any:
 
 
 async def create_endpoint_route(call: Call) -> Any:
-    data = await call.body()
-    all_tenants = bool(data.get("all_tenants"))
+    data = await call.body_as(EndpointCreate)
+    all_tenants = data.all_tenants
     if all_tenants:
         call.unscoped_only("create an endpoint that receives every tenant's events")
-    owner = await call.tenant(data.get("tenant"), from_query=False) or DEFAULT_TENANT
+    owner = await call.tenant(data.tenant, from_query=False) or DEFAULT_TENANT
 
     def create(conn: Connection) -> dict[str, Any]:
         created = ops.add_endpoint(
             conn,
             call.api.box,
             actor=call.actor,
-            url=str(data.get("url") or ""),
-            event_types=data.get("event_types") or "",
-            secret=data.get("secret"),
-            description=str(data.get("description") or ""),
+            url=data.url,
+            event_types=data.event_types,
+            secret=data.secret,
+            description=data.description,
             request_id=call.request_id,
             https_only=call.api.config.https_only,
             tenant=owner,
@@ -374,39 +424,41 @@ async def create_endpoint_route(call: Call) -> Any:
         )
         return {**created.endpoint.as_json(), "secret": created.secret}
 
-    return await call.api.write(create)
+    answer = await call.api.write(create)
+    return {**answer, "warnings": await call.api.address_warnings(answer["url"])}
 
 
 async def update_endpoint_route(call: Call) -> Any:
-    uid, data = call.request.path_params["uid"], await call.body()
+    uid, data = call.path_uid(), await call.body_as(EndpointUpdate)
     updated = await call.api.write(
         lambda c: ops.update_endpoint(
             c,
             uid,
             actor=call.actor,
-            url=data.get("url"),
-            description=data.get("description"),
-            event_types=data.get("event_types"),
-            timeout_seconds=data.get("timeout_seconds"),
-            max_attempts=data.get("max_attempts"),
-            reason=data.get("reason"),
+            url=data.url,
+            description=data.description,
+            event_types=data.event_types,
+            timeout_seconds=data.timeout_seconds,
+            max_attempts=data.max_attempts,
+            reason=data.reason,
             request_id=call.request_id,
             https_only=call.api.config.https_only,
             scope=call.scope,
         )
     )
-    return updated.as_json()
+    warnings = await call.api.address_warnings(updated.url) if data.url is not None else []
+    return {**updated.as_json(), "warnings": warnings}
 
 
 async def _set_enabled(call: Call, enabled: bool) -> Any:
-    uid, data = call.request.path_params["uid"], await call.body()
+    uid, data = call.path_uid(), await call.body_as(EndpointAction)
 
     def change(conn: Connection) -> dict[str, Any]:
         item = set_enabled(
             conn,
             uid,
             enabled=enabled,
-            reason=data.get("reason"),
+            reason=data.reason,
             actor=call.actor,
             request_id=call.request_id,
             scope=call.scope,
@@ -425,10 +477,10 @@ async def disable_endpoint(call: Call) -> Any:
 
 
 async def rotate_endpoint_secret(call: Call) -> Any:
-    uid, data = call.request.path_params["uid"], await call.body()
+    uid, data = call.path_uid(), await call.body_as(RotateSecret)
     grace = (
-        dt.timedelta(seconds=float(data["grace_seconds"]))
-        if data.get("grace_seconds") is not None
+        dt.timedelta(seconds=data.grace_seconds)
+        if data.grace_seconds is not None
         else call.api.config.default_rotation_grace
     )
     now = call.api.clock.now()
@@ -440,8 +492,8 @@ async def rotate_endpoint_secret(call: Call) -> Any:
             actor=call.actor,
             now=now,
             grace=grace,
-            secret=data.get("secret"),
-            reason=data.get("reason"),
+            secret=data.secret,
+            reason=data.reason,
             request_id=call.request_id,
             scope=call.scope,
         )
@@ -454,9 +506,9 @@ async def rotate_endpoint_secret(call: Call) -> Any:
 
 
 async def delete_endpoint_route(call: Call) -> Any:
-    uid = call.request.path_params["uid"]
-    force = (call.query("force") or "").lower() in ("1", "true", "yes")
-    reason = call.query("reason")
+    uid = call.path_uid()
+    query = call.query_as(EndpointDelete)
+    force, reason = query.force, query.reason
 
     scope = call.scope
 
@@ -476,7 +528,7 @@ async def delete_endpoint_route(call: Call) -> Any:
 
 
 async def stats_route(call: Call) -> Any:
-    seconds = call.query_int("window")
+    seconds = call.query_as(StatsQuery).window
     window = dt.timedelta(seconds=seconds) if seconds else call.api.config.stats_window
     now, tenant = call.api.clock.now(), await call.tenant()
     thresholds = call.api.config.thresholds
@@ -487,19 +539,17 @@ async def stats_route(call: Call) -> Any:
 
 
 async def audit_route(call: Call) -> Any:
-    actor, action, target = call.query("actor"), call.query("action"), call.query("target")
-    since, before = call.query_time("since"), call.query_int("before")
-    limit = call.query_int("limit", 50) or 50
+    query = call.query_as(AuditQuery)
     tenant = await call.tenant()
     entries = await call.api.read(
         lambda c: ops.list_audit(
             c,
-            actor=actor,
-            action=action,
-            target_id=target,
-            since=since,
-            before_id=before,
-            limit=limit,
+            actor=query.actor,
+            action=query.action,
+            target_id=query.target,
+            since=query.since,
+            before_id=query.before,
+            limit=query.limit,
             scope=tenant,
         )
     )
@@ -546,9 +596,10 @@ def _tenant_change(call: Call) -> str:
 
 async def list_tenants_route(call: Call) -> Any:
     scope, after = call.scope, call.query("after")
-    limit = call.query_int("limit", 100) or 100
-    enabled = call.query("enabled")
-    want = None if enabled is None else enabled.lower() in ("1", "true", "yes")
+    given_limit = call.query_int("limit")  # 0 is refused by list_tenants, not made 100
+    limit = 100 if given_limit is None else given_limit
+    enabled = call.query_flag("enabled")
+    want = enabled
     found = await call.api.read(
         lambda c: tenant_ops.list_tenants(c, scope=scope, after=after, enabled=want, limit=limit)
     )
@@ -637,7 +688,7 @@ async def enable_tenant_route(call: Call) -> Any:
 
 async def delete_tenant_route(call: Call) -> Any:
     uid = _tenant_change(call)
-    force = (call.query("force") or "").lower() in ("1", "true", "yes")
+    force = bool(call.query_flag("force"))
     reason, now = call.query("reason"), call.api.clock.now()
     result = await call.api.write(
         lambda c: tenant_ops.delete_tenant(
@@ -725,6 +776,7 @@ _FILTER_PARAMS = (
     Param("endpoint", "Endpoint id."),
     Param("event_type", "Exact event type."),
     Param("error", "Text contained in the last error or any attempt's error (any case)."),
+    Param("message_id", "The event's message id (the webhook-id header), e.g. msg_..."),
     Param("since", "Created at or after (ISO 8601)."),
     Param("until", "Created before (ISO 8601)."),
     Param("before", "Paging: only ids below this (pass next_before).", "integer"),
@@ -739,6 +791,7 @@ _FILTER_SCHEMA = {
         "endpoint": {"type": "string"},
         "event_type": {"type": "string"},
         "error": {"type": "string"},
+        "message_id": {"type": "string"},
         "since": {"type": "string", "format": "date-time"},
         "until": {"type": "string", "format": "date-time"},
     },
@@ -778,7 +831,11 @@ ROUTES: tuple[Operation, ...] = (
         {
             "type": "object",
             "required": ["reason"],
-            "properties": {**_REASON, "force": {"type": "boolean"}},
+            "properties": {
+                **_REASON,
+                "force": {"type": "boolean"},
+                "again": {"type": "boolean", "description": "Replay it even if replayed before."},
+            },
         },
     ),
     Operation(
@@ -797,6 +854,7 @@ ROUTES: tuple[Operation, ...] = (
                 "filter": _FILTER_SCHEMA,
                 "dry_run": {"type": "boolean"},
                 "force": {"type": "boolean"},
+                "again": {"type": "boolean", "description": "With ids: replay them once more."},
                 "max_count": {"type": "integer"},
                 "rate_per_minute": {"type": "number"},
             },
@@ -1081,7 +1139,11 @@ def openapi_document() -> dict[str, Any]:
             spec["x-required-role"] = op.role
             spec["responses"]["401"] = {"description": "No valid bearer token"}
             spec["responses"]["403"] = {"description": f"Needs the {op.role} role"}
+            spec["responses"]["429"] = {
+                "description": "Too many calls without a valid token; see Retry-After"
+            }
         if op.body is not None:
+            spec["responses"]["413"] = {"description": "Body over OUTBOX_ADMIN_MAX_BODY_BYTES"}
             spec["requestBody"] = {
                 "required": bool(op.body.get("required")),
                 "content": {"application/json": {"schema": op.body}},
@@ -1120,7 +1182,13 @@ class AdminApi:
         self.box = box
         self.clock = clock or SystemClock()
         self.config = config or AdminConfig()
+        self.limiter = UnauthenticatedLimiter(self.config.unauthenticated_per_minute)
         self.head = head_revision()
+
+    async def address_warnings(self, url: str) -> list[str]:
+        """What the SSRF guard will refuse about `url` today (advice; nothing is refused)."""
+        warning = await refusal_warning(AddressPolicy(self.config.allowed_networks), url)
+        return [warning] if warning else []
 
     async def read(self, func: Callable[[Connection], T]) -> T:
         async with self.engine.connect() as conn:
@@ -1132,7 +1200,11 @@ class AdminApi:
             return await conn.run_sync(func)
 
     async def authorize(self, call: Call, needed: Role) -> Response | None:
-        """None when allowed; otherwise the 401/403 answer, after auditing the refusal."""
+        """None when allowed; otherwise the 401/403/429 answer (see delivery.operator.refusals).
+
+        401 and 403 are audited, aggregated per client and reason; a client without a
+        valid token past its rate limit gets 429 and costs no write at all.
+        """
         header = call.request.headers.get("authorization", "")
         scheme, _, presented = header.partition(" ")
         now = self.clock.now()
@@ -1146,6 +1218,14 @@ class AdminApi:
                     {"error": str(exc)}, 401, headers={"www-authenticate": "Bearer"}
                 )
         if principal is None:
+            client = call.request.client.host if call.request.client else "unknown"
+            wait = self.limiter.take(client, now)
+            if wait is not None:
+                return JSONResponse(
+                    {"error": f"{RATE_LIMITED}; try again in {wait:.0f}s with a valid token"},
+                    429,
+                    headers={"retry-after": f"{wait:.0f}"},
+                )
             why = "no bearer token" if not header else "invalid or revoked bearer token"
             await self._refuse(call, 401, why, "anonymous")
             return JSONResponse(
@@ -1165,21 +1245,29 @@ class AdminApi:
         self, call: Call, status: int, why: str, actor: str, tenant: str | None = None
     ) -> None:
         request = call.request
-        target = f"{request.method} {request.url.path}"
         client = request.client.host if request.client else None
+        # The client's 429s so far ride along with its next written 401.
+        limited = self.limiter.limited_since_written(client or "unknown") if status == 401 else 0
+        now = self.clock.now()
 
         def audit(conn: Connection) -> None:
-            record_audit(
-                conn,
-                actor=actor,
-                action="api.refused",
-                target_type="http",
-                target_id=target,
-                reason=why,
-                details={"status": status, "client": client},
-                request_id=call.request_id,
-                tenant=tenant,
-            )
+            for code, reason, count in ((status, why, 1), (429, RATE_LIMITED, limited)):
+                if count:
+                    record_refusal(
+                        conn,
+                        now=now,
+                        interval=self.config.refused_interval,
+                        actor=actor,
+                        client=client,
+                        status=code,
+                        reason=reason,
+                        method=request.method,
+                        path=request.url.path,
+                        user_agent=request.headers.get("user-agent"),
+                        request_id=call.request_id,
+                        count=count,
+                        tenant=tenant,
+                    )
 
         await self.write(audit)
 

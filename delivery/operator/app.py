@@ -146,6 +146,7 @@ def retention_config(settings: Settings) -> RetentionConfig:
     return RetentionConfig(
         retention_days=settings.retention_days,
         dead_retention_days=settings.dead_retention_days,
+        audit_retention_days=settings.audit_retention_days,
         batch_size=settings.retention_batch_size,
         interval=settings.retention_interval,
     )
@@ -167,6 +168,10 @@ def admin_config(settings: Settings) -> AdminConfig:
         replay_rate_per_minute=settings.replay_rate_per_minute,
         metrics_public=settings.admin_metrics_public,
         https_only=settings.https_only,
+        allowed_networks=tuple(settings.allowed_networks),
+        max_body_bytes=settings.admin_max_body_bytes,
+        refused_interval=dt.timedelta(seconds=settings.admin_refused_interval_seconds),
+        unauthenticated_per_minute=settings.admin_unauthenticated_per_minute,
     )
 
 

@@ -60,9 +60,21 @@ def upgrade() -> None:
     op.execute(_SYNC_FUNCTION)
     op.execute(
         """
-        CREATE TRIGGER endpoints_sync_subscriptions
-        AFTER INSERT OR UPDATE OF event_types, tenant_id, all_tenants ON endpoints
+        CREATE TRIGGER endpoints_subscriptions_on_insert
+        AFTER INSERT ON endpoints
         FOR EACH ROW EXECUTE FUNCTION outbox_sync_endpoint_subscriptions()
+        """
+    )
+    # Only a real change re-derives the rows (UPDATE_ENDPOINT always names event_types).
+    op.execute(
+        """
+        CREATE TRIGGER endpoints_subscriptions_on_update
+        AFTER UPDATE OF event_types, tenant_id, all_tenants ON endpoints
+        FOR EACH ROW
+        WHEN (OLD.event_types IS DISTINCT FROM NEW.event_types
+              OR OLD.tenant_id IS DISTINCT FROM NEW.tenant_id
+              OR OLD.all_tenants IS DISTINCT FROM NEW.all_tenants)
+        EXECUTE FUNCTION outbox_sync_endpoint_subscriptions()
         """
     )
     op.execute(
@@ -96,6 +108,9 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index(op.f("ix_deliveries_tenant_id_in_flight"), table_name="deliveries")
     op.drop_table("tenant_buckets")
-    op.execute("DROP TRIGGER endpoints_sync_subscriptions ON endpoints")
+    op.execute("DROP TRIGGER endpoints_subscriptions_on_update ON endpoints")
+    op.execute("DROP TRIGGER endpoints_subscriptions_on_insert ON endpoints")
+    # the single trigger of this migration's first version, on databases migrated with it
+    op.execute("DROP TRIGGER IF EXISTS endpoints_sync_subscriptions ON endpoints")
     op.execute("DROP FUNCTION outbox_sync_endpoint_subscriptions()")
     op.drop_table("endpoint_subscriptions")

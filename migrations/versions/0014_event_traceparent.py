@@ -4,7 +4,7 @@ Nullable and only written when the application traces with OpenTelemetry, so the
 delivery attempts continue the application's trace.
 
 Revision ID: 0014
-Revises: 0013
+Revises: 0008
 Create Date: 2026-11-30
 """
 
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0014"
-down_revision = "0013"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 

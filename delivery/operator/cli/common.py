@@ -115,8 +115,17 @@ def default_actor() -> str:
         return "cli:unknown"
 
 
+def printable(value: object) -> str:
+    """`value` as text a terminal shows as is: control characters (an ANSI escape in a
+    hostile receiver's error text, say) become `?`, so output cannot rewrite the screen."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == " " else "?" for ch in text)
+
+
 def print_table(rows: Sequence[Sequence[object]], headers: Sequence[str]) -> None:
-    cells = [[str(cell) for cell in row] for row in rows]
+    cells = [[printable(cell) for cell in row] for row in rows]
     widths = [
         max(len(header), *(len(row[i]) for row in cells)) if cells else len(header)
         for i, header in enumerate(headers)
@@ -130,7 +139,10 @@ def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+# ASCII digits only: `\d` would also take full-width and other scripts' digits.
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*$")
+# A duration longer than this is a typo (and would overflow a timedelta).
+MAX_DURATION = dt.timedelta(days=3650)
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -139,7 +151,10 @@ def parse_duration(value: str) -> dt.timedelta:
     match = _DURATION.match(value)
     if match is None:
         raise click.BadParameter(f"{value!r} is not a duration: use e.g. 90s, 15m, 24h or 7d")
-    return dt.timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds > MAX_DURATION.total_seconds():
+        raise click.BadParameter(f"{value!r} is longer than {MAX_DURATION.days} days")
+    return dt.timedelta(seconds=seconds)
 
 
 def parse_when(value: str | None, now: dt.datetime) -> dt.datetime | None:
@@ -178,7 +193,7 @@ def span(seconds: float | None) -> str:
 def short(text: str | None, width: int = 60) -> str:
     if not text:
         return "-"
-    flat = " ".join(text.split())
+    flat = printable(" ".join(text.split()))
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import click
+from pydantic import BaseModel
 
 from delivery.operator.cli.common import (
     F,
@@ -19,11 +20,24 @@ from delivery.operator.cli.common import (
     json_option,
     parse_when,
     print_table,
+    printable,
     short,
     tenant_filter,
 )
+from delivery.operator.validation import (
+    DeliveryRef,
+    DeliverySearch,
+    DiscardMany,
+    ReplayFilter,
+    ReplayMany,
+    given,
+    parse,
+    text_option,
+)
 from outbox import operations
 from outbox.clock import SystemClock
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def filter_options(func: F) -> F:
@@ -35,6 +49,9 @@ def filter_options(func: F) -> F:
         click.option("--endpoint", default=None, help="Endpoint id (ep_...)."),
         click.option("--event-type", default=None, help="Exact event type."),
         click.option("--error", default=None, help="Text in the last error or any attempt's."),
+        click.option(
+            "--message-id", default=None, help="The event's message id (webhook-id), msg_..."
+        ),
         click.option("--since", default=None, help="Created at/after: ISO time or age (2h)."),
         click.option("--until", default=None, help="Created before: ISO time or age."),
         click.option(
@@ -46,27 +63,34 @@ def filter_options(func: F) -> F:
     return func
 
 
-def _filter(
+def _search(
     states: Sequence[str],
     endpoint: str | None,
     event_type: str | None,
     error: str | None,
+    message_id: str | None,
     since: str | None,
     until: str | None,
     now: dt.datetime,
-    tenant: str | None = None,
+    model: type[M],
     **extra: Any,
-) -> operations.DeliveryFilter:
-    flat = tuple(s.strip() for item in states for s in item.split(",") if s.strip())
-    return operations.DeliveryFilter(
-        states=flat,
-        endpoint=endpoint,
-        event_type=event_type,
-        error=error,
-        since=parse_when(since, now),
-        until=parse_when(until, now),
-        tenant=tenant,
-        **extra,
+) -> M:
+    """The filter options as `model`, validated like the API's (delivery.operator.validation).
+
+    `--tenant` is not in the model: it is resolved against the database (tenant_filter).
+    """
+    return parse(
+        model,
+        given(
+            state=list(states),
+            endpoint=endpoint,
+            event_type=event_type,
+            error=error,
+            message_id=message_id,
+            since=parse_when(since, now),
+            until=parse_when(until, now),
+            **extra,
+        ),
     )
 
 
@@ -101,8 +125,8 @@ def deliveries() -> None:
 @deliveries.command("list")
 @filter_options
 @click.option("--unreplayed", is_flag=True, help="Only deliveries nobody has replayed yet.")
-@click.option("--limit", default=50, show_default=True, help="Page size (1..1000).")
-@click.option("--before", type=int, default=None, help="Next page: ids below this one.")
+@click.option("--limit", default="50", metavar="N", show_default=True, help="Page size (1..1000).")
+@click.option("--before", default=None, metavar="ID", help="Next page: ids below this one.")
 @json_option
 @friendly_errors
 def deliveries_list(
@@ -110,32 +134,35 @@ def deliveries_list(
     endpoint: str | None,
     event_type: str | None,
     error: str | None,
+    message_id: str | None,
     since: str | None,
     until: str | None,
     tenant: str | None,
     unreplayed: bool,
-    limit: int,
-    before: int | None,
+    limit: str,
+    before: str | None,
     as_json: bool,
 ) -> None:
     """List deliveries, newest first: outbox deliveries list --state dead --error timeout."""
     now = SystemClock().now()
+    search = _search(
+        states,
+        endpoint,
+        event_type,
+        error,
+        message_id,
+        since,
+        until,
+        now,
+        DeliverySearch,
+        unreplayed=unreplayed,
+        limit=limit,
+        before=before,
+    )
     with database() as (_, db), db.engine.connect() as conn:
-        flt = _filter(
-            states,
-            endpoint,
-            event_type,
-            error,
-            since,
-            until,
-            now,
-            tenant_filter(conn, tenant),
-            unreplayed=unreplayed,
-            limit=limit,
-            before_id=before,
-        )
+        flt = search.to_filter(tenant=tenant_filter(conn, tenant))
         items = operations.search_deliveries(conn, flt)
-    next_before = items[-1].id if len(items) == limit else None
+    next_before = items[-1].id if len(items) == flt.limit else None
     if as_json:
         echo_json({"items": [item.as_json() for item in items], "next_before": next_before})
         return
@@ -148,20 +175,21 @@ def deliveries_list(
 
 
 @deliveries.command("show")
-@click.argument("delivery_id", type=int)
+@click.argument("delivery_id")
 @json_option
 @friendly_errors
-def deliveries_show(delivery_id: int, as_json: bool) -> None:
+def deliveries_show(delivery_id: str, as_json: bool) -> None:
     """A delivery with its event, every attempt and any replays."""
+    wanted = parse(DeliveryRef, {"id": delivery_id}).id
     with database() as (_, db), db.engine.connect() as conn:
-        detail = operations.get_delivery(conn, delivery_id)
+        detail = operations.get_delivery(conn, wanted)
     data = detail.as_json()
     if as_json:
         echo_json(data)
         return
     d = detail.delivery
     click.echo(f"delivery {d.id}: {d.state}, {d.attempts}/{d.max_attempts} attempts")
-    click.echo(f"endpoint:  {d.endpoint_uid} {d.endpoint_url}")
+    click.echo(f"endpoint:  {d.endpoint_uid} {printable(d.endpoint_url)}")
     click.echo(f"event:     {d.message_id} {d.event_type} (webhook-id)")
     click.echo(f"payload:   {short(json.dumps(detail.payload), 200)}")
     if d.replay_of:
@@ -169,7 +197,7 @@ def deliveries_show(delivery_id: int, as_json: bool) -> None:
     if d.state == "scheduled":
         click.echo(f"next try:  {d.next_attempt_at.isoformat()}")
     if d.final_reason:
-        click.echo(f"reason:    {d.final_reason}")
+        click.echo(f"reason:    {printable(d.final_reason)}")
     if detail.attempts:
         click.echo("\nattempts:")
         print_table(
@@ -199,79 +227,100 @@ def deliveries_show(delivery_id: int, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("delivery_ids", nargs=-1, type=int)
+@click.argument("delivery_ids", nargs=-1)
 @click.option("--reason", required=True, help="Why, for the audit log.")
 @click.option("--actor", default=None, help="Who is acting, for the audit log.")
 @click.option("--force", is_flag=True, help="Also replay succeeded deliveries.")
+@click.option("--again", is_flag=True, help="Replay ids that were replayed before, once more.")
 @click.option("--dry-run", is_flag=True, help="Show the count and a sample; change nothing.")
 @filter_options
-@click.option("--max", "max_count", default=1000, show_default=True, help="At most this many.")
 @click.option(
-    "--rate", type=float, default=None, help="Replays per minute (default OUTBOX_REPLAY_RATE...)."
+    "--max", "max_count", default="1000", metavar="N", show_default=True, help="At most this many."
+)
+@click.option(
+    "--rate",
+    default=None,
+    metavar="PER_MINUTE",
+    help="Replays per minute (default OUTBOX_REPLAY_RATE...).",
 )
 @json_option
 @friendly_errors
 def replay(
-    delivery_ids: tuple[int, ...],
+    delivery_ids: tuple[str, ...],
     reason: str,
     actor: str | None,
     force: bool,
+    again: bool,
     dry_run: bool,
     states: Sequence[str],
     endpoint: str | None,
     event_type: str | None,
     error: str | None,
+    message_id: str | None,
     since: str | None,
     until: str | None,
     tenant: str | None,
-    max_count: int,
-    rate: float | None,
+    max_count: str,
+    rate: str | None,
     as_json: bool,
 ) -> None:
     """Replay deliveries as new ones with the same webhook-id; the old rows stay as they were.
 
     Give ids (outbox replay 12 13 --reason ...) or a filter
-    (outbox replay --endpoint ep_... --since 2h --reason ... [--dry-run]).
+    (outbox replay --endpoint ep_... --since 2h --reason ... [--dry-run]); a filter
+    replays dead deliveries unless --state says otherwise, and skips any that were
+    replayed before. An id that was replayed before needs --again.
     """
     now = SystemClock().now()
-    has_filter = any([states, endpoint, event_type, error, since, until, tenant])
-    if bool(delivery_ids) == has_filter:
+    has_filter = any([states, endpoint, event_type, error, message_id, since, until, tenant])
+    if not delivery_ids and not has_filter:
+        raise click.UsageError(
+            "give the delivery ids to replay, or a filter (--state, --endpoint, --event-type, "
+            "--error, --message-id, --since, --until, --tenant); `outbox deliveries list "
+            "--state dead` finds them"
+        )
+    if delivery_ids and has_filter:
         raise click.UsageError("give delivery ids or a filter (--endpoint, --state, ...), not both")
-    who = actor or default_actor()
+    request = parse(
+        ReplayMany,
+        given(
+            reason=reason,
+            ids=list(delivery_ids),
+            filter=_search(
+                states, endpoint, event_type, error, message_id, since, until, now, ReplayFilter
+            ).model_dump(exclude_defaults=True),
+            max_count=max_count,
+            rate_per_minute=rate,
+        ),
+    )
+    ids = request.ids or []
+    who = text_option("--actor", actor) or default_actor()
     with database() as (current, db), db.engine.begin() as conn:
-        per_minute = rate or current.replay_rate_per_minute
-        if delivery_ids and dry_run:
-            found = [operations.get_delivery(conn, i).delivery for i in delivery_ids]
+        per_minute = request.rate_per_minute or current.replay_rate_per_minute
+        if ids and dry_run:
+            found = [operations.get_delivery(conn, i).delivery for i in ids]
             result = operations.ReplayResult(dry_run=True, matched=len(found), sample=found)
-        elif delivery_ids:
+        elif ids:
             result = operations.replay(
                 conn,
-                delivery_ids,
+                ids,
                 actor=who,
                 reason=reason,
                 now=now,
                 force=force,
+                again=again,
                 rate_per_minute=per_minute,
             )
         else:
             result = operations.bulk_replay(
                 conn,
-                _filter(
-                    states,
-                    endpoint,
-                    event_type,
-                    error,
-                    since,
-                    until,
-                    now,
-                    tenant_filter(conn, tenant),
-                ),
+                (request.filter or ReplayFilter()).to_filter(tenant=tenant_filter(conn, tenant)),
                 actor=who,
                 reason=reason,
                 now=now,
                 dry_run=dry_run,
                 force=force,
-                max_count=max_count,
+                max_count=request.max_count,
                 rate_per_minute=per_minute,
             )
     if as_json:
@@ -290,19 +339,20 @@ def replay(
 
 
 @click.command()
-@click.argument("delivery_ids", nargs=-1, type=int, required=True)
+@click.argument("delivery_ids", nargs=-1, required=True)
 @click.option("--reason", required=True, help="Why, for operators and the audit log.")
 @click.option("--actor", default=None, help="Who is acting, for the audit log.")
 @json_option
 @friendly_errors
-def discard(delivery_ids: tuple[int, ...], reason: str, actor: str | None, as_json: bool) -> None:
+def discard(delivery_ids: tuple[str, ...], reason: str, actor: str | None, as_json: bool) -> None:
     """Give up on scheduled or dead deliveries, for good (all or nothing)."""
+    request = parse(DiscardMany, {"ids": list(delivery_ids), "reason": reason})
     with database() as (_, db), db.engine.begin() as conn:
         done = operations.discard(
             conn,
-            delivery_ids,
-            actor=actor or default_actor(),
-            reason=reason,
+            request.ids,
+            actor=text_option("--actor", actor) or default_actor(),
+            reason=request.reason,
             now=SystemClock().now(),
         )
     if as_json:

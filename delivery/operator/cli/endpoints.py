@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +24,8 @@ from delivery.operator.cli.common import (
     tenant_filter,
     tenant_option,
 )
+from delivery.operator.validation import EndpointUpdate, RotateSecret, given, parse, text_option
+from delivery.ssrf import AddressPolicy, refusal_warning
 from outbox import operations
 from outbox.clock import SystemClock
 from outbox.endpoint_rules import (
@@ -31,6 +36,7 @@ from outbox.endpoint_rules import (
 )
 from outbox.endpoints import Endpoint, list_endpoints, reveal_secret, set_enabled
 from outbox.headers import get_headers, parse_header_argument, set_headers
+from outbox.settings import Settings
 from outbox.stats import collect_stats
 from outbox.tenants import DEFAULT_TENANT
 
@@ -51,6 +57,21 @@ def _endpoint_rows(items: Sequence[Endpoint]) -> list[list[object]]:
         ]
         for item in items
     ]
+
+
+def address_warnings(current: Settings, url: str, *, as_json: bool) -> list[str]:
+    """What the SSRF guard will refuse about `url`: advice, never an error.
+
+    Printed on stderr as text; with --json the caller puts them in the document
+    (`"warnings": [...]`, as the API does) so stdout stays one JSON value.
+    """
+    policy = AddressPolicy(current.allowed_networks)
+    # A thread of its own: the command may be called where an event loop already runs.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        warning = pool.submit(asyncio.run, refusal_warning(policy, url)).result()
+    if warning and not as_json:
+        click.echo(f"warning: {warning}", err=True)
+    return [warning] if warning else []
 
 
 @endpoints.command("add")
@@ -94,8 +115,9 @@ def endpoints_add(
                 tenant=tenant,
                 all_tenants=all_tenants,
             )
+    warnings = address_warnings(current, created.endpoint.url, as_json=as_json)
     if as_json:
-        echo_json({**created.endpoint.as_json(), "secret": created.secret})
+        echo_json({**created.endpoint.as_json(), "secret": created.secret, "warnings": warnings})
     else:
         click.echo(f"id:     {created.endpoint.uid}")
         click.echo(f"secret: {created.secret}")
@@ -279,8 +301,8 @@ def endpoints_reveal_secret(
 @click.option("--url", default=None)
 @click.option("--events", default=None, help="Comma-separated patterns (replaces the list).")
 @click.option("--description", default=None)
-@click.option("--timeout", type=float, default=None, help="Per-attempt deadline in seconds.")
-@click.option("--max-attempts", type=int, default=None)
+@click.option("--timeout", default=None, metavar="SECONDS", help="Per-attempt deadline in seconds.")
+@click.option("--max-attempts", default=None, metavar="N")
 @click.option("--reason", default=None, help="Why, for the audit log.")
 @click.option("--actor", default=None, help="Who is acting, for the audit log.")
 @json_option
@@ -290,27 +312,42 @@ def endpoints_update(
     url: str | None,
     events: str | None,
     description: str | None,
-    timeout: float | None,
-    max_attempts: int | None,
+    timeout: str | None,
+    max_attempts: str | None,
     reason: str | None,
     actor: str | None,
     as_json: bool,
 ) -> None:
     """Change an endpoint's URL, events, description, timeout or attempts."""
-    with database() as (current, db), db.engine.begin() as conn:
-        item = operations.update_endpoint(
-            conn,
-            endpoint_id,
-            https_only=current.https_only,
-            actor=actor or default_actor(),
+    changes = parse(
+        EndpointUpdate,
+        given(
             url=url,
-            description=description,
             event_types=events,
+            description=description,
             timeout_seconds=timeout,
             max_attempts=max_attempts,
             reason=reason,
+        ),
+    )
+    with database() as (current, db), db.engine.begin() as conn:
+        item = operations.update_endpoint(
+            conn,
+            text_option("ENDPOINT_ID", endpoint_id) or endpoint_id,
+            https_only=current.https_only,
+            actor=text_option("--actor", actor) or default_actor(),
+            url=changes.url,
+            description=changes.description,
+            event_types=changes.event_types,
+            timeout_seconds=changes.timeout_seconds,
+            max_attempts=changes.max_attempts,
+            reason=changes.reason,
         )
-    _show_endpoint(item, as_json)
+    warnings = address_warnings(current, item.url, as_json=as_json) if url is not None else []
+    if as_json:
+        echo_json({**item.as_json(), "warnings": warnings})
+    else:
+        _show_endpoint(item, as_json)
 
 
 @endpoints.command("delete")
@@ -356,6 +393,10 @@ def endpoints_rotate_secret(
     as_json: bool,
 ) -> None:
     """New signing secret; both old and new signatures are sent during the grace period."""
+    rotation = parse(
+        RotateSecret,
+        given(grace_seconds=parse_duration(grace).total_seconds(), secret=secret, reason=reason),
+    )
     with database() as (current, db):
         box = app.secret_box(current, db)
         with db.engine.begin() as conn:
@@ -365,7 +406,7 @@ def endpoints_rotate_secret(
                 endpoint_id,
                 actor=actor or default_actor(),
                 now=SystemClock().now(),
-                grace=parse_duration(grace),
+                grace=dt.timedelta(seconds=rotation.grace_seconds or 0),
                 secret=secret,
                 reason=reason,
             )

@@ -36,6 +36,8 @@ def publish(
         data = json.loads(payload)
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not valid JSON: {exc}", param_hint="PAYLOAD") from exc
+    except RecursionError as exc:
+        raise click.BadParameter("nests too deeply: flatten it", param_hint="PAYLOAD") from exc
     with database() as (current, db), db.engine.begin() as conn:
         message_id = publish_event(
             conn,
@@ -45,6 +47,7 @@ def publish(
             ordering_key=ordering_key,
             priority=priority,
             max_payload_bytes=current.max_payload_bytes,
+            max_payload_depth=current.max_payload_depth,
         )
     if as_json:
         echo_json({"message_id": message_id, "event_type": event_type})

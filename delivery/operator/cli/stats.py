@@ -24,6 +24,7 @@ from delivery.operator.cli.common import (
     tenant_filter,
     tenant_option,
 )
+from delivery.operator.validation import AuditQuery, StatsQuery, given, parse
 from outbox import operations
 from outbox.clock import SystemClock
 from outbox.stats import Stats, collect_stats
@@ -76,10 +77,9 @@ def stats(
 
     With --tenant every figure is that tenant's alone.
     """
+    seconds = parse(StatsQuery, given(window=window and parse_duration(window).total_seconds()))
     with database() as (current, db):
-        period = (
-            parse_duration(window) if window else dt.timedelta(seconds=current.stats_window_seconds)
-        )
+        period = dt.timedelta(seconds=seconds.window or current.stats_window_seconds)
         thresholds = app.alert_thresholds(current)
         with db.engine.connect() as conn:
             scope = tenant_filter(conn, tenant)
@@ -106,13 +106,19 @@ def stats(
                 return
 
 
+def _times(details: dict[str, object]) -> str:
+    """' x57' for an aggregated row (refused API calls), else ''."""
+    count = details.get("count")
+    return f" x{count}" if isinstance(count, int) and count > 1 else ""
+
+
 @click.command()
 @click.option("--actor", default=None, help="Only this actor (cli:alice, token:grafana, ...).")
 @click.option("--action", default=None, help="An action or prefix: delivery, endpoint.update.")
 @click.option("--target", default=None, help="Only this target id.")
 @click.option("--since", default=None, help="ISO time or age (2h).")
-@click.option("--limit", default=50, show_default=True)
-@click.option("--before", type=int, default=None, help="Next page: ids below this one.")
+@click.option("--limit", default="50", metavar="N", show_default=True)
+@click.option("--before", default=None, metavar="ID", help="Next page: ids below this one.")
 @tenant_option
 @json_option
 @friendly_errors
@@ -121,22 +127,33 @@ def audit(
     action: str | None,
     target: str | None,
     since: str | None,
-    limit: int,
-    before: int | None,
+    limit: str,
+    before: str | None,
     tenant: str | None,
     as_json: bool,
 ) -> None:
     """The audit log, newest first: who did what to which row, when and why."""
+    query = parse(
+        AuditQuery,
+        given(
+            actor=actor,
+            action=action,
+            target=target,
+            since=parse_when(since, SystemClock().now()),
+            before=before,
+            limit=limit,
+        ),
+    )
     with database() as (_, db), db.engine.connect() as conn:
         scope = tenant_filter(conn, tenant)
         entries = operations.list_audit(
             conn,
-            actor=actor,
-            action=action,
-            target_id=target,
-            since=parse_when(since, SystemClock().now()),
-            before_id=before,
-            limit=limit,
+            actor=query.actor,
+            action=query.action,
+            target_id=query.target,
+            since=query.since,
+            before_id=query.before,
+            limit=query.limit,
             scope=scope,
         )
     if as_json:
@@ -152,7 +169,8 @@ def audit(
                 e.at.isoformat(timespec="seconds"),
                 e.tenant or "-",
                 e.actor,
-                e.action,
+                # Refused API calls are aggregated: one row stands for `count` of them.
+                e.action + _times(e.details),
                 f"{e.target_type}:{e.target_id}",
                 short(e.reason, 40),
                 e.request_id or "-",

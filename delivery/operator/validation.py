@@ -1,0 +1,418 @@
+"""One validation layer for operator input, shared by the CLI and the admin API.
+
+Everything an operator types (CLI arguments, query strings, JSON bodies) goes
+through these models before it reaches `outbox.operations` or the database, so
+both doors refuse the same things with the same one-line message:
+
+- integers are integers: `true`, `1.5`, `"1e3"` and full-width digits (U+FF11, which
+  Python's `int()` would accept) are refused, and every id fits PostgreSQL's bigint;
+- text has no NUL, control character or lone surrogate (PostgreSQL refuses NUL,
+  a terminal would interpret the rest) and has a length limit;
+- numbers are finite and within a range that means something (a replay rate of
+  1e-300 per minute or a grace period of 1e300 seconds is a typo, not a wish);
+- enums are enums; negative windows and zero limits are refused, not rounded.
+
+A refusal is an `InputError` (an `OperationError`): the CLI prints it as one line,
+the API answers 400 with it, and nothing has been written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import unicodedata
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+)
+
+from outbox import operations as ops
+from outbox.endpoint_rules import MAX_ENDPOINT_TIMEOUT_SECONDS
+from outbox.errors import OperationError
+
+MAX_ID = 2**63 - 1  # PostgreSQL bigint
+MAX_WINDOW_SECONDS = 366 * 86400
+MAX_GRACE_SECONDS = 90 * 86400
+MIN_REPLAY_RATE, MAX_REPLAY_RATE = 0.1, 1_000_000.0
+MAX_BULK = 100_000
+MAX_TEXT = 500
+MAX_REASON = 2000
+MAX_IDS = 10_000
+
+_ASCII_INTEGER = re.compile(r"^[+-]?[0-9]{1,30}$")
+_ASCII_NUMBER = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?$")
+
+
+class InputError(OperationError):
+    """Operator input broke a rule; the message names the field and says what to give."""
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("must be a whole number, not true/false")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and _ASCII_INTEGER.match(value.strip()):
+        return int(value.strip())
+    raise ValueError(f"must be a whole number written with the digits 0-9, not {value!r:.40}")
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not true/false")
+    if isinstance(value, int | float):
+        number = float(value)
+    elif isinstance(value, str) and _ASCII_NUMBER.match(value.strip()):
+        number = float(value.strip())
+    else:
+        raise ValueError(f"must be a number written with the digits 0-9, not {value!r:.40}")
+    if not math.isfinite(number):
+        raise ValueError("must be a finite number")
+    return number
+
+
+def bad_character(value: str) -> str | None:
+    """The first NUL, control character or lone surrogate in `value`, described; else None."""
+    for index, char in enumerate(value):
+        if unicodedata.category(char) in ("Cc", "Cs"):
+            kind = "NUL" if char == "\x00" else f"control character U+{ord(char):04X}"
+            if unicodedata.category(char) == "Cs":
+                kind = f"lone surrogate U+{ord(char):04X}"
+            return f"{kind} at position {index}"
+    return None
+
+
+def nul_in(document: Any) -> str | None:
+    """Where the first NUL in a parsed JSON document is (`filter.error`, `ids[2]`), else None.
+
+    PostgreSQL stores no NUL in text or jsonb, so a body holding one is refused whole,
+    whatever route it is for. Iterative: a deep document cannot exhaust the stack.
+    """
+    stack: list[tuple[Any, str]] = [(document, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                return where or "body"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                path = f"{where}.{key}" if where else str(key)
+                if "\x00" in str(key):
+                    return path
+                stack.append((item, path))
+        elif isinstance(value, list):
+            stack.extend((item, f"{where}[{index}]") for index, item in enumerate(value))
+    return None
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"must be a string, not {_json_type(value)}")
+    bad = bad_character(value)
+    if bad is not None:
+        raise ValueError(f"contains a {bad}: remove it")
+    return value
+
+
+def _time(value: Any) -> dt.datetime:
+    if isinstance(value, dt.datetime):
+        parsed = value
+    elif isinstance(value, str) and bad_character(value) is None:
+        try:
+            parsed = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise ValueError("must be an ISO 8601 time, e.g. 2026-11-29T10:00:00Z") from exc
+    else:
+        raise ValueError("must be an ISO 8601 time, e.g. 2026-11-29T10:00:00Z")
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "a list", bool: "true/false", type(None): "null"}
+    for kind, name in names.items():
+        if isinstance(value, kind):
+            return name
+    return "a number" if isinstance(value, int | float) else type(value).__name__
+
+
+def _states(value: Any) -> Any:
+    """'dead,discarded' (a query string or a CLI option) -> ['dead', 'discarded']."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, list | tuple):
+        flat: list[Any] = []
+        for item in value:
+            flat.extend(_states(item) if isinstance(item, str) else [item])
+        return flat
+    return value
+
+
+Id = Annotated[int, BeforeValidator(_integer), Field(ge=1, le=MAX_ID)]
+Limit = Annotated[int, BeforeValidator(_integer), Field(ge=1, le=ops.MAX_PAGE)]
+Text = Annotated[str, BeforeValidator(_text), Field(min_length=1, max_length=MAX_TEXT)]
+Reason = Annotated[str, BeforeValidator(_text), Field(max_length=MAX_REASON)]
+Time = Annotated[dt.datetime, BeforeValidator(_time)]
+State = Literal["scheduled", "in_flight", "succeeded", "dead", "discarded"]
+States = Annotated[tuple[State, ...], BeforeValidator(_states)]
+WindowSeconds = Annotated[float, BeforeValidator(_number), Field(gt=0, le=MAX_WINDOW_SECONDS)]
+GraceSeconds = Annotated[float, BeforeValidator(_number), Field(ge=0, le=MAX_GRACE_SECONDS)]
+ReplayRate = Annotated[
+    float, BeforeValidator(_number), Field(ge=MIN_REPLAY_RATE, le=MAX_REPLAY_RATE)
+]
+TimeoutSeconds = Annotated[
+    float, BeforeValidator(_number), Field(gt=0, le=MAX_ENDPOINT_TIMEOUT_SECONDS)
+]
+Attempts = Annotated[int, BeforeValidator(_integer), Field(ge=1, le=100)]
+BulkCount = Annotated[int, BeforeValidator(_integer), Field(ge=1, le=MAX_BULK)]
+
+
+class _Input(BaseModel):
+    # Unknown fields are refused: a misspelt "agian": true must not be silently ignored.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DeliverySearch(_Input):
+    """The delivery filter of `deliveries list`, `GET /v1/deliveries` and bulk replay."""
+
+    state: States = ()
+    endpoint: Text | None = None
+    event_type: Text | None = None
+    error: Text | None = None
+    message_id: Text | None = None
+    since: Time | None = None
+    until: Time | None = None
+    unreplayed: StrictBool = False
+    before: Id | None = None
+    limit: Limit = 50
+
+    def to_filter(self, *, tenant: str | None = None) -> ops.DeliveryFilter:
+        """`tenant` is resolved by the caller (it must exist, and a scope wins)."""
+        return ops.DeliveryFilter(
+            tenant=tenant,
+            states=self.state,
+            endpoint=self.endpoint,
+            event_type=self.event_type,
+            error=self.error,
+            message_id=self.message_id,
+            since=self.since,
+            until=self.until,
+            unreplayed=self.unreplayed,
+            before_id=self.before,
+            limit=self.limit,
+        )
+
+
+class ReplayFilter(_Input):
+    """What a bulk replay matches (dead deliveries unless `state` says otherwise)."""
+
+    state: States = ()
+    endpoint: Text | None = None
+    event_type: Text | None = None
+    error: Text | None = None
+    message_id: Text | None = None
+    since: Time | None = None
+    until: Time | None = None
+    # Checked by the tenant rules themselves when it is resolved (outbox.tenants).
+    tenant: StrictStr | None = None
+
+    def to_filter(self, *, tenant: str | None = None) -> ops.DeliveryFilter:
+        """`tenant` is the resolved one (see DeliverySearch.to_filter), not `self.tenant`."""
+        fields = self.model_dump(exclude={"tenant"})
+        return DeliverySearch(**fields).to_filter(tenant=tenant)
+
+
+class ReplayOne(_Input):
+    reason: Reason | None = None
+    force: StrictBool = False
+    again: StrictBool = False
+
+
+class ReplayMany(_Input):
+    reason: Reason | None = None
+    ids: Annotated[list[Id], Field(max_length=MAX_IDS)] | None = None
+    filter: ReplayFilter | None = None
+    dry_run: StrictBool = False
+    force: StrictBool = False
+    again: StrictBool = False
+    max_count: BulkCount = ops.DEFAULT_BULK_LIMIT
+    rate_per_minute: ReplayRate | None = None
+
+
+class DiscardOne(_Input):
+    reason: Reason | None = None
+
+
+class DiscardMany(_Input):
+    ids: Annotated[list[Id], Field(min_length=1, max_length=MAX_IDS)]
+    reason: Reason | None = None
+
+
+class DeliveryIds(_Input):
+    """Ids typed on the command line (`replay 12 13`, `discard 12`)."""
+
+    ids: Annotated[list[Id], Field(max_length=MAX_IDS)]
+
+
+class EndpointCreate(_Input):
+    url: Text
+    event_types: Text | Annotated[list[Text], Field(min_length=1, max_length=100)]
+    description: Reason = ""
+    secret: Text | None = None
+    tenant: StrictStr | None = None  # checked when resolved, by the tenant rules
+    all_tenants: StrictBool = False
+
+
+class EndpointUpdate(_Input):
+    url: Text | None = None
+    event_types: Text | Annotated[list[Text], Field(min_length=1, max_length=100)] | None = None
+    description: Reason | None = None
+    timeout_seconds: TimeoutSeconds | None = None
+    max_attempts: Attempts | None = None
+    reason: Reason | None = None
+
+
+class EndpointAction(_Input):
+    """Enable, disable: only a reason."""
+
+    reason: Reason | None = None
+
+
+class RotateSecret(_Input):
+    grace_seconds: GraceSeconds | None = None
+    secret: Text | None = None
+    reason: Reason | None = None
+
+
+def _flag(value: Any) -> Any:
+    """A query-string flag: true/false, 1/0, yes/no; anything else is refused, not False."""
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in ("1", "true", "yes"):
+            return True
+        if word in ("0", "false", "no"):
+            return False
+        raise ValueError("must be true or false")
+    return value
+
+
+class EndpointDelete(_Input):
+    reason: Reason | None = None
+    force: Annotated[StrictBool, BeforeValidator(_flag)] = False
+
+
+class EndpointRef(_Input):
+    uid: Text
+
+
+class DeliveryRef(_Input):
+    id: Id
+
+
+class StatsQuery(_Input):
+    window: WindowSeconds | None = None
+
+
+class AuditQuery(_Input):
+    actor: Text | None = None
+    action: Text | None = None
+    target: Text | None = None
+    since: Time | None = None
+    before: Id | None = None
+    limit: Limit = 50
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif not re.match(r"^(function-|constrained-|literal\[|tuple\[|list\[)", part):
+            text += f".{part}" if text else part
+    return text or "input"
+
+
+def _message(err: Any) -> str:
+    message = str(err["msg"])
+    return message.removeprefix("Value error, ")
+
+
+def parse(model: type[M], data: Mapping[str, Any] | None) -> M:
+    """`data` as a `model`, or an InputError naming every field that is wrong."""
+    if data is not None and not isinstance(data, Mapping):
+        raise InputError(f"the input must be a JSON object, not {_json_type(data)}")
+    try:
+        return model.model_validate(dict(data or {}))
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = _where(tuple(err["loc"]))
+            if err["type"] == "extra_forbidden":
+                known = ", ".join(model.model_fields)
+                problems.append(f"{where}: unknown field (known: {known})")
+            else:
+                problems.append(f"{where}: {_message(err)}")
+        raise InputError("; ".join(dict.fromkeys(problems))) from None
+
+
+def given(**values: Any) -> dict[str, Any]:
+    """Only the values that were given (not None, not empty): CLI options and query strings."""
+    return {key: value for key, value in values.items() if value not in (None, "", (), [], {})}
+
+
+_TEXT: TypeAdapter[str] = TypeAdapter(Text)
+_INTEGER: TypeAdapter[int] = TypeAdapter(Annotated[int, BeforeValidator(_integer)])
+_TIME: TypeAdapter[dt.datetime] = TypeAdapter(Time)
+
+
+def integer_value(name: str, value: Any, *, ge: int = 0, le: int = MAX_ID) -> int:
+    """One integer (a query parameter, a path segment) checked like the models' fields."""
+    try:
+        number = _INTEGER.validate_python(value)
+    except ValidationError as exc:
+        raise InputError(f"{name}: {_message(exc.errors()[0])}") from None
+    if not ge <= number <= le:
+        raise InputError(f"{name}: must be from {ge} to {le}")
+    return number
+
+
+def flag_value(name: str, value: Any) -> bool:
+    try:
+        return bool(_flag(value)) if isinstance(value, str) else _strict_bool(value)
+    except ValueError as exc:
+        raise InputError(f"{name}: {exc}") from None
+
+
+def _strict_bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
+def time_value(name: str, value: Any) -> dt.datetime:
+    try:
+        return _TIME.validate_python(value)
+    except ValidationError as exc:
+        raise InputError(f"{name}: {_message(exc.errors()[0])}") from None
+
+
+def text_option(name: str, value: str | None) -> str | None:
+    """One free-text CLI option (--actor, an endpoint id) checked like any API text field."""
+    if value is None:
+        return None
+    try:
+        return _TEXT.validate_python(value)
+    except ValidationError as exc:
+        raise InputError(f"{name}: {_message(exc.errors()[0])}") from None
