@@ -21,7 +21,7 @@ from outbox.crypto import (
 )
 from outbox.errors import EndpointError, EndpointNotFoundError, SecretKeyError
 from outbox.ids import new_endpoint_id
-from outbox.tenants import DEFAULT_TENANT, validate_tenant_uid
+from outbox.tenants import DEFAULT_TENANT, scope_params, validate_tenant_uid
 from outbox.urls import validate_endpoint_url
 
 _PATTERN = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*(\.\*)?)$")
@@ -136,7 +136,7 @@ def endpoint_not_found(uid: str) -> EndpointNotFoundError:
 def get_endpoint(conn: Connection, uid: str, *, scope: str | None = None) -> Endpoint:
     """The endpoint; with `scope` (a tenant uid) only if it is that tenant's, else not found."""
     row = (
-        conn.execute(queries.SELECT_ENDPOINT_BY_UID, {"uid": uid, "scope": scope})
+        conn.execute(queries.SELECT_ENDPOINT_BY_UID, {"uid": uid, **scope_params(conn, scope)})
         .mappings()
         .first()
     )
@@ -147,7 +147,7 @@ def get_endpoint(conn: Connection, uid: str, *, scope: str | None = None) -> End
 
 def list_endpoints(conn: Connection, *, scope: str | None = None) -> list[Endpoint]:
     """Every endpoint, or with `scope` only that tenant's."""
-    rows = conn.execute(queries.SELECT_ENDPOINTS, {"scope": scope}).mappings()
+    rows = conn.execute(queries.SELECT_ENDPOINTS, scope_params(conn, scope)).mappings()
     return [Endpoint(**row) for row in rows]
 
 
@@ -166,7 +166,7 @@ def set_enabled(
         raise EndpointError("disabling an endpoint needs a reason (--reason)")
     updated = conn.execute(
         queries.SET_ENDPOINT_ENABLED,
-        {"uid": uid, "enabled": enabled, "reason": reason, "scope": scope},
+        {"uid": uid, "enabled": enabled, "reason": reason, **scope_params(conn, scope)},
     ).first()
     if updated is None:
         raise endpoint_not_found(uid)
@@ -264,7 +264,9 @@ def reveal_secret(
     """Decrypt one endpoint's secret for a person; audited in the same transaction."""
     if not reason.strip():
         raise EndpointError("revealing a secret needs a reason (--reason)")
-    row = conn.execute(queries.SELECT_ENDPOINT_SECRET, {"uid": uid, "scope": scope}).first()
+    row = conn.execute(
+        queries.SELECT_ENDPOINT_SECRET, {"uid": uid, **scope_params(conn, scope)}
+    ).first()
     if row is None:
         raise endpoint_not_found(uid)
     record_audit(

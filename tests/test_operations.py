@@ -268,7 +268,12 @@ async def test_a_state_change_after_the_check_is_caught_by_the_write_itself(
     before = snapshot(engine, target)
     # What each check read a moment earlier, before the row moved on.
     if now_state != "discarded":  # a discarded delivery may be replayed
-        monkeypatch.setattr(ops, "_states", lambda conn, ids, scope: {target: "dead"})
+        # Replay locks its rows first, so here the stale read is the lock's own answer.
+        stale = text(
+            "SELECT id, 'dead' AS state FROM deliveries WHERE id = ANY(CAST(:ids AS bigint[]))"
+            " AND (CAST(:scope_id AS bigint) IS NULL OR tenant_id = :scope_id)"
+        )
+        monkeypatch.setattr(ops.queries, "LOCK_DELIVERIES_FOR_REPLAY", stale)
         with (
             engine.begin() as conn,
             pytest.raises(OperationError, match="changed while replaying"),

@@ -271,12 +271,16 @@ async def _list_tenants(w: World) -> None:
 async def _create_tenant(w: World) -> None:
     assert (await w.post("/v1/tenants", {"id": "seller-c"})).status_code == 403
     assert scalar(w.engine, "SELECT count(*) FROM tenants WHERE uid = 'seller-c'") == 0
+    refused = rows(w.engine, "SELECT actor, tenant_uid FROM audit_log WHERE action = 'api.refused'")
+    assert [(r["actor"], r["tenant_uid"]) for r in refused] == [("token:a-ops", A)]
 
 
 async def _show_tenant(w: World) -> None:
     not_found(await w.get(f"/v1/tenants/{B}"))
     not_found(await w.get("/v1/tenants/default"))
-    assert (await w.get(f"/v1/tenants/{A}")).json()["deliveries"]["dead"] == 1
+    own = (await w.get(f"/v1/tenants/{A}")).json()
+    assert own["deliveries"]["dead"] == 1
+    assert "pending_elsewhere" not in own  # the warehouse's copies are not seller-a's rows
 
 
 async def _update_tenant(w: World) -> None:

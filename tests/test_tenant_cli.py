@@ -79,21 +79,21 @@ async def test_tenant_lifecycle_from_the_terminal(
     assert added["tenant"] == "seller-7" and added["all_tenants"] is False
     with engine.begin() as conn:
         publish(conn, "order.created", {"n": 1}, tenant="seller-7")
-    from outbox.relay import Relay
-
-    await Relay(async_engine, clock).run_until_idle()
     disabled = as_json(outbox("tenants", "disable", "seller-7", "--reason", "unpaid", "--json"))
     assert disabled["enabled"] is False and disabled["disabled_reason"] == "unpaid"
+    await deliver(async_engine, key, clock)  # relayed, then held by the claim: not sent
+    assert receiver.received("/7") == []
     shown = as_json(outbox("tenants", "show", "seller-7", "--json"))
     assert shown["deliveries"]["scheduled"] == 1 and shown["pending"] == 1
     assert shown["endpoints"] == 1 and shown["events"] == 1
     assert "unpaid" in outbox("tenants", "show", "seller-7").output
-    assert as_json(outbox("tenants", "enable", "seller-7", "--json"))["enabled"] is True
-
     refused = outbox("tenants", "delete", "seller-7", "--reason", "churned", ok=False)
     one_line_error(refused, "1 pending deliveries")
     assert scalar(engine, "SELECT count(*) FROM deliveries") == 1
+
+    assert as_json(outbox("tenants", "enable", "seller-7", "--json"))["enabled"] is True
     await deliver(async_engine, key, clock)
+    assert len(receiver.received("/7")) == 1
     with engine.connect() as conn:
         before = read_totals(conn, LATENCY_BUCKETS)
     outbox("tokens", "create", "seven-portal", "--role", "viewer", "--tenant", "seller-7")
@@ -182,6 +182,8 @@ async def test_tenant_filters_on_endpoints_deliveries_replay_stats_and_audit(
     assert {d["tenant"] for d in found} == {"seller-8"} and len(found) == 2
     assert {d["endpoint"] for d in found} == {eight}
     assert "seller-8" in outbox("deliveries", "list", "--tenant", "seller-8").output
+    shown = outbox("deliveries", "show", str(found[0]["id"])).output
+    assert f"{eight} " in shown and "(tenant seller-8)" in shown
 
     dry = as_json(outbox("replay", "--tenant", "seller-7", "--reason", "r", "--dry-run", "--json"))
     assert dry["matched"] == 1

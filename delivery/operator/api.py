@@ -9,7 +9,8 @@ A token may be confined to one tenant: then every route reads and acts on that
 tenant's rows only, enforced in the queries (the `scope` every outbox call takes),
 and another tenant's object answers 404 exactly like one that does not exist.
 Unscoped tokens can narrow reads with `?tenant=`.
-A refused call (401 without a valid token, 403 with too weak a role) is written
+A refused call (401 without a valid token, 403 with too weak a role or for what a
+tenant-scoped token may not do) is written
 to the audit log like any other action, with the request id. Mutations write
 their audit row in the same transaction as the change (see outbox.operations).
 
@@ -1293,6 +1294,8 @@ class AdminApi:
         try:
             result = await op.handler(call)
         except ApiError as exc:
+            if exc.status == 403:  # a scoped token beyond its scope: refused like a role
+                await self._refuse(call, 403, exc.message, call.actor, call.scope)
             return JSONResponse({"error": exc.message}, exc.status)
         except NotFoundError as exc:
             return JSONResponse({"error": str(exc)}, 404)
