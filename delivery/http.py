@@ -25,7 +25,7 @@ from delivery.policy import (
     classify_status,
     parse_retry_after,
 )
-from delivery.signing import signature_header
+from delivery.signing import SigningKey, signature_header
 from delivery.ssrf import AddressPolicy, build_guarded_transport
 from delivery.transport import AiohttpTransport
 from outbox.clock import Clock
@@ -39,7 +39,7 @@ class OutgoingRequest:
     url: str
     message_id: str
     body: bytes
-    keys: list[bytes]
+    keys: list[SigningKey]
     timeout: float
     status_overrides: Mapping[int, Outcome] = field(default_factory=dict)
     retry_after_max: float = RETRY_AFTER_MAX_SECONDS

@@ -529,3 +529,6 @@ SELECT_ENDPOINT_LIMITS = text(
     WHERE e.uid = :uid
     """
 )
+
+# Operational `delivery.dead` events for one outcome batch (delivery/operational.py).
+REPORT_DEAD_DELIVERIES = text("SELECT outbox_deliveries_dead(CAST(:ids AS bigint[]), :now, :limit)")

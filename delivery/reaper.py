@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from delivery import queries
+from delivery import operational, queries
 from outbox.clock import Clock
 from outbox.outage import OUTAGE
 
@@ -45,17 +45,22 @@ class Reaper:
 
     async def run_once(self) -> list[int]:
         """Rescue one batch of expired leases; returns the ids taken back (rescheduled or dead)."""
+        now = self._clock.now()
         async with self._engine.begin() as conn:
             rows = (
                 await conn.execute(
                     queries.RESCUE_EXPIRED_LEASES,
                     {
-                        "now": self._clock.now(),
+                        "now": now,
                         "limit": self.config.batch_size,
                         "max_rescues": self.config.max_rescues,
                     },
                 )
             ).all()
+            # A poison made dead is reported like any dead delivery (delivery.dead).
+            await operational.report_dead(
+                conn, sorted(int(row.id) for row in rows if row.state == "dead"), now=now
+            )
         rescued = [int(row.id) for row in rows]
         dead = [int(row.id) for row in rows if row.state == "dead"]
         if rescued:

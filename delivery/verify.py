@@ -7,9 +7,12 @@ receiver should apply are written down in one place:
 - the three `webhook-*` headers are required, whatever their case;
 - the timestamp must be within `tolerance` of now in BOTH directions, which is
   what makes a captured request useless for a replay later;
-- any one `v1` signature may match (the sender lists one per active secret while
-  a secret rotates); unknown versions are skipped so new schemes can be added;
-- signatures are compared in constant time, and only then is the body parsed.
+- any one signature of the key's scheme may match (the sender lists one per active
+  secret while a secret rotates): `v1` (HMAC-SHA256) for a `whsec_` secret, `v1a`
+  (ed25519) for a `whpk_` public key; other versions are skipped so new schemes can
+  be added;
+- HMACs are compared in constant time, ed25519 signatures checked by `cryptography`,
+  and only then is the body parsed.
 
 The HMAC itself comes from `delivery.signing`, so sender and receiver cannot drift.
 """
@@ -25,6 +28,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from delivery.errors import (
     InvalidPayloadError,
     MissingHeaderError,
@@ -32,7 +38,8 @@ from delivery.errors import (
     TimestampError,
     WebhookVerificationError,
 )
-from delivery.signing import secret_key_bytes, sign
+from delivery.signing import InvalidSecretError, secret_key_bytes, sign
+from outbox.crypto import ED25519_PUBLIC_PREFIX, ED25519_SECRET_PREFIX, ed25519_public_key
 
 __all__ = [
     "DEFAULT_TOLERANCE",
@@ -58,7 +65,8 @@ def verify(
 ) -> dict[str, Any]:
     """Check a received webhook and return its JSON event; raise if it is not authentic.
 
-    `secret` is the endpoint's `whsec_...` secret, `headers` the request headers
+    `secret` is the endpoint's `whsec_...` secret or, for an ed25519 endpoint, its
+    `whpk_...` public key; `headers` the request headers
     (any mapping, any case), `body` the raw request body exactly as received:
     re-serialised JSON does not verify. `now` defaults to the system clock; pass
     it to test. Every failure is a `WebhookVerificationError` (answer 400 and do
@@ -71,7 +79,10 @@ def verify(
         now = dt.datetime.now(dt.UTC)
     elif now.tzinfo is None:
         raise ValueError("now must be timezone-aware, e.g. datetime.now(timezone.utc)")
-    key = secret_key_bytes(secret)
+    if secret.startswith(ED25519_SECRET_PREFIX):
+        secret = ed25519_public_key(secret)  # whoever holds the secret key holds this too
+    public = _ed25519_public(secret) if secret.startswith(ED25519_PUBLIC_PREFIX) else None
+    key = secret_key_bytes(secret) if public is None else b""
 
     lowered = {name.lower(): value for name, value in headers.items()}
     msg_id = _required(lowered, "webhook-id")
@@ -79,6 +90,15 @@ def verify(
     offered = _required(lowered, "webhook-signature")
 
     payload = body.encode() if isinstance(body, str) else bytes(body)
+    if public is not None:
+        content = f"{msg_id}.{timestamp}.".encode() + payload
+        if not _any_ed25519_signature_matches(offered, public, content):
+            raise SignatureMismatchError(
+                "no v1a signature in webhook-signature verifies with this public key; check "
+                "that it is this endpoint's current whpk_ key and that the body is verified "
+                "exactly as received"
+            )
+        return _parse(payload)
     expected = base64.b64decode(sign(key, msg_id, timestamp, payload).removeprefix("v1,"))
     if not _any_signature_matches(offered, expected):
         raise SignatureMismatchError(
@@ -86,6 +106,31 @@ def verify(
             "is this endpoint's current one and that the body is verified exactly as received"
         )
     return _parse(payload)
+
+
+def _ed25519_public(value: str) -> Ed25519PublicKey:
+    try:
+        raw = base64.b64decode(value.removeprefix(ED25519_PUBLIC_PREFIX), validate=True)
+    except binascii.Error as exc:
+        raise InvalidSecretError("a public key is 'whpk_' followed by base64 of 32 bytes") from exc
+    if len(raw) != 32:
+        raise InvalidSecretError(
+            f"a public key is 'whpk_' followed by base64 of 32 bytes; this one has {len(raw)}"
+        )
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+def _any_ed25519_signature_matches(offered: str, public: Ed25519PublicKey, content: bytes) -> bool:
+    for candidate in offered.split():
+        version, sep, encoded = candidate.partition(",")
+        if version != "v1a" or not sep:
+            continue
+        try:
+            public.verify(base64.b64decode(encoded, validate=True), content)
+        except (binascii.Error, ValueError, InvalidSignature):
+            continue
+        return True
+    return False
 
 
 def _required(headers: Mapping[str, str], name: str) -> str:

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import httpx
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from delivery import health, queries
+from delivery import health, operational, queries
 from delivery.http import AttemptResult, OutgoingRequest, send_attempt
 from delivery.policy import (
     DEFAULT_JITTER,
@@ -42,7 +42,7 @@ from delivery.policy import (
 )
 from outbox import tracing
 from outbox.clock import Clock
-from outbox.crypto import SecretBox, secret_key_bytes
+from outbox.crypto import SecretBox, SigningKey, signing_key
 from outbox.endpoints import secret_context
 from outbox.headers import decrypt_headers
 from outbox.notify import wait_for_any
@@ -168,7 +168,7 @@ class Worker:
         self._clock = clock
         self.config = config or WorkerConfig()
         self._rng = rng or random.Random()
-        self._keys: dict[str, bytes] = {}
+        self._keys: dict[str, SigningKey] = {}
         self._headers: dict[str, dict[str, str]] = {}
         self._pending: list[tuple[ClaimedDelivery, AttemptResult]] = []
         self._results_ready = asyncio.Event()
@@ -277,13 +277,11 @@ class Worker:
         cap = self.config.endpoint_slots
         return {endpoint_id: max(0, cap - held) for endpoint_id, held in self._slots_held.items()}
 
-    def _key(self, stored: str, endpoint_uid: str) -> bytes:
+    def _key(self, stored: str, endpoint_uid: str) -> SigningKey:
         return _memo(
             self._keys,
             stored,
-            lambda: secret_key_bytes(
-                self._box.decrypt(stored, context=secret_context(endpoint_uid))
-            ),
+            lambda: signing_key(self._box.decrypt(stored, context=secret_context(endpoint_uid))),
         )
 
     def _prepare(self, row: Any, now: dt.datetime) -> ClaimedDelivery:
@@ -406,6 +404,15 @@ class Worker:
         async with self._engine.begin() as conn:
             decisions = await self._explain_exhausted(conn, outcomes, decisions)
             kept = await self._write_outcome_rows(conn, now, outcomes, decisions)
+            await operational.report_dead(
+                conn,
+                sorted(
+                    claimed.id
+                    for decision, (claimed, _) in zip(decisions, outcomes, strict=True)
+                    if decision.state == "dead" and (claimed.id, claimed.claim) in kept
+                ),
+                now=now,
+            )
             await self._disable_gone_endpoints(conn, now, outcomes)
             # Every attempt that happened informs its endpoint's breaker, kept or not.
             await health.record_observations(

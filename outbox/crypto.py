@@ -17,7 +17,9 @@ import secrets
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from outbox.errors import ConfigurationError, SecretKeyError
 
@@ -120,6 +122,74 @@ def secret_key_bytes(secret: str) -> bytes:
             f"decodes to {len(key)} bytes"
         )
     return key
+
+
+# Standard Webhooks asymmetric signatures (v1a): an ed25519 key pair. The secret key is
+# `whsk_` + base64 of the 32-byte seed (a 64-byte seed||public key, as libsodium writes
+# it, is accepted too); the public key the partner verifies with is `whpk_` + base64.
+ED25519_SECRET_PREFIX = "whsk_"  # noqa: S105 - a format prefix, not a secret
+ED25519_PUBLIC_PREFIX = "whpk_"
+SIGNATURE_SCHEMES = ("hmac", "ed25519")
+
+# What signs one delivery: an HMAC key (v1) or an ed25519 private key (v1a).
+SigningKey = bytes | Ed25519PrivateKey
+
+
+def generate_ed25519_secret() -> str:
+    """A new `whsk_` secret key (its public key: `ed25519_public_key`)."""
+    return ED25519_SECRET_PREFIX + base64.b64encode(os.urandom(32)).decode()
+
+
+def ed25519_private_key(secret: str) -> Ed25519PrivateKey:
+    """The private key inside a `whsk_` secret key, or a clear error."""
+    try:
+        raw = base64.b64decode(secret.removeprefix(ED25519_SECRET_PREFIX), validate=True)
+    except binascii.Error as exc:
+        raise InvalidSecretError(
+            "an ed25519 secret key is 'whsk_' followed by base64 of the 32-byte seed"
+        ) from exc
+    if len(raw) not in (32, 64):
+        raise InvalidSecretError(
+            f"an ed25519 secret key is 'whsk_' followed by base64 of 32 bytes (or 64: seed "
+            f"and public key); this one decodes to {len(raw)} bytes"
+        )
+    key = Ed25519PrivateKey.from_private_bytes(raw[:32])
+    if len(raw) == 64 and raw[32:] != _public_bytes(key):
+        raise InvalidSecretError("this 64-byte ed25519 key's second half is not its public key")
+    return key
+
+
+def _public_bytes(key: Ed25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def ed25519_public_key(secret: str) -> str:
+    """The `whpk_` public key a partner verifies `v1a` signatures with."""
+    public = _public_bytes(ed25519_private_key(secret))
+    return ED25519_PUBLIC_PREFIX + base64.b64encode(public).decode()
+
+
+def signature_scheme(secret: str) -> str:
+    """'ed25519' for a `whsk_` secret key, 'hmac' for anything else (checked on use)."""
+    return "ed25519" if secret.startswith(ED25519_SECRET_PREFIX) else "hmac"
+
+
+def signing_key(secret: str) -> SigningKey:
+    """The key a stored secret signs with, whichever scheme it is; InvalidSecretError if junk."""
+    if secret.startswith(ED25519_SECRET_PREFIX):
+        return ed25519_private_key(secret)
+    return secret_key_bytes(secret)
+
+
+def generate_signing_secret(scheme: str) -> str:
+    if scheme not in SIGNATURE_SCHEMES:
+        raise InvalidSecretError(f"signature scheme {scheme!r} is not one of hmac, ed25519")
+    return generate_ed25519_secret() if scheme == "ed25519" else generate_secret()
+
+
+def public_key_of(secret: str) -> str | None:
+    """The public key to show for a secret: `whpk_...` for ed25519, None for HMAC."""
+    return ed25519_public_key(secret) if signature_scheme(secret) == "ed25519" else None
 
 
 def key_parts(stored: str) -> tuple[str, str, str]:

@@ -13,15 +13,18 @@ from sqlalchemy import Connection
 from outbox import queries
 from outbox.audit import record_audit
 from outbox.crypto import (
+    SIGNATURE_SCHEMES,
     InvalidSecretError,
     SecretBox,
-    generate_secret,
+    generate_signing_secret,
     key_parts,
-    secret_key_bytes,
+    public_key_of,
+    signature_scheme,
+    signing_key,
 )
 from outbox.errors import EndpointError, EndpointNotFoundError, SecretKeyError
 from outbox.ids import new_endpoint_id
-from outbox.tenants import DEFAULT_TENANT, validate_tenant_uid
+from outbox.tenants import DEFAULT_TENANT, scope_params, validate_tenant_uid
 from outbox.urls import validate_endpoint_url
 
 _PATTERN = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*(\.\*)?)$")
@@ -40,6 +43,8 @@ class Endpoint:
     disabled_reason: str | None
     disabled_at: dt.datetime | None
     created_at: dt.datetime
+    signature_scheme: str = "hmac"
+    public_key: str | None = None  # `whpk_...` for ed25519: what the partner verifies with
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -53,6 +58,8 @@ class Endpoint:
             "disabled_reason": self.disabled_reason,
             "disabled_at": self.disabled_at.isoformat() if self.disabled_at else None,
             "created_at": self.created_at.isoformat(),
+            "signature_scheme": self.signature_scheme,
+            "public_key": self.public_key,
         }
 
 
@@ -60,6 +67,35 @@ class Endpoint:
 class CreatedEndpoint:
     endpoint: Endpoint
     secret: str  # shown once, at creation; stored only encrypted
+
+
+def check_signing_secret(secret: str | None, signature: str | None) -> str:
+    """The secret to store: the one given (its prefix names its scheme) or a new one of
+    `signature`'s scheme (default HMAC). EndpointError when they disagree or it is junk."""
+    if signature is not None and signature not in SIGNATURE_SCHEMES:
+        raise EndpointError(f"signature {signature!r} is not one of: hmac, ed25519")
+    if secret is None:
+        return generate_signing_secret(signature or "hmac")
+    if signature is not None and signature_scheme(secret) != signature:
+        raise EndpointError(
+            f"a {signature} endpoint needs a "
+            f"{'whsk_ secret key' if signature == 'ed25519' else 'whsec_ secret'}; "
+            "omit --secret to have one generated"
+        )
+    try:
+        signing_key(secret)
+    except InvalidSecretError as exc:
+        raise EndpointError(str(exc)) from exc
+    return secret
+
+
+def secret_columns(box: SecretBox, uid: str, secret: str) -> dict[str, Any]:
+    """The encrypted secret, its scheme and (ed25519) public key, as stored."""
+    return {
+        "signing_secret": box.encrypt(secret, context=secret_context(uid)),
+        "signature_scheme": signature_scheme(secret),
+        "public_key": public_key_of(secret),
+    }
 
 
 def parse_event_patterns(value: str | Iterable[str]) -> list[str]:
@@ -98,17 +134,15 @@ def create_endpoint(
     https_only: bool = False,
     tenant: str = DEFAULT_TENANT,
     all_tenants: bool = False,
+    signature: str | None = None,
 ) -> CreatedEndpoint:
     """Insert an endpoint of `tenant` in the caller's transaction; the secret is stored
-    encrypted. `all_tenants` makes it receive every tenant's matching events."""
+    encrypted. `all_tenants` makes it receive every tenant's matching events.
+    `signature` is 'hmac' (v1, the default) or 'ed25519' (v1a)."""
     tenant = validate_tenant_uid(tenant, error=EndpointError)
     url = validate_endpoint_url(url, https_only=https_only)
     patterns = parse_event_patterns(event_types)
-    plain_secret = secret or generate_secret()
-    try:
-        secret_key_bytes(plain_secret)
-    except InvalidSecretError as exc:
-        raise EndpointError(str(exc)) from exc
+    plain_secret = check_signing_secret(secret, signature)
     uid = new_endpoint_id()
     inserted = conn.execute(
         queries.INSERT_ENDPOINT,
@@ -119,7 +153,7 @@ def create_endpoint(
             "url": url,
             "description": description,
             "event_types": patterns,
-            "signing_secret": box.encrypt(plain_secret, context=secret_context(uid)),
+            **secret_columns(box, uid, plain_secret),
         },
     ).first()
     if inserted is None:
@@ -136,7 +170,7 @@ def endpoint_not_found(uid: str) -> EndpointNotFoundError:
 def get_endpoint(conn: Connection, uid: str, *, scope: str | None = None) -> Endpoint:
     """The endpoint; with `scope` (a tenant uid) only if it is that tenant's, else not found."""
     row = (
-        conn.execute(queries.SELECT_ENDPOINT_BY_UID, {"uid": uid, "scope": scope})
+        conn.execute(queries.SELECT_ENDPOINT_BY_UID, {"uid": uid, **scope_params(conn, scope)})
         .mappings()
         .first()
     )
@@ -147,7 +181,7 @@ def get_endpoint(conn: Connection, uid: str, *, scope: str | None = None) -> End
 
 def list_endpoints(conn: Connection, *, scope: str | None = None) -> list[Endpoint]:
     """Every endpoint, or with `scope` only that tenant's."""
-    rows = conn.execute(queries.SELECT_ENDPOINTS, {"scope": scope}).mappings()
+    rows = conn.execute(queries.SELECT_ENDPOINTS, scope_params(conn, scope)).mappings()
     return [Endpoint(**row) for row in rows]
 
 
@@ -166,7 +200,7 @@ def set_enabled(
         raise EndpointError("disabling an endpoint needs a reason (--reason)")
     updated = conn.execute(
         queries.SET_ENDPOINT_ENABLED,
-        {"uid": uid, "enabled": enabled, "reason": reason, "scope": scope},
+        {"uid": uid, "enabled": enabled, "reason": reason, **scope_params(conn, scope)},
     ).first()
     if updated is None:
         raise endpoint_not_found(uid)
@@ -264,7 +298,9 @@ def reveal_secret(
     """Decrypt one endpoint's secret for a person; audited in the same transaction."""
     if not reason.strip():
         raise EndpointError("revealing a secret needs a reason (--reason)")
-    row = conn.execute(queries.SELECT_ENDPOINT_SECRET, {"uid": uid, "scope": scope}).first()
+    row = conn.execute(
+        queries.SELECT_ENDPOINT_SECRET, {"uid": uid, **scope_params(conn, scope)}
+    ).first()
     if row is None:
         raise endpoint_not_found(uid)
     record_audit(

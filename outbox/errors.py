@@ -47,3 +47,11 @@ class EndpointNotFoundError(EndpointError, NotFoundError):
 
 class TenantNotFoundError(TenantError, NotFoundError):
     """No tenant by that id (or none the caller's tenant scope can see: the same answer)."""
+
+
+class CatalogueError(OutboxError, ValueError):
+    """An event type or its schema is invalid, or names no catalogued type."""
+
+
+class CatalogueNotFoundError(CatalogueError, NotFoundError):
+    """No event type (or rejected event) by that name, or none the caller's scope can see."""

@@ -20,18 +20,20 @@ from sqlalchemy import Connection
 
 from outbox import queries
 from outbox.audit import record_audit, record_audit_many
-from outbox.crypto import InvalidSecretError, SecretBox, generate_secret, secret_key_bytes
+from outbox.crypto import SecretBox, signature_scheme
 from outbox.endpoints import (
     CreatedEndpoint,
     Endpoint,
+    check_signing_secret,
     create_endpoint,
     endpoint_not_found,
     get_endpoint,
     parse_event_patterns,
-    secret_context,
+    secret_columns,
 )
 from outbox.errors import EndpointError, NotFoundError, OperationError
 from outbox.schema import DEFAULT_TENANT, DELIVERY_STATES
+from outbox.tenants import scope_params
 from outbox.urls import validate_endpoint_url
 
 REPLAYABLE_STATES = ("dead", "discarded")
@@ -92,7 +94,6 @@ class DeliveryFilter:
             "unreplayed": self.unreplayed,
             "before_id": self.before_id,
             "limit": self.limit,
-            "scope": self.tenant,
         }
 
     def describe(self) -> dict[str, Any]:
@@ -180,18 +181,20 @@ class DeliveryDetail:
 
 def search_deliveries(conn: Connection, flt: DeliveryFilter) -> list[DeliverySummary]:
     """Newest first; for the next page pass `before_id` = the last id of this one."""
-    rows = conn.execute(queries.SEARCH_DELIVERIES, flt.params()).mappings()
+    params = {**flt.params(), **scope_params(conn, flt.tenant)}
+    rows = conn.execute(queries.SEARCH_DELIVERIES, params).mappings()
     return [_summary(row) for row in rows]
 
 
 def count_deliveries(conn: Connection, flt: DeliveryFilter) -> int:
-    return int(conn.execute(queries.COUNT_DELIVERIES, flt.params()).scalar_one())
+    params = {**flt.params(), **scope_params(conn, flt.tenant)}
+    return int(conn.execute(queries.COUNT_DELIVERIES, params).scalar_one())
 
 
 def get_delivery(conn: Connection, delivery_id: int, *, scope: str | None = None) -> DeliveryDetail:
     """One delivery; with `scope` (a tenant uid) only if it is that tenant's, else not found."""
     row = (
-        conn.execute(queries.SELECT_DELIVERY, {"id": delivery_id, "scope": scope})
+        conn.execute(queries.SELECT_DELIVERY, {"id": delivery_id, **scope_params(conn, scope)})
         .mappings()
         .first()
     )
@@ -243,7 +246,9 @@ class ReplayResult:
 
 def _states(conn: Connection, ids: list[int], scope: str | None) -> dict[int, str]:
     """States of the deliveries in scope: another tenant's id is simply missing (not found)."""
-    rows = conn.execute(queries.SELECT_DELIVERY_STATES, {"ids": ids, "scope": scope}).all()
+    rows = conn.execute(
+        queries.SELECT_DELIVERY_STATES, {"ids": ids, **scope_params(conn, scope)}
+    ).all()
     return {int(row.id): str(row.state) for row in rows}
 
 
@@ -296,7 +301,9 @@ def replay(
     # Locked and scoped: another tenant's id is simply missing (not found).
     states = {
         int(row.id): str(row.state)
-        for row in conn.execute(queries.LOCK_DELIVERIES_FOR_REPLAY, {"ids": wanted, "scope": scope})
+        for row in conn.execute(
+            queries.LOCK_DELIVERIES_FOR_REPLAY, {"ids": wanted, **scope_params(conn, scope)}
+        )
     }
     missing = [i for i in wanted if i not in states]
     if missing:
@@ -336,7 +343,13 @@ def replay(
     due = _spread(now, len(wanted), rate_per_minute)
     rows = conn.execute(
         queries.INSERT_REPLAYS,
-        {"ids": wanted, "due": due, "now": now, "allowed": list(allowed), "scope": scope},
+        {
+            "ids": wanted,
+            "due": due,
+            "now": now,
+            "allowed": list(allowed),
+            **scope_params(conn, scope),
+        },
     ).all()
     if len(rows) != len(wanted):
         # A row changed state between the check and the insert; the caller rolls back.
@@ -483,7 +496,8 @@ def discard(
             "nothing was discarded"
         )
     done = conn.execute(
-        queries.DISCARD_DELIVERIES, {"ids": wanted, "reason": why, "now": now, "scope": scope}
+        queries.DISCARD_DELIVERIES,
+        {"ids": wanted, "reason": why, "now": now, **scope_params(conn, scope)},
     ).scalars()
     discarded = sorted(int(i) for i in done)
     if len(discarded) != len(wanted):
@@ -516,6 +530,7 @@ def add_endpoint(
     description: str = "",
     request_id: str | None = None,
     https_only: bool = False,
+    signature: str | None = None,
     tenant: str = DEFAULT_TENANT,
     all_tenants: bool = False,
 ) -> CreatedEndpoint:
@@ -528,6 +543,7 @@ def add_endpoint(
         secret=secret,
         description=description,
         https_only=https_only,
+        signature=signature,
         tenant=tenant,
         all_tenants=all_tenants,
     )
@@ -586,7 +602,7 @@ def update_endpoint(
             **changes,
             "set_timeout": timeout_seconds is not None,
             "set_max_attempts": max_attempts is not None,
-            "scope": scope,
+            **scope_params(conn, scope),
         },
     )
     record_audit(
@@ -623,24 +639,26 @@ def rotate_secret(
     secret: str | None = None,
     reason: str | None = None,
     request_id: str | None = None,
+    signature: str | None = None,
     scope: str | None = None,
 ) -> RotatedSecret:
-    """Install a new signing secret; the old one keeps signing too until `now + grace`."""
+    """Install a new signing secret; the old one keeps signing too until `now + grace`.
+
+    The new secret keeps the endpoint's scheme unless `signature` names the other one
+    ('hmac' or 'ed25519'); during the grace both signatures go out, whatever schemes."""
     if grace < dt.timedelta(0):
         raise EndpointError("the grace period cannot be negative")
-    new_secret = secret or generate_secret()
-    try:
-        secret_key_bytes(new_secret)
-    except InvalidSecretError as exc:
-        raise EndpointError(str(exc)) from exc
+    if signature is None and secret is None:
+        signature = get_endpoint(conn, uid, scope=scope).signature_scheme  # keep its scheme
+    new_secret = check_signing_secret(secret, signature)
     expires = now + grace
     updated = conn.execute(
         queries.ROTATE_ENDPOINT_SECRET,
         {
             "uid": uid,
             "expires_at": expires,
-            "signing_secret": box.encrypt(new_secret, context=secret_context(uid)),
-            "scope": scope,
+            **secret_columns(box, uid, new_secret),
+            **scope_params(conn, scope),
         },
     ).first()
     if updated is None:
@@ -652,7 +670,10 @@ def rotate_secret(
         target_type="endpoint",
         target_id=uid,
         reason=reason,
-        details={"previous_expires_at": expires.isoformat()},
+        details={
+            "previous_expires_at": expires.isoformat(),
+            "signature_scheme": signature_scheme(new_secret),
+        },
         request_id=request_id,
     )
     return RotatedSecret(get_endpoint(conn, uid, scope=scope), new_secret, expires)
@@ -680,14 +701,17 @@ def delete_endpoint(
     """
     why = _need_reason(reason, "deleting an endpoint")
     endpoint = get_endpoint(conn, uid, scope=scope)
-    counts = conn.execute(queries.COUNT_ENDPOINT_DELIVERIES, {"uid": uid, "scope": scope}).one()
+    counts = conn.execute(
+        queries.COUNT_ENDPOINT_DELIVERIES, {"uid": uid, **scope_params(conn, scope)}
+    ).one()
     if counts.pending and not force:
         raise EndpointError(
             f"endpoint {uid} has {counts.pending} pending deliveries: discard them, or disable "
             "the endpoint instead, or pass --force to delete them too"
         )
     row = conn.execute(
-        queries.DELETE_ENDPOINT, {"uid": uid, "buckets": list(LATENCY_BUCKETS), "scope": scope}
+        queries.DELETE_ENDPOINT,
+        {"uid": uid, "buckets": list(LATENCY_BUCKETS), **scope_params(conn, scope)},
     ).one()
     result = {"deliveries": int(counts.total), "attempts": int(row.attempts)}
     record_audit(

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox import tracing
+from outbox.catalogue import CACHE, OPERATIONAL_EVENT_TYPES, Entry, Mode, mode_from_environment
 from outbox.errors import PublishError
 from outbox.ids import new_message_id
 from outbox.queries import FIND_EVENT_BY_IDEMPOTENCY_KEY, INSERT_EVENT
@@ -44,9 +45,11 @@ class PreparedEvent:
     idempotency_key: str | None
     ordering_key: str | None
     priority: int | None  # None: the event type's default (event_type_priorities), else 0
+    payload: Any = None
 
-    def params(self, traceparent: str | None = None) -> dict[str, Any]:
+    def params(self, entry: Entry, traceparent: str | None = None) -> dict[str, Any]:
         return {
+            "catalogue_revision": entry.revision,
             "traceparent": traceparent,
             "message_id": self.message_id,
             "tenant": self.tenant,
@@ -59,6 +62,18 @@ class PreparedEvent:
 
     def lookup_params(self) -> dict[str, Any]:
         return {"tenant": self.tenant, "idempotency_key": self.idempotency_key}
+
+
+# The catalogue changed between our read and our insert (another process updated it)
+# at most this many times in a row before publish() gives up.
+_CATALOGUE_RETRIES = 3
+_STALE = ""
+
+
+def _mode(strict: bool | None) -> Mode:
+    if strict is None:
+        return mode_from_environment()
+    return "strict" if strict else "accept"
 
 
 def _message_id(found: object, event: PreparedEvent) -> str:
@@ -144,6 +159,11 @@ def prepare_event(
         )
     if len(event_type) > _MAX_EVENT_TYPE:
         raise PublishError(f"event type is longer than {_MAX_EVENT_TYPE} characters")
+    if event_type in OPERATIONAL_EVENT_TYPES:
+        raise PublishError(
+            f"{event_type!r} is an operational event the service publishes itself; "
+            "choose another event type"
+        )
     if not isinstance(payload, dict):
         raise PublishError(f"payload must be a JSON object (a dict), not {type(payload).__name__}")
     _check_payload_shape(payload, max_payload_depth)
@@ -184,6 +204,7 @@ def prepare_event(
         idempotency_key=idempotency_key,
         ordering_key=ordering_key,
         priority=priority,
+        payload=payload,
     )
 
 
@@ -197,6 +218,7 @@ def publish(
     priority: int | None = None,
     tenant: str = DEFAULT_TENANT,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    strict: bool | None = None,
     max_payload_depth: int = DEFAULT_MAX_PAYLOAD_DEPTH,
 ) -> str:
     """Add an event to the outbox inside the caller's transaction; returns its message id.
@@ -206,6 +228,10 @@ def publish(
     refused (`outbox tenants add` creates it). Publishing the same idempotency key twice
     for one tenant returns the first event's id. Without a `priority`, the event type's
     default applies (`outbox priorities set`), else 0.
+
+    A type in the event-type catalogue must carry a payload its current JSON Schema
+    accepts, and must not be archived. An unknown type is accepted unless `strict`
+    (default: `OUTBOX_EVENT_TYPES=strict` in the environment) refuses it.
     """
     event = prepare_event(
         event_type,
@@ -217,12 +243,29 @@ def publish(
         max_payload_bytes=max_payload_bytes,
         max_payload_depth=max_payload_depth,
     )
+    mode = _mode(strict)
     connection = conn.connection() if isinstance(conn, Session) else conn
+    name = event.event_type
+    cached = CACHE.get(name)
+    entry = cached if cached is not None else CACHE.load(connection, name)
     with tracing.publish_span(event.event_type, event.tenant) as (span, traceparent):
-        row = connection.execute(INSERT_EVENT, event.params(traceparent)).first()
-        if row is None:
-            row = connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params()).one()
-        message_id = _message_id(row[0], event)
+        for _ in range(_CATALOGUE_RETRIES):
+            if not entry.allows(event.payload, mode=mode):
+                # A refusal is never made on a cached entry alone: read the type again
+                # first (refusals are rare, so this costs nothing on the happy path).
+                if entry is cached:
+                    entry = CACHE.load(connection, name)
+                entry.check(event.payload, mode=mode)
+            rows = connection.execute(INSERT_EVENT, event.params(entry, traceparent)).all()
+            if not any(row[0] == _STALE for row in rows):
+                break
+            entry = CACHE.load(connection, name)
+        else:
+            raise PublishError("the event-type catalogue kept changing during publish; retry")
+        if not rows:
+            found = connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params())
+            rows = [found.one()]
+        message_id = _message_id(rows[0][0], event)
         tracing.set_message_id(span, message_id)
     return message_id
 
@@ -237,6 +280,7 @@ async def publish_async(
     priority: int | None = None,
     tenant: str = DEFAULT_TENANT,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    strict: bool | None = None,
     max_payload_depth: int = DEFAULT_MAX_PAYLOAD_DEPTH,
 ) -> str:
     """The asyncio twin of `publish`; same rules, never commits."""
@@ -250,12 +294,27 @@ async def publish_async(
         max_payload_bytes=max_payload_bytes,
         max_payload_depth=max_payload_depth,
     )
+    mode = _mode(strict)
     connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
+    name = event.event_type
+    cached = CACHE.get(name)
+    entry = cached if cached is not None else await connection.run_sync(CACHE.load, name)
     with tracing.publish_span(event.event_type, event.tenant) as (span, traceparent):
-        row = (await connection.execute(INSERT_EVENT, event.params(traceparent))).first()
-        if row is None:
+        for _ in range(_CATALOGUE_RETRIES):
+            if not entry.allows(event.payload, mode=mode):
+                if entry is cached:
+                    entry = await connection.run_sync(CACHE.load, name)
+                entry.check(event.payload, mode=mode)
+            result = await connection.execute(INSERT_EVENT, event.params(entry, traceparent))
+            rows = result.all()
+            if not any(row[0] == _STALE for row in rows):
+                break
+            entry = await connection.run_sync(CACHE.load, name)
+        else:
+            raise PublishError("the event-type catalogue kept changing during publish; retry")
+        if not rows:
             found = await connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params())
-            row = found.one()
-        message_id = _message_id(row[0], event)
+            rows = [found.one()]
+        message_id = _message_id(rows[0][0], event)
         tracing.set_message_id(span, message_id)
     return message_id

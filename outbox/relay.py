@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from outbox import queries
+from outbox.catalogue import Mode, validate_pending
 from outbox.clock import Clock
 from outbox.notify import wait_for_any
 from outbox.outage import OUTAGE
@@ -32,12 +35,18 @@ class RelayConfig:
     # bigger: each pass is a transaction, and back-to-back passes of a few events each
     # would spend a core on per-transaction overhead. Bounds the added latency.
     gather: float = 0.01
+    # OUTBOX_EVENT_TYPES: what the schema check of SQL-published events does with an
+    # unknown type ('strict' rejects it).
+    event_types_mode: Mode = "accept"
+    # How often held-back summaries of dead deliveries are published (outbox/operational).
+    summary_interval: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
 class RelayResult:
     events: int
     deliveries: int
+    rejected: int = 0
 
 
 class Relay:
@@ -53,38 +62,68 @@ class Relay:
         self._clock = clock
         self.config = config or RelayConfig()
         self._on_deliveries = on_deliveries
+        self._next_summaries: dt.datetime | None = None
 
     async def run_once(self) -> RelayResult:
-        """Relay one batch in one transaction; returns how much it did."""
+        """Relay one batch in one transaction; returns how much it did.
+
+        Events written by the SQL function outbox_publish() are checked against their
+        schema first (the batch statement says whether any wait); a payload that breaks
+        it is rejected, never sent.
+        """
+        now = self._clock.now()
+        rejected = 0
         async with self._engine.begin() as conn:
-            row = (
-                await conn.execute(
-                    queries.RELAY_BATCH,
-                    {
-                        "limit": self.config.batch_size,
-                        "now": self._clock.now(),
-                        "max_attempts": self.config.default_max_attempts,
-                        "rule_patterns": list(self.config.max_attempts_by_event_type),
-                        "rule_max_attempts": list(self.config.max_attempts_by_event_type.values()),
-                    },
+            if self._next_summaries is None or now >= self._next_summaries:
+                await conn.execute(queries.FLUSH_OPERATIONAL_SUMMARIES, {"now": now})
+                self._next_summaries = now + dt.timedelta(seconds=self.config.summary_interval)
+            row = await self._batch(conn, now)
+            events, deliveries = int(row.events), int(row.deliveries)
+            if row.to_validate:
+                rejected = await conn.run_sync(
+                    lambda c: validate_pending(
+                        c, now=now, mode=self.config.event_types_mode, limit=self.config.batch_size
+                    )
                 )
-            ).one()
-            result = RelayResult(events=int(row.events), deliveries=int(row.deliveries))
+                row = await self._batch(conn, now)
+                events, deliveries = events + int(row.events), deliveries + int(row.deliveries)
+            result = RelayResult(events=events, deliveries=deliveries, rejected=rejected)
             if result.deliveries:
                 await conn.execute(queries.NOTIFY_DELIVERIES_DUE)
+        if result.rejected:
+            log.warning(
+                "%d events broke their event type's schema and were rejected; "
+                "`outbox events rejected` lists them",
+                result.rejected,
+            )
         if result.deliveries and self._on_deliveries is not None:
             self._on_deliveries()
         return result
 
+    async def _batch(self, conn: AsyncConnection, now: dt.datetime) -> Any:
+        return (
+            await conn.execute(
+                queries.RELAY_BATCH,
+                {
+                    "limit": self.config.batch_size,
+                    "now": now,
+                    "max_attempts": self.config.default_max_attempts,
+                    "rule_patterns": list(self.config.max_attempts_by_event_type),
+                    "rule_max_attempts": list(self.config.max_attempts_by_event_type.values()),
+                },
+            )
+        ).one()
+
     async def run_until_idle(self) -> RelayResult:
         """Relay every batch there is now (tests and the demo use this)."""
-        events = deliveries = 0
+        events = deliveries = rejected = 0
         while True:
             result = await self.run_once()
             events += result.events
             deliveries += result.deliveries
+            rejected += result.rejected
             if result.events < self.config.batch_size:
-                return RelayResult(events, deliveries)
+                return RelayResult(events, deliveries, rejected)
 
     async def run(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None) -> None:
         """Relay until `stop` is set; a wake-up (NOTIFY) cuts the poll wait short."""

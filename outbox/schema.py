@@ -104,6 +104,13 @@ outbox_events = Table(
     Column("priority", SmallInteger, nullable=False, server_default=text("0")),
     _now_column("created_at"),
     Column("relayed_at", DateTime(timezone=True)),
+    # Published through the SQL function outbox_publish() (migration 0009): the relay checks
+    # the payload against the event type's schema before fanning it out.
+    Column("validate_pending", Boolean, nullable=False, server_default=text("false")),
+    # Set by the relay when the payload broke its schema (or its type was unknown in strict
+    # mode): the event is not sent; `outbox events requeue` puts it back.
+    Column("rejected_at", DateTime(timezone=True)),
+    Column("rejected_reason", Text),
     # W3C trace context of publish() when the application traces (migration 0014).
     Column("traceparent", Text),
     # Idempotency keys are unique per tenant (migration 0006).
@@ -129,6 +136,13 @@ outbox_events = Table(
         "relayed_at",
         postgresql_where=text("relayed_at IS NOT NULL"),
     ),
+    # What the relay must validate first, and the rejected events operators look at (0009).
+    Index(
+        "ix_outbox_events_validate_pending",
+        "id",
+        postgresql_where=text("relayed_at IS NULL AND validate_pending"),
+    ),
+    Index("ix_outbox_events_rejected", "id", postgresql_where=text("rejected_at IS NOT NULL")),
 )
 
 endpoints = Table(
@@ -148,6 +162,11 @@ endpoints = Table(
     Column("disabled_at", DateTime(timezone=True)),
     # Encrypted (outbox.crypto); never plaintext.
     Column("signing_secret", Text, nullable=False),
+    # 'hmac' (v1, whsec_ secrets) or 'ed25519' (v1a, whsk_ secret keys); migration 0009.
+    # The scheme of the current secret: during a rotation the previous one may differ.
+    Column("signature_scheme", Text, nullable=False, server_default=text("'hmac'")),
+    # The `whpk_` public key of an ed25519 secret key: public, so stored in the clear.
+    Column("signing_public_key", Text),
     Column("previous_signing_secret", Text),
     Column("previous_secret_expires_at", DateTime(timezone=True)),
     # Custom request headers (say, an Authorization a partner asked for): JSON of
@@ -161,6 +180,7 @@ endpoints = Table(
     _now_column("created_at"),
     _now_column("updated_at"),
     CheckConstraint("cardinality(event_types) > 0", name="has_event_types"),
+    CheckConstraint("signature_scheme IN ('hmac', 'ed25519')", name="known_signature_scheme"),
     Index("ix_endpoints_tenant_id", "tenant_id"),
     CheckConstraint("enabled OR disabled_reason IS NOT NULL", name="disabled_has_reason"),
 )
@@ -472,4 +492,69 @@ tenant_buckets = Table(
     ),
     Column("tokens", Float, nullable=False),
     Column("tokens_at", DateTime(timezone=True), nullable=False),
+)
+
+
+# The event-type catalogue (migration 0009): which events exist and what is in them.
+# A type's schema is versioned: `update` adds a version, older ones stay readable.
+# `revision` changes with every change (new version, deprecate, archive), so publish()
+# can check in its own INSERT that the schema it validated against is still current.
+EVENT_TYPE_STATUSES = ("active", "deprecated", "archived")
+
+event_types = Table(
+    "event_types",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("name", Text, nullable=False, unique=True),
+    Column("description", Text, nullable=False, server_default=text("''")),
+    Column("status", Text, nullable=False, server_default=text("'active'")),
+    Column("current_version", Integer, nullable=False, server_default=text("1")),
+    # A fresh random token on every change (not a counter): a cached entry can never be
+    # mistaken for another database's catalogue that happens to have the same count.
+    Column("revision", Text, nullable=False, server_default=text("(gen_random_uuid())::text")),
+    _now_column("created_at"),
+    _now_column("updated_at"),
+    CheckConstraint("status IN ('active', 'deprecated', 'archived')", name="known_status"),
+    CheckConstraint(
+        "name ~ '^[A-Za-z0-9][A-Za-z0-9_-]*([.][A-Za-z0-9][A-Za-z0-9_-]*)*$'"
+        " AND length(name) <= 200",
+        name="name_format",
+    ),
+)
+
+event_type_versions = Table(
+    "event_type_versions",
+    metadata,
+    Column(
+        "event_type_id",
+        BigInteger,
+        ForeignKey("event_types.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("version", Integer, primary_key=True),
+    Column("schema", JSONB, nullable=False),
+    Column("example", JSONB),
+    _now_column("created_at"),
+)
+
+# Storm bounds of operational events (migration 0009): per endpoint and kind, when one
+# was last sent and how many were held back in the current window.
+operational_event_marks = Table(
+    "operational_event_marks",
+    metadata,
+    Column(
+        "endpoint_id",
+        BigInteger,
+        ForeignKey("endpoints.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("kind", Text, primary_key=True),
+    Column("window_start", DateTime(timezone=True), nullable=False),
+    Column("emitted", Integer, nullable=False, server_default=text("0")),
+    Column("suppressed", Integer, nullable=False, server_default=text("0")),
+    Index(
+        "ix_operational_event_marks_suppressed",
+        "window_start",
+        postgresql_where=text("suppressed > 0"),
+    ),
 )

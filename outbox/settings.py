@@ -93,6 +93,13 @@ class Settings(BaseSettings):
         description="Keys for endpoint secrets: 'kid:base64-32-bytes,...'; the first encrypts.",
     )
     max_payload_bytes: int = Field(default=64 * 1024, gt=0)
+    event_types: Literal["accept", "strict"] = Field(
+        default="accept",
+        description=(
+            "Unknown event types (not in the catalogue): 'accept' publishes them unchecked, "
+            "'strict' refuses them. publish() reads the same variable."
+        ),
+    )
     max_payload_depth: int = Field(
         default=64, ge=1, le=256, description="Deepest nesting publish() accepts in a payload."
     )

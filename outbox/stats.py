@@ -20,6 +20,7 @@ from sqlalchemy import Connection
 from outbox import queries
 from outbox.schema import ATTEMPT_OUTCOMES as OUTCOMES
 from outbox.schema import BREAKER_STATES, DELIVERY_STATES
+from outbox.tenants import scope_params
 
 TOP_ERRORS = 5
 
@@ -201,7 +202,7 @@ def collect_stats(
     """
     limits = thresholds or AlertThresholds()
     since = now - window
-    scoped = {"scope": scope}
+    scoped = scope_params(conn, scope)
     counts = {state: 0 for state in DELIVERY_STATES}
     counts.update(
         {str(row.state): int(row.n) for row in conn.execute(queries.STATS_COUNTS_BY_STATE, scoped)}
@@ -339,12 +340,13 @@ def read_totals(
     pruned tallies are kept for the whole installation, not per tenant, so a scoped
     total can drop when retention prunes that tenant's history.
     """
+    scoped = scope_params(conn, scope)
     pruned = (
         {str(r.name): float(r.value) for r in conn.execute(queries.SELECT_PRUNED_TOTALS)}
         if scope is None
         else {}
     )
-    events = conn.execute(queries.METRICS_EVENTS, {"scope": scope}).one()
+    events = conn.execute(queries.METRICS_EVENTS, scoped).one()
     by_outcome = {outcome: int(pruned.get(f"attempts:{outcome}", 0)) for outcome in OUTCOMES}
     bounds = sorted(buckets)
     per_bucket = [0] * (len(bounds) + 1)  # the last one: above every bound (+Inf only)
@@ -352,7 +354,7 @@ def read_totals(
     seconds = pruned.get("attempt_seconds_sum", 0.0)
     params = {
         "bounds_ms_plus_one": [round(bound * 1000) + 1 for bound in bounds],
-        "scope": scope,
+        **scoped,
     }
     for row in conn.execute(queries.METRICS_ATTEMPTS, params):
         by_outcome[str(row.outcome)] = by_outcome.get(str(row.outcome), 0) + int(row.n)

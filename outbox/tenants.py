@@ -4,6 +4,13 @@ Routing rule: an event published for tenant T reaches T's enabled endpoints whos
 match, plus the endpoints created with `all_tenants`; nothing else. An event published
 without a tenant belongs to the default tenant, so a single-tenant installation never
 names one.
+
+Scope: every operator read and write (endpoints, deliveries, replays, discards, secrets,
+rules, limits, headers, stats, metrics totals, audit, tokens) takes `scope`, a tenant uid
+or None for an unscoped operator. The queries keep only that tenant's rows (see
+`scope_params`), so a scoped caller asking for another tenant's object gets the same
+not-found as for one that does not exist. A delivery belongs to its endpoint's tenant:
+the copy an all-tenants endpoint receives is its owner's, not the event's tenant's.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ __all__ = [
     "get_tenant",
     "list_tenants",
     "require_tenant",
+    "scope_params",
     "set_tenant_enabled",
     "show_tenant",
     "update_tenant",
@@ -125,7 +133,7 @@ class TenantDetail:
     all_tenants_endpoints: int
     events: int
     unrelayed_events: int
-    other_pending: int
+    other_pending: int | None  # None for a scoped caller: those rows are not its own
     tokens: int
 
     @property
@@ -140,9 +148,8 @@ class TenantDetail:
             "pending": self.pending,
             "events": self.events,
             "unrelayed_events": self.unrelayed_events,
-            "pending_elsewhere": self.other_pending,
             "active_tokens": self.tokens,
-        }
+        } | ({} if self.other_pending is None else {"pending_elsewhere": self.other_pending})
 
 
 def _tenant(row: Any) -> Tenant:
@@ -169,6 +176,25 @@ def count_tenants(conn: Connection) -> dict[str, int]:
     for row in conn.execute(queries.METRICS_TENANTS):
         counts["enabled" if row.enabled else "disabled"] = int(row.n)
     return counts
+
+
+def scope_params(conn: Connection, scope: str | None) -> dict[str, Any]:
+    """Bind parameters of a statement scoped to tenant `scope` (None: unscoped).
+
+    The tenant's internal id, or -1 for a uid that names no tenant, so an unknown scope
+    matches nothing (never everything).
+
+    A scoped call also sets `plan_cache_mode = force_custom_plan` for the rest of the
+    transaction. psycopg prepares a statement after 5 runs, and PostgreSQL then settles
+    on one generic plan for `(:scope_id IS NULL OR tenant_id = :scope_id)` that walks
+    every delivery; planned for the actual id, a small tenant's page reads its index
+    (measured on 200,000 deliveries: 14 ms generic, 0.1 ms custom).
+    """
+    if scope is None:
+        return {"scope_id": None}
+    conn.execute(queries.FORCE_CUSTOM_PLANS)
+    found = conn.execute(queries.TENANT_EXISTS, {"uid": scope}).scalar_one_or_none()
+    return {"scope_id": -1 if found is None else int(found)}
 
 
 def list_tenants(
@@ -208,7 +234,9 @@ def show_tenant(conn: Connection, uid: str, *, scope: str | None = None) -> Tena
         all_tenants_endpoints=int(counts.all_tenants_endpoints),
         events=int(counts.events),
         unrelayed_events=int(counts.unrelayed_events),
-        other_pending=int(counts.other_pending),
+        # Deliveries of its events to other tenants' all-tenants endpoints belong to those
+        # tenants: a scoped caller does not learn that they exist.
+        other_pending=None if scope is not None else int(counts.other_pending),
         tokens=int(counts.tokens),
     )
 
@@ -402,10 +430,11 @@ def delete_tenant(
     if conn.execute(queries.LOCK_TENANT, {"uid": uid}).first() is None:
         raise _not_found(uid)
     detail = show_tenant(conn, uid)
-    pending = detail.pending + detail.other_pending + detail.unrelayed_events
+    elsewhere = detail.other_pending or 0
+    pending = detail.pending + elsewhere + detail.unrelayed_events
     if pending and not force:
         raise TenantError(
-            f"tenant {uid} has {detail.pending} pending deliveries, {detail.other_pending} "
+            f"tenant {uid} has {detail.pending} pending deliveries, {elsewhere} "
             f"pending on all-tenants endpoints and {detail.unrelayed_events} unrelayed events: "
             "disable it instead, or pass --force to delete them too"
         )

@@ -266,14 +266,26 @@ async def test_a_state_change_between_discard_check_and_write_is_refused_by_the_
             {"s": now_state, "id": target},
         )
     before = snapshot(engine, target)
-    # What the check read a moment earlier, before the row moved on. (Replay locks the
-    # rows it checks, so it cannot race this way.)
-    monkeypatch.setattr(ops, "_states", lambda conn, ids, scope: {target: "scheduled"})
-    with (
-        engine.begin() as conn,
-        pytest.raises(OperationError, match="changed while discarding"),
-    ):
-        ops.discard(conn, [target], actor="c", reason="stale", now=clock.now())
+    # What each check read a moment earlier, before the row moved on.
+    if now_state != "discarded":  # a discarded delivery may be replayed
+        # Replay locks its rows first, so here the stale read is the lock's own answer.
+        stale = text(
+            "SELECT id, 'dead' AS state FROM deliveries WHERE id = ANY(CAST(:ids AS bigint[]))"
+            " AND (CAST(:scope_id AS bigint) IS NULL OR tenant_id = :scope_id)"
+        )
+        monkeypatch.setattr(ops.queries, "LOCK_DELIVERIES_FOR_REPLAY", stale)
+        with (
+            engine.begin() as conn,
+            pytest.raises(OperationError, match="changed while replaying"),
+        ):
+            ops.replay(conn, [target], actor="a", reason="x", now=clock.now())
+    if now_state != "scheduled":  # a scheduled delivery may be discarded
+        monkeypatch.setattr(ops, "_states", lambda conn, ids, scope: {target: "scheduled"})
+        with (
+            engine.begin() as conn,
+            pytest.raises(OperationError, match="changed while discarding"),
+        ):
+            ops.discard(conn, [target], actor="c", reason="stale", now=clock.now())
     assert snapshot(engine, target) == before
     assert scalar(engine, "SELECT count(*) FROM deliveries") == 1
     assert scalar(engine, "SELECT count(*) FROM audit_log") == 0

@@ -31,7 +31,8 @@ async def test_fans_out_to_matching_enabled_endpoints_only(
 
     result = await Relay(async_engine, clock).run_until_idle()
 
-    assert (result.events, result.deliveries) == (5, 8)
+    # Six events: disabling `off` published an endpoint.disabled, which '*' does not match.
+    assert (result.events, result.deliveries) == (6, 8)
     fanned = rows(
         engine,
         """SELECT e.uid, ev.event_type FROM deliveries d

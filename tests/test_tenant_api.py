@@ -2,7 +2,7 @@
 
 A token scoped to seller-a must never see, count or change seller-b's objects: a lookup
 answers 404 exactly as for an id that does not exist, a list leaves them out, numbers are
-seller-a's alone. `CASES` holds one check per route; a route added to `ROUTES` without a
+seller-a's alone. `CASES` holds one check per route; a route added to the API without a
 case fails `test_every_route_has_a_scoping_case`.
 """
 
@@ -15,12 +15,13 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from delivery.operator.api import ROUTES, create_app
+from delivery.operator.api import all_routes, create_app
 from delivery.receiver import Receiver
 from outbox import publish
+from outbox.catalogue import add_event_type
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.operations import update_endpoint
@@ -158,7 +159,9 @@ async def _metrics(w: World) -> None:
         for family in text_string_to_metric_families(answer.text)
         for s in family.samples
     }
-    assert samples[("outbox_events_published_total", ())] == 1  # seller-b published 2
+    # seller-a published 1, and the service reported its dead delivery (delivery.dead) to
+    # it; seller-b published 2.
+    assert samples[("outbox_events_published_total", ())] == 2
     assert samples[("outbox_deliveries", (("state", "dead"),))] == len(w.a_dead) == 1
     assert samples[("outbox_deliveries", (("state", "succeeded"),))] == 0  # warehouse's
     endpoints = {dict(labels).get("endpoint") for (_, labels) in samples} - {None}
@@ -247,11 +250,14 @@ async def _rotate_secret(w: World) -> None:
 
 
 async def _stats(w: World) -> None:
-    w.clock.advance(1)  # events are stamped by the database's clock, a moment after ours
+    # Published events are stamped by the database's clock, a moment after ours (seconds,
+    # on a loaded machine); the service's own report carries the injected clock.
+    w.clock.advance(60)
     stats = (await w.get("/v1/stats")).json()
     assert stats["tenant"] == A
     assert stats["counts_by_state"]["dead"] == 1 and stats["counts_by_state"]["succeeded"] == 0
-    assert stats["window"]["published"] == 1 and stats["window"]["attempts"] == 1
+    # Published: seller-a's event and the service's delivery.dead report of its death.
+    assert stats["window"]["published"] == 2 and stats["window"]["attempts"] == 1
     assert [e["uid"] for e in stats["endpoints"]] == [w.a_endpoint]
     not_found(await w.get("/v1/stats", params={"tenant": B}))
 
@@ -271,12 +277,16 @@ async def _list_tenants(w: World) -> None:
 async def _create_tenant(w: World) -> None:
     assert (await w.post("/v1/tenants", {"id": "seller-c"})).status_code == 403
     assert scalar(w.engine, "SELECT count(*) FROM tenants WHERE uid = 'seller-c'") == 0
+    refused = rows(w.engine, "SELECT actor, tenant_uid FROM audit_log WHERE action = 'api.refused'")
+    assert [(r["actor"], r["tenant_uid"]) for r in refused] == [("token:a-ops", A)]
 
 
 async def _show_tenant(w: World) -> None:
     not_found(await w.get(f"/v1/tenants/{B}"))
     not_found(await w.get("/v1/tenants/default"))
-    assert (await w.get(f"/v1/tenants/{A}")).json()["deliveries"]["dead"] == 1
+    own = (await w.get(f"/v1/tenants/{A}")).json()
+    assert own["deliveries"]["dead"] == 1
+    assert "pending_elsewhere" not in own  # the warehouse's copies are not seller-a's rows
 
 
 async def _update_tenant(w: World) -> None:
@@ -321,7 +331,104 @@ async def _revoke_token(w: World) -> None:
     assert (await w.get("/v1/tokens")).status_code == 401
 
 
+async def _list_event_types(w: World) -> None:
+    # The catalogue is the installation's contract, shared by every tenant: readable.
+    assert (await w.get("/v1/event-types")).status_code == 200
+
+
+async def _add_event_type(w: World) -> None:
+    refused = await w.post("/v1/event-types", {"name": "b.thing", "schema": {}})
+    assert refused.status_code == 403
+    assert scalar(w.engine, "SELECT count(*) FROM event_types") == 0
+
+
+async def _with_type(w: World) -> None:
+    with w.engine.begin() as conn:
+        add_event_type(conn, "order.created", schema={}, actor="cli:root")
+
+
+async def _show_event_type(w: World) -> None:
+    await _with_type(w)
+    assert (await w.get("/v1/event-types/order.created")).json()["version"] == 1
+    not_found(await w.get("/v1/event-types/no.such"))
+
+
+async def _update_event_type(w: World) -> None:
+    await _with_type(w)
+    assert (await w.patch("/v1/event-types/order.created", {"schema": {}})).status_code == 403
+
+
+async def _deprecate_event_type(w: World) -> None:
+    await _with_type(w)
+    assert (await w.post("/v1/event-types/order.created/deprecate")).status_code == 403
+
+
+async def _archive_event_type(w: World) -> None:
+    await _with_type(w)
+    assert (await w.post("/v1/event-types/order.created/archive")).status_code == 403
+    assert scalar(w.engine, "SELECT status FROM event_types") == "active"
+
+
+async def _contract_openapi(w: World) -> None:
+    assert "webhooks" in (await w.get("/v1/contract/openapi.json")).json()
+
+
+def _reject_one_event_each(w: World) -> dict[str, str]:
+    """Mark one event of each seller rejected (as the relay does); returns their ids."""
+    ids = {}
+    for tenant in (A, B):
+        ids[tenant] = scalar(
+            w.engine,
+            "SELECT message_id FROM outbox_events WHERE event_type = 'order.created'"
+            " AND tenant_id = (SELECT id FROM tenants WHERE uid = :t) ORDER BY id LIMIT 1",
+            t=tenant,
+        )
+    with w.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE outbox_events SET rejected_at = now(), rejected_reason = 'test'"
+                " WHERE message_id = ANY(:ids)"
+            ),
+            {"ids": list(ids.values())},
+        )
+    return ids
+
+
+async def _list_rejected(w: World) -> None:
+    ids = _reject_one_event_each(w)
+    items = (await w.get("/v1/events/rejected")).json()["items"]
+    assert [item["message_id"] for item in items] == [ids[A]]
+
+
+async def _requeue_rejected(w: World) -> None:
+    ids = _reject_one_event_each(w)
+    not_found(await w.post(f"/v1/events/{ids[B]}/requeue", {"reason": "mine now"}))
+    assert scalar(
+        w.engine, "SELECT rejected_at IS NOT NULL FROM outbox_events WHERE message_id = :m",
+        m=ids[B],
+    )  # fmt: skip
+    mine = await w.post(f"/v1/events/{ids[A]}/requeue", {"reason": "fixed"})
+    assert mine.status_code == 200, mine.text
+
+
+async def _test_endpoint(w: World) -> None:
+    not_found(await w.post(f"/v1/endpoints/{w.b_endpoint}/test", {"wait_seconds": 0}))
+    not_found(await w.post(f"/v1/endpoints/{w.warehouse}/test", {"wait_seconds": 0}))
+    mine = await w.post(f"/v1/endpoints/{w.a_endpoint}/test", {"wait_seconds": 0})
+    assert mine.status_code == 200 and mine.json()["endpoint_id"] == w.a_endpoint
+
+
 CASES: dict[tuple[str, str], Case] = {
+    ("GET", "/v1/event-types"): _list_event_types,
+    ("POST", "/v1/event-types"): _add_event_type,
+    ("GET", "/v1/event-types/{name}"): _show_event_type,
+    ("PATCH", "/v1/event-types/{name}"): _update_event_type,
+    ("POST", "/v1/event-types/{name}/deprecate"): _deprecate_event_type,
+    ("POST", "/v1/event-types/{name}/archive"): _archive_event_type,
+    ("GET", "/v1/contract/openapi.json"): _contract_openapi,
+    ("GET", "/v1/events/rejected"): _list_rejected,
+    ("POST", "/v1/events/{message_id}/requeue"): _requeue_rejected,
+    ("POST", "/v1/endpoints/{uid}/test"): _test_endpoint,
     ("GET", "/metrics"): _metrics,
     ("GET", "/v1/deliveries"): _list_deliveries,
     ("GET", "/v1/deliveries/{id}"): _show_delivery,
@@ -355,8 +462,8 @@ PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/openapi.json")}
 
 
 def test_every_route_has_a_scoping_case() -> None:
-    served = {(op.method, op.path) for op in ROUTES}
-    assert {(op.method, op.path) for op in ROUTES if op.role is None} == PUBLIC
+    served = {(op.method, op.path) for op in all_routes()}
+    assert {(op.method, op.path) for op in all_routes() if op.role is None} == PUBLIC
     missing = served - PUBLIC - set(CASES)
     assert not missing, f"add a tenant-scoping case to CASES for {sorted(missing)}"
     assert set(CASES) <= served
@@ -392,7 +499,8 @@ async def test_a_token_of_a_deleted_tenant_gets_a_clear_401(world: World) -> Non
     with world.engine.begin() as conn:
         publish(conn, "order.created", {"late": True}, tenant=B)  # not relayed yet
     refused = await world.http.delete(f"/v1/tenants/{B}?reason=churned", headers=world.root)
-    assert refused.status_code == 400 and "1 unrelayed events" in refused.json()["error"]
+    # The late event, and the delivery.dead reports of seller-b's two dead deliveries.
+    assert refused.status_code == 400 and "3 unrelayed events" in refused.json()["error"]
     assert (await world.http.get("/v1/deliveries", headers=viewer)).status_code == 200
     deleted = await world.http.delete(f"/v1/tenants/{B}?reason=churned&force=1", headers=world.root)
     assert deleted.status_code == 200, deleted.text

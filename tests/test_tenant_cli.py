@@ -79,21 +79,22 @@ async def test_tenant_lifecycle_from_the_terminal(
     assert added["tenant"] == "seller-7" and added["all_tenants"] is False
     with engine.begin() as conn:
         publish(conn, "order.created", {"n": 1}, tenant="seller-7")
-    from outbox.relay import Relay
-
-    await Relay(async_engine, clock).run_until_idle()
     disabled = as_json(outbox("tenants", "disable", "seller-7", "--reason", "unpaid", "--json"))
     assert disabled["enabled"] is False and disabled["disabled_reason"] == "unpaid"
+    await deliver(async_engine, key, clock)  # relayed, then held by the claim: not sent
+    assert receiver.received("/7") == []
     shown = as_json(outbox("tenants", "show", "seller-7", "--json"))
     assert shown["deliveries"]["scheduled"] == 1 and shown["pending"] == 1
-    assert shown["endpoints"] == 1 and shown["events"] == 1
+    # Two events: the one published, and the service's tenant.disabled report to seller-7.
+    assert shown["endpoints"] == 1 and shown["events"] == 2
     assert "unpaid" in outbox("tenants", "show", "seller-7").output
-    assert as_json(outbox("tenants", "enable", "seller-7", "--json"))["enabled"] is True
-
     refused = outbox("tenants", "delete", "seller-7", "--reason", "churned", ok=False)
     one_line_error(refused, "1 pending deliveries")
     assert scalar(engine, "SELECT count(*) FROM deliveries") == 1
+
+    assert as_json(outbox("tenants", "enable", "seller-7", "--json"))["enabled"] is True
     await deliver(async_engine, key, clock)
+    assert len(receiver.received("/7")) == 1
     with engine.connect() as conn:
         before = read_totals(conn, LATENCY_BUCKETS)
     outbox("tokens", "create", "seven-portal", "--role", "viewer", "--tenant", "seller-7")
@@ -104,7 +105,8 @@ async def test_tenant_lifecycle_from_the_terminal(
     with engine.connect() as conn:
         after = read_totals(conn, LATENCY_BUCKETS)
     # Deleting history never makes a /metrics counter go backwards.
-    assert after.events_published == before.events_published == 1
+    # (Two: the published event and the service's tenant.disabled report.)
+    assert after.events_published == before.events_published == 2
     assert after.attempts_by_outcome == before.attempts_by_outcome
     audit = rows(engine, "SELECT action, tenant_uid, reason FROM audit_log ORDER BY id")
     tenant_rows = [
@@ -182,6 +184,8 @@ async def test_tenant_filters_on_endpoints_deliveries_replay_stats_and_audit(
     assert {d["tenant"] for d in found} == {"seller-8"} and len(found) == 2
     assert {d["endpoint"] for d in found} == {eight}
     assert "seller-8" in outbox("deliveries", "list", "--tenant", "seller-8").output
+    shown = outbox("deliveries", "show", str(found[0]["id"])).output
+    assert f"{eight} " in shown and "(tenant seller-8)" in shown
 
     dry = as_json(outbox("replay", "--tenant", "seller-7", "--reason", "r", "--dry-run", "--json"))
     assert dry["matched"] == 1

@@ -80,3 +80,22 @@ def test_another_tenants_endpoint_is_not_found_and_nothing_changes(
             assert get_tenant(conn, "a", scope="a").uid == "a"
         else:
             CALLS[name](conn, box, mine)
+
+
+def test_a_scope_naming_no_tenant_matches_nothing_never_everything(
+    engine: Engine, box: SecretBox
+) -> None:
+    add_endpoint(engine, box, "http://127.0.0.1:1/d")
+    with engine.begin() as conn:
+        from outbox import publish
+        from outbox.endpoints import list_endpoints
+        from outbox.stats import collect_stats, read_totals
+
+        publish(conn, "order.created", {})
+        assert list_endpoints(conn, scope="nobody") == []
+        assert len(list_endpoints(conn)) == 1
+        assert ops.search_deliveries(conn, ops.DeliveryFilter(tenant="nobody")) == []
+        stats = collect_stats(conn, now=NOW + dt.timedelta(days=1), scope="nobody")
+        assert stats.unrelayed_events == 0 and stats.endpoints == []
+        assert collect_stats(conn, now=NOW + dt.timedelta(days=1)).unrelayed_events == 1
+        assert read_totals(conn, ops.LATENCY_BUCKETS, scope="nobody").events_published == 0

@@ -9,7 +9,8 @@ A token may be confined to one tenant: then every route reads and acts on that
 tenant's rows only, enforced in the queries (the `scope` every outbox call takes),
 and another tenant's object answers 404 exactly like one that does not exist.
 Unscoped tokens can narrow reads with `?tenant=`.
-A refused call (401 without a valid token, 403 with too weak a role) is written
+A refused call (401 without a valid token, 403 with too weak a role or for what a
+tenant-scoped token may not do) is written
 to the audit log like any other action, with the request id. Mutations write
 their audit row in the same transaction as the change (see outbox.operations).
 
@@ -419,10 +420,15 @@ async def create_endpoint_route(call: Call) -> Any:
             description=data.description,
             request_id=call.request_id,
             https_only=call.api.config.https_only,
+            signature=data.signature,
             tenant=owner,
             all_tenants=all_tenants,
         )
-        return {**created.endpoint.as_json(), "secret": created.secret}
+        # An ed25519 endpoint's answer holds its whpk_ public key (in the endpoint), no secret.
+        secret = (
+            {} if created.endpoint.signature_scheme == "ed25519" else {"secret": created.secret}
+        )
+        return {**created.endpoint.as_json(), **secret}
 
     answer = await call.api.write(create)
     return {**answer, "warnings": await call.api.address_warnings(answer["url"])}
@@ -495,12 +501,14 @@ async def rotate_endpoint_secret(call: Call) -> Any:
             secret=data.secret,
             reason=data.reason,
             request_id=call.request_id,
+            signature=data.signature,
             scope=call.scope,
         )
     )
+    ed25519 = rotated.endpoint.signature_scheme == "ed25519"
     return {
         **rotated.endpoint.as_json(),
-        "secret": rotated.secret,
+        **({} if ed25519 else {"secret": rotated.secret}),
         "previous_secret_expires_at": rotated.previous_expires_at.isoformat(),
     }
 
@@ -906,6 +914,7 @@ ROUTES: tuple[Operation, ...] = (
                 "event_types": {"type": "array", "items": {"type": "string"}},
                 "description": {"type": "string"},
                 "secret": {"type": "string"},
+                "signature": {"enum": ["hmac", "ed25519"]},
                 "tenant": {"type": "string", "description": "Owner (default: the default)."},
                 "all_tenants": {"type": "boolean", "description": "Receive every tenant's."},
             },
@@ -968,6 +977,7 @@ ROUTES: tuple[Operation, ...] = (
                 **_REASON,
                 "grace_seconds": {"type": "number"},
                 "secret": {"type": "string"},
+                "signature": {"enum": ["hmac", "ed25519"]},
             },
         },
     ),
@@ -1113,9 +1123,16 @@ ROUTES: tuple[Operation, ...] = (
 )
 
 
+def all_routes() -> tuple[Operation, ...]:
+    """ROUTES plus the routes kept in modules of their own (they import this module)."""
+    from delivery.operator.api_contract import CONTRACT_ROUTES
+
+    return (*ROUTES, *CONTRACT_ROUTES)
+
+
 def openapi_document() -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
-    for op in ROUTES:
+    for op in all_routes():
         spec: dict[str, Any] = {
             "summary": op.summary,
             "operationId": f"{op.method.lower()}_{op.handler.__name__}",
@@ -1293,6 +1310,8 @@ class AdminApi:
         try:
             result = await op.handler(call)
         except ApiError as exc:
+            if exc.status == 403:  # a scoped token beyond its scope: refused like a role
+                await self._refuse(call, 403, exc.message, call.actor, call.scope)
             return JSONResponse({"error": exc.message}, exc.status)
         except NotFoundError as exc:
             return JSONResponse({"error": str(exc)}, 404)
@@ -1306,7 +1325,7 @@ class AdminApi:
 
     def routes(self) -> list[Route]:
         grouped: dict[str, list[Operation]] = {}
-        for op in ROUTES:
+        for op in all_routes():
             grouped.setdefault(op.path, []).append(op)
         routes = []
         for path, ops_for_path in grouped.items():

@@ -101,6 +101,7 @@ def relay_config(settings: Settings) -> RelayConfig:
             for pattern, rule in settings.event_type_retry.items()
             if rule.max_attempts is not None
         },
+        event_types_mode=settings.event_types,
     )
 
 

@@ -268,6 +268,7 @@ class EndpointCreate(_Input):
     event_types: Text | Annotated[list[Text], Field(min_length=1, max_length=100)]
     description: Reason = ""
     secret: Text | None = None
+    signature: Literal["hmac", "ed25519"] | None = None  # None: hmac, or the secret's prefix
     tenant: StrictStr | None = None  # checked when resolved, by the tenant rules
     all_tenants: StrictBool = False
 
@@ -290,6 +291,7 @@ class EndpointAction(_Input):
 class RotateSecret(_Input):
     grace_seconds: GraceSeconds | None = None
     secret: Text | None = None
+    signature: Literal["hmac", "ed25519"] | None = None  # None: keep the endpoint's scheme
     reason: Reason | None = None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from delivery.operator.cli import (
+    contract,
     db,
     deliveries,
     endpoints,
@@ -51,8 +52,11 @@ for command in (
     stats.stats,
     stats.audit,
     priorities.priorities,
+    contract.event_types,
+    contract.events,
     db.db,
 ):
     main.add_command(command)
+endpoints.endpoints.add_command(contract.endpoints_test)
 
 __all__ = ["main"]

@@ -240,3 +240,34 @@ def health_rows(stats: Stats) -> list[list[object]]:
         ]
         for e in stats.endpoints
     ]
+
+
+# -- signing secrets (HMAC v1 or ed25519 v1a) -------------------------------------------
+
+signature_option = click.option(
+    "--signature",
+    type=click.Choice(["hmac", "ed25519"]),
+    default=None,
+    help="Signature scheme: hmac (v1, shared whsec_ secret; the default) or ed25519 (v1a: "
+    "the receiver verifies with a whpk_ public key and holds no secret).",
+)
+
+
+def secret_json(endpoint: Any, secret: str) -> dict[str, Any]:
+    """What a new secret shows: the HMAC secret itself, or only the ed25519 public key."""
+    if endpoint.signature_scheme == "ed25519":
+        return {"public_key": endpoint.public_key}
+    return {"secret": secret}
+
+
+def print_secret(endpoint: Any, secret: str, as_json: bool, *, with_id: bool = True) -> None:
+    if as_json:
+        echo_json({**endpoint.as_json(), **secret_json(endpoint, secret)})
+        return
+    if with_id:
+        click.echo(f"id:     {endpoint.uid}")
+    if endpoint.signature_scheme == "ed25519":
+        click.echo(f"public key: {endpoint.public_key}")
+        click.echo("signature:  ed25519 (v1a); the whsk_ secret key stays encrypted here")
+    else:
+        click.echo(f"secret: {secret}")

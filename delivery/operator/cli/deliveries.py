@@ -189,7 +189,7 @@ def deliveries_show(delivery_id: str, as_json: bool) -> None:
         return
     d = detail.delivery
     click.echo(f"delivery {d.id}: {d.state}, {d.attempts}/{d.max_attempts} attempts")
-    click.echo(f"endpoint:  {d.endpoint_uid} {printable(d.endpoint_url)}")
+    click.echo(f"endpoint:  {d.endpoint_uid} {printable(d.endpoint_url)} (tenant {d.tenant})")
     click.echo(f"event:     {d.message_id} {d.event_type} (webhook-id)")
     click.echo(f"payload:   {short(json.dumps(detail.payload), 200)}")
     if d.replay_of:

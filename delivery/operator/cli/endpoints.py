@@ -20,7 +20,10 @@ from delivery.operator.cli.common import (
     health_rows,
     json_option,
     parse_duration,
+    print_secret,
     print_table,
+    secret_json,
+    signature_option,
     tenant_filter,
     tenant_option,
 )
@@ -77,7 +80,10 @@ def address_warnings(current: Settings, url: str, *, as_json: bool) -> list[str]
 @endpoints.command("add")
 @click.argument("url")
 @click.option("--events", required=True, help="Comma-separated patterns: 'order.*,invoice.paid'.")
-@click.option("--secret", default=None, help="A whsec_ secret to use instead of a generated one.")
+@click.option(
+    "--secret", default=None, help="A whsec_ secret (or whsk_ key) instead of a generated one."
+)
+@signature_option
 @click.option("--description", default="", help="A note for operators.")
 @click.option(
     "--tenant", default=DEFAULT_TENANT, show_default=True, help="The tenant that owns it."
@@ -91,12 +97,14 @@ def endpoints_add(
     url: str,
     events: str,
     secret: str | None,
+    signature: str | None,
     description: str,
     tenant: str,
     all_tenants: bool,
     as_json: bool,
 ) -> None:
-    """Add an endpoint; prints its id and its signing secret (shown only now).
+    """Add an endpoint; prints its id and its signing secret (shown only now), or for
+    `--signature ed25519` the whpk_ public key the receiver verifies with.
 
     It receives its tenant's matching events; with --all-tenants, every tenant's.
     """
@@ -112,16 +120,20 @@ def endpoints_add(
                 secret=secret,
                 description=description,
                 https_only=current.https_only,
+                signature=signature,
                 tenant=tenant,
                 all_tenants=all_tenants,
             )
     warnings = address_warnings(current, created.endpoint.url, as_json=as_json)
     if as_json:
-        echo_json({**created.endpoint.as_json(), "secret": created.secret, "warnings": warnings})
-    else:
-        click.echo(f"id:     {created.endpoint.uid}")
-        click.echo(f"secret: {created.secret}")
+        shown = secret_json(created.endpoint, created.secret)
+        echo_json({**created.endpoint.as_json(), **shown, "warnings": warnings})
+        return
+    print_secret(created.endpoint, created.secret, False)
+    if created.endpoint.signature_scheme == "hmac":
         click.echo("Give the secret to the receiver; it is stored encrypted and not shown again.")
+    else:
+        click.echo("Give the public key to the receiver; it verifies v1a signatures with it.")
 
 
 _ENDPOINT_HEADERS = ["ID", "TENANT", "STATE", "EVENTS", "URL"]
@@ -379,7 +391,10 @@ def endpoints_delete(
 @click.option(
     "--grace", default="24h", show_default=True, help="How long the old secret also signs."
 )
-@click.option("--secret", default=None, help="A whsec_ secret to use instead of a generated one.")
+@click.option(
+    "--secret", default=None, help="A whsec_ secret (or whsk_ key) instead of a generated one."
+)
+@signature_option
 @click.option("--reason", default=None, help="Why, for the audit log.")
 @click.option("--actor", default=None, help="Who is acting, for the audit log.")
 @json_option
@@ -388,6 +403,7 @@ def endpoints_rotate_secret(
     endpoint_id: str,
     grace: str,
     secret: str | None,
+    signature: str | None,
     reason: str | None,
     actor: str | None,
     as_json: bool,
@@ -409,17 +425,18 @@ def endpoints_rotate_secret(
                 grace=dt.timedelta(seconds=rotation.grace_seconds or 0),
                 secret=secret,
                 reason=reason,
+                signature=signature,
             )
     if as_json:
         echo_json(
             {
                 **rotated.endpoint.as_json(),
-                "secret": rotated.secret,
+                **secret_json(rotated.endpoint, rotated.secret),
                 "previous_secret_expires_at": rotated.previous_expires_at.isoformat(),
             }
         )
     else:
-        click.echo(f"secret: {rotated.secret}")
+        print_secret(rotated.endpoint, rotated.secret, False, with_id=False)
         click.echo(
             f"the old secret also signs until {rotated.previous_expires_at.isoformat()}; "
             "give the receiver the new one before then"

@@ -47,6 +47,7 @@ def publish(
             ordering_key=ordering_key,
             priority=priority,
             max_payload_bytes=current.max_payload_bytes,
+            strict=current.event_types == "strict",  # the settings file counts here too
             max_payload_depth=current.max_payload_depth,
         )
     if as_json:

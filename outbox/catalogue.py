@@ -1,0 +1,632 @@
+"""The event-type catalogue: which events exist, and the JSON Schema of each one's payload.
+
+A type has versions: `update` with a new schema adds one and makes it current; older
+versions stay readable (partners pinned to them can still look them up). A type can be
+deprecated (still published, marked so in the docs) and archived (publishing refused).
+
+`publish()` validates a payload against the current schema before writing anything. The
+compiled validators are cached per process, keyed by the type's `revision` (a random
+token that changes with every catalogue change). The cache is never trusted blindly:
+publish's own INSERT compares the cached revision with the row's, so a change made by
+another process is noticed in the same round trip, and the publish is retried against
+the new schema. Nothing is queried per publish beyond that one statement.
+
+Unknown types are accepted by default, so adopting the catalogue breaks nobody;
+`OUTBOX_EVENT_TYPES=strict` refuses them (see the README's Contract section).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError, best_match
+from sqlalchemy import Connection
+
+from outbox import queries
+from outbox.audit import record_audit
+from outbox.errors import (
+    CatalogueError,
+    CatalogueNotFoundError,
+    ConfigurationError,
+    PublishError,
+)
+
+Mode = Literal["accept", "strict"]
+MODES: tuple[Mode, ...] = ("accept", "strict")
+MODE_VARIABLE = "OUTBOX_EVENT_TYPES"
+
+# The service publishes these itself (outbox.operational); applications may not.
+OPERATIONAL_EVENT_TYPES = (
+    "endpoint.disabled",
+    "endpoint.breaker_opened",
+    "endpoint.recovered",
+    "delivery.dead",
+    "tenant.disabled",
+)
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*$")
+_MAX_NAME = 200
+ABSENT = ""  # the revision publish() passes for a type that is not in the catalogue
+
+
+def mode_from_environment(value: str | None = None) -> Mode:
+    """`OUTBOX_EVENT_TYPES` (accept | strict), read when publishing: a dictionary lookup."""
+    raw = os.environ.get(MODE_VARIABLE, "") if value is None else value
+    mode = raw.strip().lower() or "accept"
+    if mode not in MODES:
+        raise ConfigurationError(
+            f"{MODE_VARIABLE}={raw!r} is not a mode: use 'accept' (the default: unknown event "
+            "types are published unchecked) or 'strict' (unknown types are refused)"
+        )
+    return "strict" if mode == "strict" else "accept"
+
+
+@dataclass(frozen=True, slots=True)
+class EventTypeVersion:
+    version: int
+    schema: dict[str, Any]
+    example: dict[str, Any] | None
+    created_at: dt.datetime
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "schema": self.schema,
+            "example": self.example,
+            "created_at": self.created_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class EventType:
+    name: str
+    description: str
+    status: str
+    current_version: int
+    schema: dict[str, Any]
+    example: dict[str, Any] | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "status": self.status,
+            "version": self.current_version,
+            "schema": self.schema,
+            "example": self.example,
+            "created_at": self.created_at.isoformat(),
+            "updated_at": self.updated_at.isoformat(),
+        }
+
+
+# -- validation ---------------------------------------------------------------------------
+
+
+def check_schema(schema: Any) -> dict[str, Any]:
+    """The schema if it is a valid Draft 2020-12 JSON Schema object, else CatalogueError."""
+    if not isinstance(schema, dict):
+        raise CatalogueError(
+            f"a schema must be a JSON object (a JSON Schema), not {type(schema).__name__}"
+        )
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = _path(exc.absolute_path)
+        raise CatalogueError(
+            f"the schema is not valid JSON Schema (Draft 2020-12) at {where}: {exc.message}"
+        ) from exc
+    return schema
+
+
+def _path(parts: Any) -> str:
+    out = "$"
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def payload_problem(validator: Draft202012Validator, payload: Any) -> str | None:
+    """One line naming the JSON path and the rule the payload breaks, or None if it is valid."""
+    error = best_match(validator.iter_errors(payload))
+    if error is None:
+        return None
+    return f"at {error.json_path}: {error.message} (rule '{error.validator}')"
+
+
+def compile_schema(schema: dict[str, Any]) -> Draft202012Validator:
+    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+# -- the per-process cache ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """What publish() needs to know about one type; `revision` is ABSENT when unknown."""
+
+    name: str
+    revision: str
+    status: str | None = None
+    version: int | None = None
+    validator: Draft202012Validator | None = None
+
+    def allows(self, payload: Any, *, mode: Mode) -> bool:
+        """The quick yes/no of `check` (no message built)."""
+        if self.revision == ABSENT:
+            return mode != "strict"
+        if self.status == "archived":
+            return False
+        assert self.validator is not None
+        return bool(self.validator.is_valid(payload))
+
+    def check(self, payload: Any, *, mode: Mode) -> None:
+        """Raise PublishError when this type may not carry `payload`; write nothing."""
+        if self.revision == ABSENT:
+            if mode == "strict":
+                raise PublishError(
+                    f"event type {self.name!r} is not in the catalogue and "
+                    f"{MODE_VARIABLE}=strict refuses unknown types: add it with "
+                    f"`outbox event-types add {self.name} --schema FILE`"
+                )
+            return
+        if self.status == "archived":
+            raise PublishError(
+                f"event type {self.name!r} is archived: publish its successor, or "
+                f"`outbox event-types update {self.name} --status active` to revive it"
+            )
+        assert self.validator is not None
+        problem = payload_problem(self.validator, payload)
+        if problem is not None:
+            raise PublishError(
+                f"payload does not match the schema of {self.name!r} (version {self.version}) "
+                f"{problem}; fix the payload or publish a new schema version"
+            )
+
+
+class SchemaCache:
+    """Compiled schemas by type name; validated against the database on every insert."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, Entry] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> Entry | None:
+        return self._entries.get(name)
+
+    def load(self, conn: Connection, name: str) -> Entry:
+        row = conn.execute(queries.SELECT_EVENT_TYPE_FOR_PUBLISH, {"name": name}).first()
+        if row is None:
+            entry = Entry(name, ABSENT)
+        else:
+            old = self._entries.get(name)
+            # A version's schema never changes: keep its compiled validator across revisions.
+            validator = (
+                old.validator
+                if old is not None
+                and old.version == row.version
+                and old.validator is not None
+                and old.validator.schema == row.schema
+                else compile_schema(row.schema)
+            )
+            entry = Entry(name, row.revision, row.status, row.version, validator)
+        with self._lock:
+            self._entries[name] = entry
+        return entry
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+CACHE = SchemaCache()
+
+
+# -- catalogue operations (CLI and admin API) -----------------------------------------------
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not _NAME.match(value) or len(value) > _MAX_NAME:
+        raise CatalogueError(
+            f"event type {value!r} is invalid: use dot-separated words of letters, digits, '_' "
+            "or '-' (at most 200 characters), e.g. 'order.created'"
+        )
+    if value in OPERATIONAL_EVENT_TYPES:
+        raise CatalogueError(
+            f"{value!r} is an operational event the service publishes itself; choose another name"
+        )
+    return value
+
+
+def _example(example: Any, schema: dict[str, Any]) -> dict[str, Any] | None:
+    if example is None:
+        return None
+    if not isinstance(example, dict):
+        raise CatalogueError("an example must be a JSON object, like the payloads themselves")
+    problem = payload_problem(compile_schema(schema), example)
+    if problem is not None:
+        raise CatalogueError(f"the example does not match the schema {problem}")
+    return example
+
+
+def add_event_type(
+    conn: Connection,
+    name: str,
+    *,
+    schema: Any,
+    description: str = "",
+    example: Any = None,
+    actor: str,
+    request_id: str | None = None,
+) -> EventType:
+    """Add a type with its first schema version, in the caller's transaction."""
+    name = _name(name)
+    schema = check_schema(schema)
+    example = _example(example, schema)
+    created = conn.execute(
+        queries.INSERT_EVENT_TYPE, {"name": name, "description": description}
+    ).scalar_one_or_none()
+    if created is None:
+        raise CatalogueError(
+            f"event type {name!r} exists already: `outbox event-types update {name} --schema "
+            "FILE` adds a new version"
+        )
+    conn.execute(
+        queries.INSERT_EVENT_TYPE_VERSION,
+        {"id": created, "version": 1, "schema": json.dumps(schema), "example": _dump(example)},
+    )
+    record_audit(
+        conn,
+        actor=actor,
+        action="event_type.add",
+        target_type="event_type",
+        target_id=name,
+        details={"version": 1},
+        request_id=request_id,
+    )
+    return get_event_type(conn, name)
+
+
+def update_event_type(
+    conn: Connection,
+    name: str,
+    *,
+    schema: Any = None,
+    description: str | None = None,
+    example: Any = None,
+    status: str | None = None,
+    actor: str,
+    request_id: str | None = None,
+) -> EventType:
+    """A new schema version (older ones stay readable), a new description, example or status."""
+    if schema is None and description is None and example is None and status is None:
+        raise CatalogueError(
+            "nothing to update: give --schema, --description, --example or --status"
+        )
+    # Locked first: two concurrent updates must not both claim the next version number.
+    type_id = conn.execute(queries.LOCK_EVENT_TYPE, {"name": name}).scalar_one_or_none()
+    if type_id is None:
+        raise CatalogueNotFoundError(
+            f"no event type {name!r}; `outbox event-types list` shows them"
+        )
+    current = get_event_type(conn, name)
+    if status is not None and status not in ("active", "deprecated", "archived"):
+        raise CatalogueError(f"status {status!r} is not one of active, deprecated, archived")
+    version = current.current_version
+    if schema is not None:
+        schema = check_schema(schema)
+        # A new schema keeps the current example only if it still matches.
+        example = _example(example if example is not None else current.example, schema)
+        version += 1
+        conn.execute(
+            queries.INSERT_EVENT_TYPE_VERSION,
+            {
+                "id": type_id,
+                "version": version,
+                "schema": json.dumps(schema),
+                "example": _dump(example),
+            },
+        )
+    elif example is not None:
+        _example(example, current.schema)
+        conn.execute(
+            queries.SET_EVENT_TYPE_EXAMPLE,
+            {"name": name, "version": version, "example": _dump(example)},
+        )
+    conn.execute(
+        queries.UPDATE_EVENT_TYPE,
+        {"name": name, "version": version, "description": description, "status": status},
+    )
+    record_audit(
+        conn,
+        actor=actor,
+        action="event_type.update",
+        target_type="event_type",
+        target_id=name,
+        details={
+            "version": version,
+            **({"status": status} if status else {}),
+            **({"description": description} if description is not None else {}),
+        },
+        request_id=request_id,
+    )
+    return get_event_type(conn, name)
+
+
+def set_status(
+    conn: Connection, name: str, status: str, *, actor: str, request_id: str | None = None
+) -> EventType:
+    """Deprecate (still published, marked in the docs) or archive (publishing refused)."""
+    return update_event_type(conn, name, status=status, actor=actor, request_id=request_id)
+
+
+def _dump(value: Any) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
+def get_event_type(conn: Connection, name: str) -> EventType:
+    row = conn.execute(queries.SELECT_EVENT_TYPE, {"name": name}).mappings().first()
+    if row is None:
+        raise CatalogueNotFoundError(
+            f"no event type {name!r}; `outbox event-types list` shows them"
+        )
+    return EventType(**row)
+
+
+def list_event_types(conn: Connection, *, include_archived: bool = True) -> list[EventType]:
+    rows = conn.execute(queries.SELECT_EVENT_TYPES).mappings()
+    types = [EventType(**row) for row in rows]
+    return [t for t in types if include_archived or t.status != "archived"]
+
+
+def list_versions(conn: Connection, name: str) -> list[EventTypeVersion]:
+    get_event_type(conn, name)
+    rows = conn.execute(queries.SELECT_EVENT_TYPE_VERSIONS, {"name": name}).mappings()
+    return [EventTypeVersion(**row) for row in rows]
+
+
+# -- the relay's check of events published through SQL -----------------------------------
+
+
+def validate_pending(conn: Connection, *, now: dt.datetime, mode: Mode, limit: int) -> int:
+    """Check events written by outbox_publish() against their schemas before the relay
+    fans them out. Valid ones go on; the rest are rejected with the reason (visible in
+    `outbox events rejected`, requeued with `outbox events requeue`). Returns the rejected."""
+    rows = conn.execute(queries.CLAIM_EVENTS_TO_VALIDATE, {"limit": limit}).all()
+    if not rows:
+        return 0
+    entries: dict[str, Entry] = {}
+    rejected_ids: list[int] = []
+    reasons: list[str] = []
+    for row in rows:
+        entry = entries.get(row.event_type)
+        if entry is None:
+            entry = entries[row.event_type] = CACHE.load(conn, row.event_type)
+        try:
+            entry.check(row.payload, mode=mode)
+        except PublishError as exc:
+            rejected_ids.append(row.id)
+            reasons.append(str(exc))
+    conn.execute(
+        queries.FINISH_VALIDATION,
+        {"ids": [row.id for row in rows], "rejected": rejected_ids, "reasons": reasons, "now": now},
+    )
+    return len(rejected_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedEvent:
+    message_id: str
+    tenant: str
+    event_type: str
+    rejected_at: dt.datetime
+    reason: str
+    payload: dict[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "message_id": self.message_id,
+            "tenant": self.tenant,
+            "event_type": self.event_type,
+            "rejected_at": self.rejected_at.isoformat(),
+            "reason": self.reason,
+            "payload": self.payload,
+        }
+
+
+def list_rejected(
+    conn: Connection, *, limit: int = 100, scope: str | None = None
+) -> list[RejectedEvent]:
+    """Rejected events, newest first; with `scope` (a tenant uid) that tenant's only."""
+    rows = conn.execute(queries.SELECT_REJECTED_EVENTS, {"limit": limit, "scope": scope}).mappings()
+    return [RejectedEvent(**row) for row in rows]
+
+
+def requeue_rejected(
+    conn: Connection,
+    message_id: str,
+    *,
+    skip_validation: bool = False,
+    actor: str,
+    reason: str,
+    request_id: str | None = None,
+    scope: str | None = None,
+) -> None:
+    """Put a rejected event back before the relay: checked again against the current schema
+    (after fixing the schema, say), or sent unchecked with `skip_validation`. With `scope`,
+    only that tenant's events (another tenant's is "not found")."""
+    if not reason.strip():
+        raise CatalogueError("requeueing a rejected event needs a reason (--reason)")
+    done = conn.execute(
+        queries.REQUEUE_REJECTED_EVENT,
+        {"message_id": message_id, "validate": not skip_validation, "scope": scope},
+    ).first()
+    if done is None:
+        raise CatalogueNotFoundError(
+            f"no rejected event {message_id!r}; `outbox events rejected` lists them"
+        )
+    record_audit(
+        conn,
+        actor=actor,
+        action="event.requeue",
+        target_type="event",
+        target_id=message_id,
+        reason=reason,
+        details={"skip_validation": skip_validation},
+        request_id=request_id,
+        tenant=done.tenant,
+    )
+
+
+# -- partner documentation ----------------------------------------------------------------
+
+_SIGNATURE_HEADERS: list[dict[str, Any]] = [
+    {
+        "name": "webhook-id",
+        "in": "header",
+        "required": True,
+        "description": "The message id; the same on every retry and replay: deduplicate on it.",
+        "schema": {"type": "string", "example": "msg_0192f1c5e1f07b2c9e6f4a1d2b3c4d5e"},
+    },
+    {
+        "name": "webhook-timestamp",
+        "in": "header",
+        "required": True,
+        "description": "Unix seconds when this attempt was sent; reject it if far from now.",
+        "schema": {"type": "string", "pattern": "^[0-9]+$"},
+    },
+    {
+        "name": "webhook-signature",
+        "in": "header",
+        "required": True,
+        "description": (
+            "Standard Webhooks signatures over '{webhook-id}.{webhook-timestamp}.{body}', "
+            "space separated (two during a key rotation): 'v1,<base64 HMAC-SHA256>' keyed "
+            "with your whsec_ secret, or 'v1a,<base64 ed25519 signature>' checked with the "
+            "whpk_ public key. Any one valid signature authenticates the request."
+        ),
+        "schema": {"type": "string", "example": "v1,K5oZfzN95Z9UVu1EsfQmfVNQhnkZ2pj9o9NDN/H/pI4="},
+    },
+]
+
+
+def _envelope(name: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["type", "timestamp", "data"],
+        "properties": {
+            "type": {"type": "string", "const": name},
+            "timestamp": {"type": "string", "format": "date-time"},
+            "data": dict(data),
+        },
+    }
+
+
+_TIME = {"type": ["string", "null"], "format": "date-time"}
+_ENDPOINT = {"type": "string", "description": "The endpoint's id (ep_...)."}
+
+# The service's own events (delivery/operational.py): documented for partners beside the
+# catalogue, so an operational endpoint can be generated from the same document.
+OPERATIONAL_SCHEMAS: dict[str, tuple[str, dict[str, Any]]] = {
+    "endpoint.disabled": (
+        "An endpoint was disabled (by an operator, a 410 Gone, or auto-disable).",
+        {"endpoint_id": _ENDPOINT, "url": {"type": "string"}, "reason": {"type": "string"},
+         "disabled_at": _TIME},
+    ),
+    "endpoint.breaker_opened": (
+        "An endpoint's circuit breaker opened: its deliveries wait until a probe succeeds.",
+        {"endpoint_id": _ENDPOINT, "opened_at": _TIME, "open_until": _TIME,
+         "consecutive_failures": {"type": "integer"},
+         "last_failure": {"type": ["string", "null"]}},
+    ),
+    "endpoint.recovered": (
+        "An endpoint's circuit breaker closed again after a successful probe.",
+        {"endpoint_id": _ENDPOINT, "recovered_at": _TIME},
+    ),
+    "delivery.dead": (
+        "A delivery used up its attempts or failed for good; many at one endpoint within a "
+        "minute are summarised (summary: true, count, window_start, window_end).",
+        {"endpoint_id": _ENDPOINT, "delivery_id": {"type": "integer"},
+         "message_id": {"type": "string"}, "event_type": {"type": "string"},
+         "attempts": {"type": "integer"}, "reason": {"type": ["string", "null"]},
+         "last_status_code": {"type": ["integer", "null"]}, "summary": {"type": "boolean"},
+         "count": {"type": "integer"}, "window_start": _TIME, "window_end": _TIME},
+    ),
+    "tenant.disabled": (
+        "A tenant was disabled.",
+        {"tenant_id": {"type": "string"}, "reason": {"type": ["string", "null"]},
+         "disabled_at": _TIME},
+    ),
+}  # fmt: skip
+
+
+def _webhook(
+    name: str, description: str, schema: dict[str, Any], example: Any, *, deprecated: bool
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"schema": _envelope(name, schema)}
+    if example is not None:
+        body["example"] = {"type": name, "timestamp": "2026-01-01T00:00:00Z", "data": example}
+    return {
+        "post": {
+            "operationId": "webhook_" + re.sub(r"[^A-Za-z0-9_]", "_", name),
+            "summary": description,
+            "deprecated": deprecated,
+            "parameters": _SIGNATURE_HEADERS,
+            "requestBody": {"required": True, "content": {"application/json": body}},
+            "responses": {
+                "2XX": {"description": "Received. Any other answer is retried later."},
+                "410": {"description": "Gone: the endpoint is disabled; nothing is dropped."},
+            },
+        }
+    }
+
+
+def openapi_document(
+    conn: Connection,
+    *,
+    title: str = "Webhooks",
+    version: str = "1.0.0",
+    include_operational: bool = True,
+) -> dict[str, Any]:
+    """An OpenAPI 3.1 document whose `webhooks` describe every catalogued, unarchived type
+    (the envelope around the payload schema, an example, the signature headers), and the
+    service's own operational events."""
+    webhooks: dict[str, Any] = {}
+    if include_operational:
+        for name, (description, properties) in OPERATIONAL_SCHEMAS.items():
+            schema = {"type": "object", "required": list(properties)[:1],
+                      "properties": properties}  # fmt: skip
+            webhooks[name] = _webhook(name, description, schema, None, deprecated=False)
+    for event_type in list_event_types(conn, include_archived=False):
+        webhooks[event_type.name] = _webhook(
+            event_type.name,
+            event_type.description or event_type.name,
+            event_type.schema,
+            event_type.example,
+            deprecated=event_type.status == "deprecated",
+        )
+        webhooks[event_type.name]["post"]["description"] = (
+            f"Schema version {event_type.current_version}."
+        )
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": title,
+            "version": version,
+            "description": (
+                "Events are POSTed as JSON with Standard Webhooks headers "
+                "(https://www.standardwebhooks.com). Verify the signature over the raw body "
+                "before parsing it."
+            ),
+        },
+        "webhooks": webhooks,
+    }
