@@ -79,9 +79,9 @@ class Summary:
     async def run_once(self) -> SummaryLine:
         now = self._clock.now()
         async with self._engine.connect() as conn:
-            # scope None: every tenant (the summary is the whole service's).
-            due = (await conn.execute(queries.STATS_OLDEST_DUE, {"now": now, "scope": None})).one()
-            relay = (await conn.execute(queries.STATS_RELAY_LAG, {"scope": None})).one()
+            every_tenant = {"scope_id": None}  # the summary is the whole service's
+            due = (await conn.execute(queries.STATS_OLDEST_DUE, {"now": now, **every_tenant})).one()
+            relay = (await conn.execute(queries.STATS_RELAY_LAG, every_tenant)).one()
         totals = _copy(self._totals())
         last, self._last = self._last, totals
         seconds = (now - self._last_at).total_seconds()

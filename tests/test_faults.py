@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
@@ -111,8 +112,8 @@ async def _start_run(url: str, key: str, log: Path, **extra: str) -> asyncio.sub
         # One process: the outage lines are counted per process, and a SIGKILLed
         # supervisor would leave its children running.
         OUTBOX_PROCESSES="1",
-        **extra,
     )
+    env.update(extra)
     with log.open("wb") as out:
         return await asyncio.create_subprocess_exec(*RUN, env=env, stderr=out, cwd=ROOT)
 
@@ -223,3 +224,33 @@ async def test_sigkill_with_requests_in_flight_then_the_stale_leases_are_rescued
     assert all(r["attempts"] == attempts_before[r["id"]] + 1 for r in rescued)
     assert "lease expired" in output and "deliveries rescued" in output, output
     assert scalar(engine, "SELECT count(*) FROM deliveries WHERE state <> 'succeeded'") == 0
+
+
+async def test_a_sigkilled_supervisor_takes_its_children_with_it(
+    fault_db: tuple[str, Engine], receiver: Receiver, tmp_path: Path
+) -> None:
+    """`outbox run --processes 2` killed with SIGKILL: the children stop gracefully too
+    (attempts in flight finish or are handed back) instead of delivering as orphans."""
+    url, engine = fault_db
+    key = generate_key("faults")
+    add_endpoint(engine, SecretBox.from_setting(key), receiver.route("/slow", delay=0.3))
+    with engine.begin() as conn:
+        for i in range(40):
+            publish(conn, "order.created", {"i": i})
+    log = tmp_path / "run.log"
+    parent = await _start_run(url, key, log, OUTBOX_PROCESSES="2")
+    await _until(lambda: len(receiver.requests) >= 4)
+    children = [
+        child
+        for child in psutil.Process(parent.pid).children()
+        if "spawn_main" in " ".join(child.cmdline())
+    ]
+    assert len(children) == 2, log.read_text()
+    parent.kill()
+    await parent.wait()
+    _, alive = await asyncio.to_thread(psutil.wait_procs, children, 30)
+    for child in alive:
+        child.kill()
+    assert alive == [], log.read_text()
+    # They drained on the way out: nothing is left leased to a process that is gone.
+    assert _states(engine).get("in_flight", 0) == 0, log.read_text()

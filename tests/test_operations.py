@@ -240,8 +240,8 @@ async def test_endpoint_update_rotate_and_delete_are_audited(
     assert scalar(engine, "SELECT value FROM pruned_totals WHERE name = 'attempts:succeeded'") == 1
 
 
-@pytest.mark.parametrize("now_state", ["in_flight", "succeeded", "discarded", "scheduled"])
-async def test_a_state_change_after_the_check_is_caught_by_the_write_itself(
+@pytest.mark.parametrize("now_state", ["in_flight", "succeeded", "discarded"])
+async def test_a_state_change_between_discard_check_and_write_is_refused_by_the_write(
     engine: Engine,
     async_engine: AsyncEngine,
     clock: ManualClock,
@@ -250,8 +250,8 @@ async def test_a_state_change_after_the_check_is_caught_by_the_write_itself(
     monkeypatch: pytest.MonkeyPatch,
     now_state: str,
 ) -> None:
-    """Replay and discard check states, then write; a worker or another operator may
-    change the row in between. The write re-checks, so it refuses and changes nothing."""
+    """Discard checks states, then writes; a worker or another operator may change the
+    row in between. The write re-checks, so it refuses and changes nothing."""
     add_endpoint(engine, box, receiver.route("/ok"), "*")
     publish_many(engine, "order.created")
     await deliver(async_engine, box, clock)

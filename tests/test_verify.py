@@ -213,3 +213,42 @@ def test_a_malformed_secret_is_a_configuration_error_not_a_verification_failure(
         verify("whsec_not base64", signed_headers(), BODY, now=NOW)
     with pytest.raises(ValueError, match="negative"):
         verify(SECRET, signed_headers(), BODY, now=NOW, tolerance=dt.timedelta(seconds=-1))
+
+
+# ------------------------------------------------------- exact messages, strictness (issue 15)
+
+
+def test_a_zero_tolerance_accepts_the_exact_second_and_negative_is_refused() -> None:
+    assert verify(SECRET, signed_headers(), BODY, now=NOW, tolerance=dt.timedelta(0))
+    with pytest.raises(ValueError, match=r"^tolerance must not be negative$"):
+        verify(SECRET, signed_headers(), BODY, now=NOW, tolerance=dt.timedelta(seconds=-1))
+    with pytest.raises(
+        ValueError, match=r"^now must be timezone-aware, e.g. datetime.now\(timezone.utc\)$"
+    ):
+        verify(SECRET, signed_headers(), BODY, now=NOW.replace(tzinfo=None))
+
+
+def test_failure_messages_say_what_to_check() -> None:
+    with pytest.raises(SignatureMismatchError) as mismatch:
+        verify(OLD_SECRET, signed_headers(), BODY, now=NOW)
+    assert str(mismatch.value) == (
+        "no v1 signature in webhook-signature matches this body; check that the secret "
+        "is this endpoint's current one and that the body is verified exactly as received"
+    )
+    with pytest.raises(TimestampError) as old:
+        verify(SECRET, signed_headers(ts=TS - 600), BODY, now=NOW)
+    assert str(old.value) == (
+        "webhook-timestamp is 600s old, beyond the 300s tolerance: a replay, or this "
+        "host's clock is wrong (check NTP)"
+    )
+    with pytest.raises(TimestampError) as junk:
+        verify(SECRET, {**signed_headers(), "webhook-timestamp": "9" * 40 + "x"}, BODY, now=NOW)
+    assert str(junk.value) == f"webhook-timestamp {'9' * 32!r} is not whole unix seconds"
+
+
+def test_a_signature_with_stray_characters_in_its_base64_does_not_verify() -> None:
+    headers = signed_headers()
+    digest = headers["webhook-signature"].removeprefix("v1,")
+    headers["webhook-signature"] = "v1," + digest[:4] + "!" + digest[4:]
+    with pytest.raises(SignatureMismatchError):
+        verify(SECRET, headers, BODY, now=NOW)

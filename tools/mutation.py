@@ -319,6 +319,18 @@ def _existing(copy: Path, selection: list[str] | tuple[str, ...]) -> list[str]:
 
 
 def _mutmut_module(copy: Path, module: str, selection: list[str]) -> dict[str, Any]:
+    if not any(item.startswith("tests/") for item in _existing(copy, selection)):
+        # Without test files the selection would be the whole suite: report, do not run.
+        return {
+            "module": module,
+            "tests": selection,
+            "mutants": 0,
+            "counts": {"no tests": 1},
+            "survivors": {},
+            "seconds": 0.0,
+            "mutmut_exit": 0,
+            "mutmut_tail": "",
+        }
     work = Path(tempfile.mkdtemp(prefix="mutmut-", dir=copy.parent))
     shutil.copytree(copy, work, dirs_exist_ok=True)
     package = module.split("/")[0]
@@ -383,10 +395,14 @@ def _sql_mutants(copy: Path, wanted: set[str] | None) -> list[dict[str, Any]]:
         if mutant.old not in original:
             results.append({"name": mutant.name, "status": "not applicable", "tests": []})
             continue
+        tests = _existing(copy, mutant.tests)
+        if not any(item.startswith("tests/") for item in tests):
+            results.append({"name": mutant.name, "status": "no tests", "tests": []})
+            print(f"  sql: {mutant.name}: no tests in this revision", flush=True)
+            continue
         path.write_text(original.replace(mutant.old, mutant.new, 1))
         began = time.monotonic()
         try:
-            tests = _existing(copy, mutant.tests)
             done = subprocess.run(
                 [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
                 cwd=copy,

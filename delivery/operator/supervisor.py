@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import logging
 import multiprocessing
@@ -80,8 +81,30 @@ def child_spec(spec: ProcessSpec, index: int) -> ProcessSpec:
     )
 
 
-def _child_main(spec: ProcessSpec) -> None:
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_parent(parent_pid: int) -> None:
+    """Linux: SIGTERM this child when the supervisor dies, even by SIGKILL.
+
+    Otherwise a killed supervisor leaves its children delivering with nobody to stop
+    them. SIGTERM is the ordinary graceful stop: attempts in flight finish, the rest
+    is handed back. Elsewhere (no prctl) nothing changes.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # it died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _child_main(spec: ProcessSpec, parent_pid: int | None = None) -> None:
     from delivery.operator.app import Service
+
+    if parent_pid is not None:
+        _stop_with_parent(parent_pid)
 
     configure_logging(spec.log_level, fmt=spec.log_format)  # redacting, quiet about httpx
     service = Service(
@@ -127,7 +150,7 @@ class Supervisor:
     def _start(self, index: int) -> None:
         child = self._context.Process(
             target=_child_main,
-            args=(child_spec(self.spec, index),),
+            args=(child_spec(self.spec, index), os.getpid()),
             name=f"outbox-{index}",
             daemon=False,
         )
