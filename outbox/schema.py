@@ -457,7 +457,6 @@ event_type_priorities = Table(
     CheckConstraint("priority BETWEEN -100 AND 100", name="priority_range"),
 )
 
-
 # The routing index (migration 0010): one row per (endpoint, pattern), with the endpoint's
 # tenant, or NULL for an all_tenants endpoint. The relay looks up, per event, only the
 # patterns that can match it ('*', the exact type, each 'prefix.*'), so routing costs
@@ -493,7 +492,6 @@ tenant_buckets = Table(
     Column("tokens", Float, nullable=False),
     Column("tokens_at", DateTime(timezone=True), nullable=False),
 )
-
 
 # The event-type catalogue (migration 0009): which events exist and what is in them.
 # A type's schema is versioned: `update` adds a version, older ones stay readable.
@@ -557,4 +555,38 @@ operational_event_marks = Table(
         "window_start",
         postgresql_where=text("suppressed > 0"),
     ),
+)
+
+# Sessions of the web console and the tenant portal (migration 0011). The cookie holds a
+# random id; only its SHA-256 is stored. `tenant_uid` confines a session to one tenant
+# (every portal session, and console sessions opened with a tenant-scoped token).
+console_sessions = Table(
+    "console_sessions",
+    metadata,
+    Column("id_hash", Text, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("role", Text, nullable=False),
+    Column("tenant_uid", Text),
+    Column("csrf_token", Text, nullable=False),
+    _now_column("created_at"),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    CheckConstraint("kind IN ('console', 'portal')", name="known_kind"),
+    CheckConstraint("role IN ('viewer', 'operator')", name="known_role"),
+    CheckConstraint("kind <> 'portal' OR tenant_uid IS NOT NULL", name="portal_has_tenant"),
+    Index("ix_console_sessions_expires_at", "expires_at"),
+)
+
+# Single-use, short-lived links into the tenant portal, issued by an operator. Only the
+# SHA-256 of the link's secret is stored; `used_at` makes a second use fail.
+portal_links = Table(
+    "portal_links",
+    metadata,
+    Column("id_hash", Text, primary_key=True),
+    Column("tenant_uid", Text, nullable=False),
+    Column("created_by", Text, nullable=False),
+    _now_column("created_at"),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("used_at", DateTime(timezone=True)),
+    Index("ix_portal_links_expires_at", "expires_at"),
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -25,6 +26,9 @@ MAX_RETRY_DELAY_SECONDS = 30 * 86400.0
 # A lease must outlast the attempt deadline by at least this much, so the outcome
 # can be written before the reaper could consider the worker dead.
 LEASE_MARGIN_SECONDS = 5.0
+_COLOR = re.compile(r"^#[0-9a-fA-F]{6}$")
+_ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
+_PUBLIC_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?$")
 
 
 def default_data_dir() -> Path:
@@ -226,6 +230,19 @@ class Settings(BaseSettings):
     alert_oldest_due_seconds: float = Field(default=900.0, gt=0)
     alert_relay_lag_seconds: float = Field(default=60.0, gt=0)
     replay_rate_per_minute: float = Field(default=600.0, gt=0)
+    # The web console and the tenant portal (delivery/operator/console).
+    public_url: str | None = Field(
+        default=None,
+        description="Base URL the admin server is reached at (portal links print in full).",
+    )
+    console_app_name: str = Field(
+        default="webhook-outbox", min_length=1, max_length=60, description="Shown in the pages."
+    )
+    console_brand_color: str = Field(default="#2f5bea", description="Header colour, #rrggbb.")
+    portal_frame_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Origins that may embed the portal in an iframe, e.g. https://app.example.",
+    )
 
     @field_validator("log_level")
     @classmethod
@@ -235,7 +252,7 @@ class Settings(BaseSettings):
             raise ValueError("is not a log level; use DEBUG, INFO, WARNING, ERROR or CRITICAL")
         return name
 
-    @field_validator("retry_schedule", "allowed_networks", mode="before")
+    @field_validator("retry_schedule", "allowed_networks", "portal_frame_origins", mode="before")
     @classmethod
     def _csv(cls, value: Any) -> Any:
         return _split_csv(value)
@@ -271,6 +288,43 @@ class Settings(BaseSettings):
                 parse_event_patterns([pattern])
             except EndpointError as exc:
                 raise ValueError(str(exc)) from exc
+        return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        value = value.strip().rstrip("/")
+        if not _PUBLIC_URL.match(value):
+            raise ValueError(
+                f"{value!r} must be a base URL like https://outbox.example.com (no query)"
+            )
+        return value
+
+    @field_validator("console_app_name")
+    @classmethod
+    def _app_name(cls, value: str) -> str:
+        if not value.isprintable():
+            raise ValueError("must be printable text, without control characters")
+        return value
+
+    @field_validator("console_brand_color")
+    @classmethod
+    def _brand_color(cls, value: str) -> str:
+        if not _COLOR.match(value):
+            raise ValueError(f"{value!r} must be a colour like #2f5bea")
+        return value
+
+    @field_validator("portal_frame_origins")
+    @classmethod
+    def _frame_origins(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            if not _ORIGIN.match(origin):
+                raise ValueError(
+                    f"{origin!r} must be a scheme and host without a path, e.g. "
+                    "https://app.example.com"
+                )
         return value
 
     @model_validator(mode="after")

@@ -73,3 +73,40 @@ def test_secret_box_round_trip_and_rotation() -> None:
     # A ciphertext copied onto another endpoint row does not decrypt.
     with pytest.raises(Exception, match="did not decrypt"):
         both.decrypt(sealed, context="endpoint:ep_2")
+
+
+def test_console_settings_reach_the_console_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Imported here: the operator side is not what this module is about.
+    from delivery.operator.app import admin_config
+
+    monkeypatch.setenv("OUTBOX_CONSOLE_APP_NAME", "Acme Hooks")
+    monkeypatch.setenv("OUTBOX_CONSOLE_BRAND_COLOR", "#112233")
+    monkeypatch.setenv(
+        "OUTBOX_PORTAL_FRAME_ORIGINS", "https://app.acme.example, http://localhost:3000"
+    )
+    monkeypatch.setenv("OUTBOX_PUBLIC_URL", "https://hooks.acme.example/")
+    console = admin_config(load_settings()).console
+    assert console.app_name == "Acme Hooks"
+    assert console.brand_color == "#112233"
+    assert console.frame_origins == ("https://app.acme.example", "http://localhost:3000")
+    assert console.public_url == "https://hooks.acme.example"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("OUTBOX_CONSOLE_BRAND_COLOR", "red; } body { display: none"),
+        ("OUTBOX_CONSOLE_APP_NAME", "bad\nname"),
+        ("OUTBOX_PORTAL_FRAME_ORIGINS", "https://app.example/path"),
+        ("OUTBOX_PORTAL_FRAME_ORIGINS", "*"),
+        ("OUTBOX_PUBLIC_URL", "hooks.example.com"),
+        ("OUTBOX_PUBLIC_URL", "https://hooks.example.com/?x=1"),
+    ],
+)
+def test_bad_console_settings_are_one_clear_line(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError, match=name) as raised:
+        load_settings()
+    assert "must" in str(raised.value)

@@ -307,6 +307,15 @@ async def _delete_tenant(w: World) -> None:
     not_found(await w.delete(f"/v1/tenants/{B}?reason=x&force=true"))
 
 
+async def _portal_link(w: World) -> None:
+    not_found(await w.post(f"/v1/tenants/{B}/portal-links"))
+    not_found(await w.post("/v1/tenants/default/portal-links"))
+    mine = await w.post(f"/v1/tenants/{A}/portal-links", {"ttl_seconds": 60})
+    assert mine.status_code == 200 and mine.json()["tenant"] == A
+    issued = rows(w.engine, "SELECT tenant_uid FROM portal_links")
+    assert [r["tenant_uid"] for r in issued] == [A]
+
+
 async def _list_tokens(w: World) -> None:
     names = [t["name"] for t in (await w.get("/v1/tokens")).json()["items"]]
     assert names == ["a-ops"]
@@ -452,6 +461,7 @@ CASES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/tenants/{tenant}/disable"): _disable_tenant,
     ("POST", "/v1/tenants/{tenant}/enable"): _enable_tenant,
     ("DELETE", "/v1/tenants/{tenant}"): _delete_tenant,
+    ("POST", "/v1/tenants/{tenant}/portal-links"): _portal_link,
     ("GET", "/v1/tokens"): _list_tokens,
     ("POST", "/v1/tokens"): _create_token,
     ("DELETE", "/v1/tokens/{token}"): _revoke_token,

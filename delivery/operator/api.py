@@ -42,6 +42,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from delivery.operator.console.sessions import issue_portal_link, portal_link
+from delivery.operator.console.web import Console, ConsoleConfig
 from delivery.operator.metrics import render_metrics
 from delivery.operator.refusals import RATE_LIMITED, UnauthenticatedLimiter, record_refusal
 from delivery.operator.validation import (
@@ -108,6 +110,7 @@ class AdminConfig:
     allowed_networks: tuple[str, ...] = ()  # the SSRF guard's, for warnings on save
     refused_interval: dt.timedelta = dt.timedelta(minutes=1)
     unauthenticated_per_minute: float = 60.0
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
 
 
 class ApiError(Exception):
@@ -564,6 +567,30 @@ async def audit_route(call: Call) -> Any:
     return {"items": [entry.as_json() for entry in entries]}
 
 
+async def create_portal_link(call: Call) -> Any:
+    """A single-use link into one tenant's portal (console/sessions.py); audited."""
+    tenant = str(call.request.path_params["tenant"])
+    ttl = (await call.body()).get("ttl_seconds", 900)
+    if isinstance(ttl, bool) or not isinstance(ttl, int):
+        raise ApiError(400, "ttl_seconds must be a whole number of seconds, e.g. 900")
+    lifetime = dt.timedelta(seconds=ttl)
+    now = call.api.clock.now()
+    scope = call.scope
+
+    def issue(conn: Connection) -> str:
+        # A tenant-scoped token reaches its own tenant only; any other is not found.
+        if scope is not None and scope != tenant:
+            raise NotFoundError(f"no enabled tenant {tenant!r}")
+        return issue_portal_link(conn, tenant, actor=call.actor, now=now, ttl=lifetime)
+
+    secret = await call.api.write(issue)
+    return {
+        "tenant": tenant,
+        "link": portal_link(secret, call.api.config.console.public_url),
+        "expires_at": (now + lifetime).isoformat(),
+    }
+
+
 async def metrics_route(call: Call) -> Any:
     """Every figure for the installation, or one tenant's (a scoped token, or ?tenant=).
 
@@ -990,6 +1017,23 @@ ROUTES: tuple[Operation, ...] = (
         (Param("window", "Window in seconds (default from settings).", "integer"), _TENANT_FILTER),
     ),
     Operation(
+        "POST",
+        "/v1/tenants/{tenant}/portal-links",
+        "operator",
+        "A single-use, short-lived link that opens the tenant's portal (audited).",
+        create_portal_link,
+        (Param("tenant", "Tenant id.", where="path"),),
+        {
+            "type": "object",
+            "properties": {
+                "ttl_seconds": {
+                    "type": "integer",
+                    "description": "How long the link works (default 900, at most 7 days).",
+                }
+            },
+        },
+    ),
+    Operation(
         "GET",
         "/v1/audit",
         "viewer",
@@ -1351,7 +1395,7 @@ def create_app(
     config: AdminConfig | None = None,
 ) -> Starlette:
     api = AdminApi(engine, box, clock=clock, config=config)
-    app = Starlette(routes=api.routes())
+    app = Starlette(routes=[*api.routes(), *Console(api, api.config.console).routes()])
     app.state.api = api
     return app
 

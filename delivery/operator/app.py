@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from delivery.health import HealthConfig
 from delivery.http import build_http_client
 from delivery.operator.api import AdminConfig
+from delivery.operator.console.web import ConsoleConfig
 from delivery.reaper import Reaper, ReaperConfig
 from delivery.retention import Retention, RetentionConfig
 from delivery.summary import Summary
@@ -173,6 +174,12 @@ def admin_config(settings: Settings) -> AdminConfig:
         max_body_bytes=settings.admin_max_body_bytes,
         refused_interval=dt.timedelta(seconds=settings.admin_refused_interval_seconds),
         unauthenticated_per_minute=settings.admin_unauthenticated_per_minute,
+        console=ConsoleConfig(
+            app_name=settings.console_app_name,
+            brand_color=settings.console_brand_color,
+            frame_origins=tuple(settings.portal_frame_origins),
+            public_url=settings.public_url,
+        ),
     )
 
 

@@ -1,0 +1,1 @@
+"""The web console for operators and the portal for each tenant (see web.py)."""

@@ -1,0 +1,250 @@
+"""What the console and the portal read and do, confined to a session's tenant.
+
+`tenant` None is an unscoped operator (everything); a tenant uid confines every read and
+write to that tenant. The confinement is outbox's own (`scope=` on the operator
+functions, enforced in their SQL): another tenant's delivery or endpoint answers exactly
+like one that does not exist. The actions are the functions the CLI and the admin API
+call, each with its audit row in the same transaction, so the three surfaces agree.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sqlalchemy import Connection
+
+from delivery.operator.console import queries
+from outbox import operations as ops
+from outbox.audit import record_audit
+from outbox.crypto import SecretBox
+from outbox.endpoints import CreatedEndpoint, Endpoint, get_endpoint, reveal_secret, set_enabled
+from outbox.endpoints import list_endpoints as list_all_endpoints
+from outbox.errors import EndpointError, NotFoundError
+from outbox.ids import new_message_id
+from outbox.stats import collect_stats
+
+TEST_EVENT_TYPE = "webhook.test"
+
+
+def require_endpoint(conn: Connection, uid: str, tenant: str | None) -> Endpoint:
+    return get_endpoint(conn, uid, scope=tenant)
+
+
+# -- reads ----------------------------------------------------------------------------------
+
+
+def search_deliveries(
+    conn: Connection, flt: ops.DeliveryFilter, *, tenant: str | None, message_id: str | None
+) -> list[ops.DeliverySummary]:
+    """Newest first, one page; `tenant` is the session's scope or the operator's filter."""
+    return ops.search_deliveries(conn, replace(flt, tenant=tenant, message_id=message_id))
+
+
+def get_delivery(conn: Connection, delivery_id: int, tenant: str | None) -> ops.DeliveryDetail:
+    return ops.get_delivery(conn, delivery_id, scope=tenant)
+
+
+def list_endpoints(conn: Connection, tenant: str | None) -> list[Endpoint]:
+    return list_all_endpoints(conn, scope=tenant)
+
+
+def endpoint_page(conn: Connection, uid: str, tenant: str | None) -> dict[str, Any]:
+    """An endpoint with its limits, retry policy and rules."""
+    endpoint = require_endpoint(conn, uid, tenant)
+    settings = conn.execute(queries.SELECT_ENDPOINT_SETTINGS, {"uid": uid}).mappings().one()
+    return {"endpoint": endpoint, "settings": dict(settings)}
+
+
+def event_types(conn: Connection, tenant: str) -> list[str]:
+    """Types a tenant's endpoints can choose from: those published for it lately."""
+    rows = conn.execute(queries.SELECT_TENANT_EVENT_TYPES, {"tenant_uid": tenant}).scalars()
+    return [str(value) for value in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """The overview tiles, for everything or for one tenant."""
+
+    counts_by_state: dict[str, int]
+    due_now: int
+    oldest_due_age_seconds: float | None
+    relay_lag_seconds: float | None
+    window: dict[str, Any]
+    alerts: list[Any] = field(default_factory=list)
+    endpoints: list[Any] = field(default_factory=list)
+
+
+def overview(
+    conn: Connection,
+    tenant: str | None,
+    *,
+    now: dt.datetime,
+    window: dt.timedelta,
+    thresholds: Any,
+) -> Overview:
+    stats = collect_stats(conn, now=now, window=window, thresholds=thresholds, scope=tenant)
+    return Overview(
+        counts_by_state=dict(stats.counts_by_state),
+        due_now=stats.due_now,
+        oldest_due_age_seconds=stats.oldest_due_age_seconds,
+        relay_lag_seconds=stats.relay_lag_seconds,
+        window=dict(stats.window),
+        alerts=list(stats.alerts),
+        endpoints=list(stats.endpoints),
+    )
+
+
+def list_audit(
+    conn: Connection, tenant: str | None, *, actor: str | None, action: str | None, limit: int
+) -> list[ops.AuditEntry]:
+    return ops.list_audit(conn, actor=actor, action=action, limit=limit, scope=tenant)
+
+
+# -- actions --------------------------------------------------------------------------------
+
+
+def replay(
+    conn: Connection,
+    delivery_id: int,
+    tenant: str | None,
+    *,
+    actor: str,
+    reason: str | None,
+    now: dt.datetime,
+) -> ops.ReplayResult:
+    return ops.replay(conn, [delivery_id], actor=actor, reason=reason, now=now, scope=tenant)
+
+
+def discard(
+    conn: Connection,
+    delivery_id: int,
+    tenant: str | None,
+    *,
+    actor: str,
+    reason: str | None,
+    now: dt.datetime,
+) -> list[int]:
+    return ops.discard(conn, [delivery_id], actor=actor, reason=reason, now=now, scope=tenant)
+
+
+def add_endpoint(
+    conn: Connection,
+    box: SecretBox,
+    tenant: str,
+    *,
+    actor: str,
+    url: str,
+    event_types: list[str],
+    description: str,
+    https_only: bool,
+) -> CreatedEndpoint:
+    """A new endpoint of `tenant` (never all_tenants from here), audited."""
+    return ops.add_endpoint(
+        conn,
+        box,
+        actor=actor,
+        url=url,
+        event_types=event_types,
+        description=description,
+        https_only=https_only,
+        tenant=tenant,
+    )
+
+
+def update_endpoint(
+    conn: Connection,
+    uid: str,
+    tenant: str | None,
+    *,
+    actor: str,
+    url: str | None,
+    description: str | None,
+    event_types: list[str] | None,
+    https_only: bool,
+) -> Endpoint:
+    return ops.update_endpoint(
+        conn,
+        uid,
+        actor=actor,
+        url=url,
+        description=description,
+        event_types=event_types,
+        https_only=https_only,
+        scope=tenant,
+    )
+
+
+def set_endpoint_enabled(
+    conn: Connection,
+    uid: str,
+    tenant: str | None,
+    *,
+    enabled: bool,
+    actor: str,
+    reason: str | None,
+) -> Endpoint:
+    return set_enabled(conn, uid, enabled=enabled, reason=reason, actor=actor, scope=tenant)
+
+
+def delete_endpoint(
+    conn: Connection, uid: str, tenant: str | None, *, actor: str, reason: str | None
+) -> dict[str, int]:
+    return ops.delete_endpoint(conn, uid, actor=actor, reason=reason, scope=tenant)
+
+
+def reveal(conn: Connection, box: SecretBox, uid: str, tenant: str | None, *, actor: str) -> str:
+    return reveal_secret(
+        conn, box, uid, actor=actor, reason="shown in the web console", scope=tenant
+    )
+
+
+def rotate(
+    conn: Connection,
+    box: SecretBox,
+    uid: str,
+    tenant: str | None,
+    *,
+    actor: str,
+    now: dt.datetime,
+    grace: dt.timedelta,
+) -> ops.RotatedSecret:
+    return ops.rotate_secret(conn, box, uid, actor=actor, now=now, grace=grace, scope=tenant)
+
+
+def send_test_event(
+    conn: Connection, uid: str, tenant: str | None, *, actor: str, now: dt.datetime
+) -> int:
+    """A `webhook.test` ping to this endpoint only, through the worker; the delivery id."""
+    require_endpoint(conn, uid, tenant)
+    message_id = new_message_id()
+    payload = {"type": TEST_EVENT_TYPE, "endpoint": uid, "sent_at": now.isoformat()}
+    delivery_id = conn.execute(
+        queries.SEND_TEST_EVENT,
+        {
+            "uid": uid,
+            "message_id": message_id,
+            "event_type": TEST_EVENT_TYPE,
+            "payload": json.dumps(payload),
+            "now": now,
+        },
+    ).scalar_one_or_none()
+    if delivery_id is None:
+        raise EndpointError(f"endpoint {uid} is disabled: enable it, then send the test")
+    record_audit(
+        conn,
+        actor=actor,
+        action="endpoint.test",
+        target_type="endpoint",
+        target_id=uid,
+        details={"delivery": int(delivery_id), "message_id": message_id},
+    )
+    return int(delivery_id)
+
+
+def issue_link_checked(conn: Connection, tenant: str, scope: str | None) -> None:
+    """A tenant-scoped caller may issue links to its own tenant only (others: not found)."""
+    if scope is not None and scope != tenant:
+        raise NotFoundError(f"no tenant {tenant!r}")

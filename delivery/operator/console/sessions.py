@@ -1,0 +1,143 @@
+"""Console and portal sessions, and the single-use links that open the portal.
+
+A session id is 32 random bytes in an HttpOnly cookie; the database keeps only its SHA-256,
+so a database dump opens no session. Each session carries its own CSRF token, which every
+state-changing request must echo (a form field or the X-CSRF-Token header).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import secrets
+from dataclasses import dataclass
+
+from sqlalchemy import Connection
+
+from delivery.operator.console import queries
+from outbox.audit import record_audit
+from outbox.errors import NotFoundError, OperationError
+
+LINK_PREFIX = "obxl_"
+# A portal link is a bearer credential in a URL until it is used: keep it short-lived.
+MAX_LINK_TTL = dt.timedelta(days=7)
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class WebSession:
+    """Who is looking: an operator (tenant None: everything) or one tenant's people."""
+
+    kind: str  # 'console' or 'portal'
+    actor: str
+    role: str  # 'viewer' or 'operator'
+    tenant_uid: str | None
+    csrf_token: str
+
+    @property
+    def can_act(self) -> bool:
+        return self.role == "operator"
+
+
+def open_session(
+    conn: Connection,
+    *,
+    kind: str,
+    actor: str,
+    role: str,
+    tenant_uid: str | None,
+    now: dt.datetime,
+    ttl: dt.timedelta,
+) -> tuple[str, WebSession]:
+    """Store a new session; returns the cookie value (shown to nobody else) and the session."""
+    cookie = secrets.token_urlsafe(32)
+    session = WebSession(
+        kind=kind,
+        actor=actor,
+        role=role,
+        tenant_uid=tenant_uid,
+        csrf_token=secrets.token_urlsafe(24),
+    )
+    conn.execute(queries.DELETE_EXPIRED_SESSIONS, {"now": now})
+    conn.execute(
+        queries.INSERT_SESSION,
+        {
+            "id_hash": _hash(cookie),
+            "kind": kind,
+            "actor": actor,
+            "role": role,
+            "tenant_uid": tenant_uid,
+            "csrf_token": session.csrf_token,
+            "now": now,
+            "expires_at": now + ttl,
+        },
+    )
+    return cookie, session
+
+
+def load_session(
+    conn: Connection, cookie: str, *, kind: str, now: dt.datetime
+) -> WebSession | None:
+    if not cookie or len(cookie) > 128:
+        return None
+    row = conn.execute(queries.SELECT_SESSION, {"id_hash": _hash(cookie), "now": now}).first()
+    if row is None or row.kind != kind:
+        return None
+    return WebSession(
+        kind=str(row.kind),
+        actor=str(row.actor),
+        role=str(row.role),
+        tenant_uid=row.tenant_uid,
+        csrf_token=str(row.csrf_token),
+    )
+
+
+def close_session(conn: Connection, cookie: str) -> None:
+    conn.execute(queries.DELETE_SESSION, {"id_hash": _hash(cookie)})
+
+
+def issue_portal_link(
+    conn: Connection, tenant_uid: str, *, actor: str, now: dt.datetime, ttl: dt.timedelta
+) -> str:
+    """A single-use secret that opens the portal of `tenant_uid` until `now + ttl`; audited."""
+    if not dt.timedelta(0) < ttl <= MAX_LINK_TTL:
+        raise OperationError("a portal link's lifetime must be above 0 and at most 7 days")
+    secret = LINK_PREFIX + secrets.token_urlsafe(32)
+    created = conn.execute(
+        queries.INSERT_PORTAL_LINK,
+        {
+            "id_hash": _hash(secret),
+            "tenant_uid": tenant_uid,
+            "actor": actor,
+            "now": now,
+            "expires_at": now + ttl,
+        },
+    ).first()
+    if created is None:
+        raise NotFoundError(f"no enabled tenant {tenant_uid!r}: `outbox tenants list` shows them")
+    record_audit(
+        conn,
+        actor=actor,
+        action="portal.link",
+        target_type="tenant",
+        target_id=tenant_uid,
+        details={"expires_at": (now + ttl).isoformat()},
+        tenant=tenant_uid,
+    )
+    return secret
+
+
+def redeem_portal_link(conn: Connection, secret: str, *, now: dt.datetime) -> str | None:
+    """The link's tenant, once: a used, expired or unknown link gives None."""
+    if not secret.startswith(LINK_PREFIX) or len(secret) > 128:
+        return None
+    row = conn.execute(queries.REDEEM_PORTAL_LINK, {"id_hash": _hash(secret), "now": now}).first()
+    return None if row is None else str(row.tenant_uid)
+
+
+def portal_link(secret: str, public_url: str | None) -> str:
+    """The link to hand the tenant: a full URL when the public base URL is configured."""
+    return f"{public_url or ''}/portal/enter?link={secret}"

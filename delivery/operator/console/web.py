@@ -1,0 +1,800 @@
+"""The operator console (/console) and the tenant portal (/portal): server-rendered pages.
+
+Pages are Jinja2 templates (files in templates/) with htmx for partial updates and uPlot
+for charts, both shipped in static/ (no CDN: it works offline and behind firewalls). The
+data comes from the same functions the CLI and the admin API call, so the three never
+disagree. Security: sessions live in HttpOnly SameSite cookies (Secure over HTTPS), tokens
+never appear in a URL, every state change needs the session's CSRF token, the
+Content-Security-Policy allows scripts and styles from this origin only (no inline code),
+templates escape every value, and framing is refused except by the configured origins.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+import json
+import re
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+import jinja2
+from sqlalchemy import Connection
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from delivery.operator.console import queries, scoped
+from delivery.operator.console.sessions import (
+    WebSession,
+    close_session,
+    issue_portal_link,
+    load_session,
+    open_session,
+    portal_link,
+    redeem_portal_link,
+)
+from outbox import operations as ops
+from outbox.errors import NotFoundError, OutboxError
+from outbox.tokens import TokenRefusedError, authenticate
+
+if TYPE_CHECKING:
+    from delivery.operator.api import AdminApi
+
+HERE = Path(__file__).resolve().parent
+CONSOLE_COOKIE = "obx_console"
+PORTAL_COOKIE = "obx_portal"
+_COLOR = re.compile(r"^#[0-9a-fA-F]{6}$")
+_ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleConfig:
+    """Settings of the web pages (OUTBOX_CONSOLE_*), validated at the edge."""
+
+    app_name: str = "webhook-outbox"
+    brand_color: str = "#2f5bea"
+    # Origins allowed to embed the portal in an iframe (e.g. https://app.example.com).
+    frame_origins: tuple[str, ...] = ()
+    session_ttl: dt.timedelta = dt.timedelta(hours=8)
+    portal_session_ttl: dt.timedelta = dt.timedelta(hours=1)
+    link_ttl: dt.timedelta = dt.timedelta(minutes=15)
+    # Logins and link exchanges per client address per minute.
+    logins_per_minute: int = 10
+    # Where the admin server is reached (OUTBOX_PUBLIC_URL): portal links print in full.
+    public_url: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _COLOR.match(self.brand_color):
+            raise ValueError(f"brand colour {self.brand_color!r} must look like #2f5bea")
+        for origin in self.frame_origins:
+            if not _ORIGIN.match(origin):
+                raise ValueError(
+                    f"frame origin {origin!r} must be a scheme and host, e.g. https://app.example"
+                )
+
+
+@dataclass(slots=True)
+class RateLimiter:
+    """At most `limit` events per key in any 60 s (login and link exchange)."""
+
+    limit: int
+    seen: dict[str, deque[dt.datetime]] = field(default_factory=dict)
+
+    def allow(self, key: str, now: dt.datetime) -> bool:
+        window = self.seen.setdefault(key, deque())
+        while window and now - window[0] >= dt.timedelta(minutes=1):
+            window.popleft()
+        if len(window) >= self.limit:
+            return False
+        window.append(now)
+        if len(self.seen) > 10_000:  # forget idle clients so the map stays bounded
+            for idle in [k for k, v in self.seen.items() if not v][:5_000]:
+                del self.seen[idle]
+        return True
+
+
+class PageError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+Page = Callable[[Request, WebSession], Awaitable[Response]]
+
+
+class Console:
+    """Routes of the console and the portal, sharing the admin API's engine and clock."""
+
+    def __init__(self, api: AdminApi, config: ConsoleConfig | None = None) -> None:
+        self.api = api
+        self.config = config or ConsoleConfig()
+        self.limiter = RateLimiter(self.config.logins_per_minute)
+        self.env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(HERE / "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+        )
+        self.env.filters["ago"] = _ago
+        self.env.filters["ms"] = _ms
+        self.env.filters["pct"] = _pct
+        # Readable JSON; the template's autoescaping then makes it safe HTML.
+        self.env.filters["pretty"] = _pretty
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def render(
+        self, request: Request, template: str, status: int = 200, **context: Any
+    ) -> Response:
+        context.setdefault("session", None)
+        body = self.env.get_template(template).render(
+            request=request, config=self.config, **context
+        )
+        session = context.get("session")
+        portal = template.startswith("portal/") or getattr(session, "kind", None) == "portal"
+        return self.secure(HTMLResponse(body, status), portal=portal)
+
+    def secure(self, response: Response, *, portal: bool = False) -> Response:
+        origins = " ".join(self.config.frame_origins) if portal else ""
+        ancestors = origins or "'none'"
+        response.headers["content-security-policy"] = (
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+            "connect-src 'self'; form-action 'self'; base-uri 'none'; "
+            f"frame-ancestors {ancestors}"
+        )
+        if not origins:
+            response.headers["x-frame-options"] = "DENY"
+        response.headers["x-content-type-options"] = "nosniff"
+        response.headers["referrer-policy"] = "same-origin"
+        response.headers["cache-control"] = "no-store"
+        return response
+
+    def _cookie(self, response: Response, request: Request, name: str, value: str) -> None:
+        https = request.url.scheme == "https"
+        # The portal is embedded cross-site only from configured origins; that needs
+        # SameSite=None, which browsers accept only with Secure (HTTPS).
+        cross_site = name == PORTAL_COOKIE and bool(self.config.frame_origins) and https
+        ttl = self.config.portal_session_ttl if name == PORTAL_COOKIE else self.config.session_ttl
+        response.set_cookie(
+            name,
+            value,
+            max_age=int(ttl.total_seconds()),
+            path="/portal" if name == PORTAL_COOKIE else "/console",
+            httponly=True,
+            secure=https,
+            samesite="none" if cross_site else ("lax" if name == PORTAL_COOKIE else "strict"),
+        )
+
+    def _client(self, request: Request) -> str:
+        return request.client.host if request.client else "unknown"
+
+    async def _session(self, request: Request, kind: str) -> WebSession | None:
+        cookie = request.cookies.get(CONSOLE_COOKIE if kind == "console" else PORTAL_COOKIE, "")
+        if not cookie:
+            return None
+        now = self.api.clock.now()
+        return await self.api.read(lambda c: load_session(c, cookie, kind=kind, now=now))
+
+    async def _check_csrf(self, request: Request, session: WebSession) -> dict[str, str]:
+        form = await request.form()
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        presented = request.headers.get("x-csrf-token") or fields.get("csrf", "")
+        if not hmac.compare_digest(presented.encode(), session.csrf_token.encode()):
+            raise PageError(403, "the form expired or did not come from this console; reload")
+        origin = request.headers.get("origin")
+        if origin and origin != f"{request.url.scheme}://{request.url.netloc}":
+            raise PageError(403, "cross-origin form refused")
+        return fields
+
+    def page(self, kind: str, handler: Page, *, act: bool = False) -> Callable[..., Any]:
+        """Wrap a handler: load the session, check role and CSRF, render errors."""
+
+        async def endpoint(request: Request) -> Response:
+            session = await self._session(request, kind)
+            if session is None:
+                if kind == "console":
+                    return self.secure(RedirectResponse("/console/login", 303))
+                return self.render(
+                    request,
+                    "portal/expired.html",
+                    401,
+                    message="This portal session has ended. Ask for a new link.",
+                )
+            try:
+                if request.method == "POST":
+                    if act and not session.can_act:
+                        raise PageError(403, "your role can look but not act")
+                    request.state.form = await self._check_csrf(request, session)
+                return await handler(request, session)
+            except PageError as exc:
+                return self.render(
+                    request, "error.html", exc.status, session=session, message=exc.message
+                )
+            except NotFoundError as exc:
+                return self.render(request, "error.html", 404, session=session, message=str(exc))
+            except (OutboxError, ValueError) as exc:
+                return self.render(request, "error.html", 400, session=session, message=str(exc))
+
+        return endpoint
+
+    # -- login ----------------------------------------------------------------------------
+
+    async def login_form(self, request: Request) -> Response:
+        return self.render(request, "login.html", session=None, error=None)
+
+    async def login(self, request: Request) -> Response:
+        now = self.api.clock.now()
+        if not self.limiter.allow(f"login:{self._client(request)}", now):
+            return self.render(
+                request, "login.html", 429, session=None, error="Too many attempts; wait a minute."
+            )
+        form = await request.form()
+        presented = str(form.get("token") or "")
+
+        def sign_in(conn: Connection) -> tuple[str, WebSession] | None:
+            try:
+                principal = authenticate(conn, presented, now=now)
+            except TokenRefusedError:
+                return None  # its tenant was deleted: unknown, as far as signing in goes
+            if principal is None:
+                return None
+            return open_session(
+                conn,
+                kind="console",
+                actor=principal.actor,
+                role=principal.role,
+                tenant_uid=principal.tenant,
+                now=now,
+                ttl=self.config.session_ttl,
+            )
+
+        opened = await self.api.write(sign_in)
+        if opened is None:
+            return self.render(
+                request,
+                "login.html",
+                401,
+                session=None,
+                error="That token is unknown or revoked. Create one with `outbox tokens create`.",
+            )
+        response = self.secure(RedirectResponse("/console/", 303))
+        self._cookie(response, request, CONSOLE_COOKIE, opened[0])
+        return response
+
+    async def logout(self, request: Request, session: WebSession) -> Response:
+        portal = session.kind == "portal"
+        name = PORTAL_COOKIE if portal else CONSOLE_COOKIE
+        cookie = request.cookies.get(name, "")
+        await self.api.write(lambda c: close_session(c, cookie))
+        if portal:
+            response = self.render(
+                request, "portal/expired.html", message="Signed out. Ask for a new link to return."
+            )
+        else:
+            response = self.secure(RedirectResponse("/console/login", 303))
+        response.delete_cookie(name, path="/portal" if portal else "/console")
+        return response
+
+    async def brand_css(self, request: Request) -> Response:
+        css = f":root {{ --brand: {self.config.brand_color}; }}\n"
+        return self.secure(Response(css, media_type="text/css"))
+
+    # -- overview -------------------------------------------------------------------------
+
+    async def _overview(self, session: WebSession) -> scoped.Overview:
+        now = self.api.clock.now()
+        config = self.api.config
+        return await self.api.read(
+            lambda c: scoped.overview(
+                c,
+                session.tenant_uid,
+                now=now,
+                window=config.stats_window,
+                thresholds=config.thresholds,
+            )
+        )
+
+    async def overview(self, request: Request, session: WebSession) -> Response:
+        stats = await self._overview(session)
+        return self.render(request, "overview.html", session=session, stats=stats)
+
+    async def overview_panel(self, request: Request, session: WebSession) -> Response:
+        stats = await self._overview(session)
+        return self.render(request, "_overview_panel.html", session=session, stats=stats)
+
+    async def charts(self, request: Request, session: WebSession) -> Response:
+        span = dt.timedelta(days=1) if request.query_params.get("range") == "day" else None
+        span = span or dt.timedelta(hours=1)
+        since = self.api.clock.now() - span
+        tenant = session.tenant_uid
+        uid = request.path_params.get("uid")
+
+        def read(conn: Connection) -> list[Any]:
+            if uid is not None:
+                scoped.require_endpoint(conn, uid, tenant)
+                statement, params = queries.ENDPOINT_ATTEMPT_SERIES, {"since": since, "uid": uid}
+            else:
+                statement, params = queries.ATTEMPT_SERIES, {"since": since, "tenant_uid": tenant}
+            return list(conn.execute(statement, params).mappings())
+
+        rows = await self.api.read(read)
+        data = {
+            "minutes": [int(row["minute"].timestamp()) for row in rows],
+            "succeeded": [int(row["succeeded"]) for row in rows],
+            "failed": [int(row["retryable"] + row["permanent"] + row["ambiguous"]) for row in rows],
+            "p50_ms": [float(row["p50_ms"]) for row in rows],
+            "p99_ms": [float(row["p99_ms"]) for row in rows],
+        }
+        return self.secure(JSONResponse(data), portal=session.kind == "portal")
+
+    # -- deliveries -----------------------------------------------------------------------
+
+    def _filter(self, request: Request) -> ops.DeliveryFilter:
+        q = request.query_params
+
+        def text(name: str) -> str | None:
+            value = (q.get(name) or "").strip()
+            return value or None
+
+        def when(name: str) -> dt.datetime | None:
+            value = text(name)
+            if value is None:
+                return None
+            try:
+                parsed = dt.datetime.fromisoformat(value)
+            except ValueError as exc:
+                raise PageError(400, f"{name}: use a date and time like 2026-11-30T10:00") from exc
+            return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+        before = text("before")
+        if before is not None and not (before.isascii() and before.isdigit() and len(before) < 19):
+            raise PageError(400, "before must be a delivery id")
+        state = text("state")
+        return ops.DeliveryFilter(
+            states=(state,) if state else (),
+            endpoint=text("endpoint"),
+            event_type=text("event_type"),
+            error=text("error"),
+            since=when("since"),
+            until=when("until"),
+            before_id=int(before) if before else None,
+            limit=50,
+        )
+
+    def _tenant_of(self, request: Request, session: WebSession) -> str | None:
+        """The session's tenant; an unscoped operator may filter on one instead."""
+        if session.tenant_uid is not None:
+            return session.tenant_uid
+        chosen = (request.query_params.get("tenant") or "").strip()
+        return chosen or None
+
+    async def deliveries(self, request: Request, session: WebSession) -> Response:
+        flt = self._filter(request)
+        tenant = self._tenant_of(request, session)
+        message_id = (request.query_params.get("message_id") or "").strip() or None
+        items = await self.api.read(
+            lambda c: scoped.search_deliveries(c, flt, tenant=tenant, message_id=message_id)
+        )
+        query = {k: v for k, v in request.query_params.items() if v and k != "before"}
+        next_page = (
+            "?" + urlencode({**query, "before": items[-1].id}) if len(items) == flt.limit else None
+        )
+        return self.render(
+            request,
+            "deliveries.html",
+            session=session,
+            items=items,
+            query=query,
+            next_page=next_page,
+            states=("scheduled", "in_flight", "succeeded", "dead", "discarded"),
+            # A bulk replay takes the filter's fields (the tenant among them), not a message id.
+            bulk=session.kind == "console" and "message_id" not in query,
+        )
+
+    def _delivery_id(self, request: Request) -> int:
+        raw = request.path_params["id"]
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+            raise NotFoundError(f"no delivery {raw}")
+        return int(raw)
+
+    async def delivery(self, request: Request, session: WebSession) -> Response:
+        delivery_id = self._delivery_id(request)
+        tenant = session.tenant_uid
+        detail = await self.api.read(lambda c: scoped.get_delivery(c, delivery_id, tenant))
+        return self.render(request, "delivery.html", session=session, detail=detail, notice=None)
+
+    def _root(self, session: WebSession) -> str:
+        return "/portal" if session.kind == "portal" else "/console"
+
+    def _redirect(self, session: WebSession, path: str) -> Response:
+        return self.secure(
+            RedirectResponse(self._root(session) + path, 303), portal=session.kind == "portal"
+        )
+
+    async def replay(self, request: Request, session: WebSession) -> Response:
+        delivery_id = self._delivery_id(request)
+        form: dict[str, str] = request.state.form
+        now = self.api.clock.now()
+        result = await self.api.write(
+            lambda c: scoped.replay(
+                c,
+                delivery_id,
+                session.tenant_uid,
+                actor=session.actor,
+                reason=form.get("reason"),
+                now=now,
+            )
+        )
+        # Straight to the new delivery, so the operator watches it succeed or fail.
+        target = result.replayed[0][1] if result.replayed else delivery_id
+        return self._redirect(session, f"/deliveries/{target}")
+
+    async def discard(self, request: Request, session: WebSession) -> Response:
+        delivery_id = self._delivery_id(request)
+        form: dict[str, str] = request.state.form
+        now = self.api.clock.now()
+        await self.api.write(
+            lambda c: scoped.discard(
+                c,
+                delivery_id,
+                session.tenant_uid,
+                actor=session.actor,
+                reason=form.get("reason"),
+                now=now,
+            )
+        )
+        return self._redirect(session, f"/deliveries/{delivery_id}")
+
+    async def bulk_replay(self, request: Request, session: WebSession) -> Response:
+        """Step one (no `confirm`): a dry run shown to the operator. Step two: the replay."""
+        form: dict[str, str] = request.state.form
+        flt = ops.DeliveryFilter(
+            states=(form.get("state") or "dead",),
+            endpoint=form.get("endpoint") or None,
+            event_type=form.get("event_type") or None,
+            error=form.get("error") or None,
+            # A scoped session's tenant, whatever the form says; else the operator's filter.
+            tenant=session.tenant_uid or form.get("tenant") or None,
+        )
+        now = self.api.clock.now()
+        confirm = form.get("confirm") == "yes"
+        result = await self.api.write(
+            lambda c: ops.bulk_replay(
+                c,
+                flt,
+                actor=session.actor,
+                reason=form.get("reason"),
+                now=now,
+                dry_run=not confirm,
+                rate_per_minute=self.api.config.replay_rate_per_minute,
+            )
+        )
+        return self.render(
+            request,
+            "bulk_replay.html",
+            session=session,
+            result=result.as_json(),
+            form=form,
+            confirmed=confirm,
+        )
+
+    # -- endpoints --------------------------------------------------------------------------
+
+    async def endpoints(self, request: Request, session: WebSession) -> Response:
+        tenant = session.tenant_uid
+
+        def read(conn: Connection) -> tuple[list[Any], list[str]]:
+            found = scoped.list_endpoints(conn, tenant)
+            types = scoped.event_types(conn, tenant) if tenant is not None else []
+            return found, types
+
+        stats = await self._overview(session)
+        found, types = await self.api.read(read)
+        health = {e.uid: e for e in stats.endpoints}
+        return self.render(
+            request,
+            "endpoints.html",
+            session=session,
+            endpoints=found,
+            health=health,
+            event_types=types,
+            created=None,
+        )
+
+    async def add_endpoint(self, request: Request, session: WebSession) -> Response:
+        if session.tenant_uid is None:
+            raise PageError(400, "add endpoints with `outbox endpoints add` or the admin API")
+        tenant = session.tenant_uid
+        form = await request.form()
+        chosen = [str(v) for v in form.getlist("event_type") if str(v).strip()]
+        extra = [p.strip() for p in str(form.get("patterns") or "").split(",") if p.strip()]
+        https_only = self.api.config.https_only
+        created = await self.api.write(
+            lambda c: scoped.add_endpoint(
+                c,
+                self.api.box,
+                tenant,
+                actor=session.actor,
+                url=str(form.get("url") or "").strip(),
+                event_types=[*chosen, *extra],
+                description=str(form.get("description") or "").strip(),
+                https_only=https_only,
+            )
+        )
+        return await self._endpoint_page(
+            request, session, created.endpoint.uid, secret=created.secret, notice="created"
+        )
+
+    def _uid(self, request: Request) -> str:
+        raw = str(request.path_params["uid"])
+        if len(raw) > 64 or not raw.isascii() or not raw.replace("_", "").isalnum():
+            raise NotFoundError(f"no endpoint {raw}")
+        return raw
+
+    async def _endpoint_page(
+        self,
+        request: Request,
+        session: WebSession,
+        uid: str,
+        *,
+        secret: str | None = None,
+        notice: str | None = None,
+    ) -> Response:
+        tenant = session.tenant_uid
+
+        def read(conn: Connection) -> tuple[dict[str, Any], list[Any], list[str]]:
+            page = scoped.endpoint_page(conn, uid, tenant)
+            recent = scoped.search_deliveries(
+                conn, ops.DeliveryFilter(endpoint=uid, limit=20), tenant=tenant, message_id=None
+            )
+            owner = str(page["settings"]["tenant_uid"])
+            return page, recent, scoped.event_types(conn, owner)
+
+        page, recent, types = await self.api.read(read)
+        stats = await self._overview(session)
+        health = next((e for e in stats.endpoints if e.uid == uid), None)
+        return self.render(
+            request,
+            "endpoint.html",
+            session=session,
+            endpoint=page["endpoint"],
+            settings=page["settings"],
+            health=health,
+            recent=recent,
+            event_types=types,
+            secret=secret,
+            notice=notice,
+        )
+
+    async def endpoint(self, request: Request, session: WebSession) -> Response:
+        return await self._endpoint_page(request, session, self._uid(request))
+
+    async def endpoint_action(self, request: Request, session: WebSession) -> Response:
+        """Every change to one endpoint: the action is the last part of the path."""
+        uid = self._uid(request)
+        action = str(request.path_params["action"])
+        form: dict[str, str] = request.state.form
+        tenant, actor, now = session.tenant_uid, session.actor, self.api.clock.now()
+        box, config = self.api.box, self.api.config
+        portal_only = {"edit", "delete"}
+        if action in portal_only and session.kind != "portal":
+            raise PageError(400, f"{action} endpoints with `outbox endpoints` or the admin API")
+        if action in ("enable", "disable"):
+            await self.api.write(
+                lambda c: scoped.set_endpoint_enabled(
+                    c,
+                    uid,
+                    tenant,
+                    enabled=action == "enable",
+                    actor=actor,
+                    reason=form.get("reason"),
+                )
+            )
+            return self._redirect(session, f"/endpoints/{uid}")
+        if action == "reveal":
+            secret = await self.api.write(lambda c: scoped.reveal(c, box, uid, tenant, actor=actor))
+            return await self._endpoint_page(request, session, uid, secret=secret)
+        if action == "rotate":
+            rotated = await self.api.write(
+                lambda c: scoped.rotate(
+                    c, box, uid, tenant, actor=actor, now=now, grace=config.default_rotation_grace
+                )
+            )
+            return await self._endpoint_page(
+                request, session, uid, secret=rotated.secret, notice="rotated"
+            )
+        if action == "test":
+            delivery_id = await self.api.write(
+                lambda c: scoped.send_test_event(c, uid, tenant, actor=actor, now=now)
+            )
+            return self._redirect(session, f"/deliveries/{delivery_id}")
+        if action == "edit":
+            raw = await request.form()
+            chosen = [str(v) for v in raw.getlist("event_type") if str(v).strip()]
+            extra = [p.strip() for p in (form.get("patterns") or "").split(",") if p.strip()]
+            await self.api.write(
+                lambda c: scoped.update_endpoint(
+                    c,
+                    uid,
+                    tenant,
+                    actor=actor,
+                    url=(form.get("url") or "").strip() or None,
+                    description=form.get("description"),
+                    event_types=[*chosen, *extra] or None,
+                    https_only=config.https_only,
+                )
+            )
+            return self._redirect(session, f"/endpoints/{uid}")
+        if action == "delete":
+            await self.api.write(
+                lambda c: scoped.delete_endpoint(
+                    c, uid, tenant, actor=actor, reason=form.get("reason")
+                )
+            )
+            return self._redirect(session, "/endpoints")
+        raise NotFoundError(f"no action {action}")
+
+    # -- tenants, audit -------------------------------------------------------------------
+
+    async def tenants(
+        self, request: Request, session: WebSession, issued: dict[str, str] | None = None
+    ) -> Response:
+        tenant = session.tenant_uid
+        rows = await self.api.read(
+            lambda c: list(
+                c.execute(
+                    queries.SELECT_TENANTS_OVERVIEW, {"tenant_uid": tenant, "limit": 500}
+                ).mappings()
+            )
+        )
+        return self.render(request, "tenants.html", session=session, tenants=rows, issued=issued)
+
+    async def portal_link(self, request: Request, session: WebSession) -> Response:
+        """Issue a portal link from the tenants page, shown once to the operator."""
+        tenant = str(request.path_params["uid"])
+        now, ttl = self.api.clock.now(), self.config.link_ttl
+
+        def issue(conn: Connection) -> str:
+            scoped.issue_link_checked(conn, tenant, session.tenant_uid)
+            return issue_portal_link(conn, tenant, actor=session.actor, now=now, ttl=ttl)
+
+        secret = await self.api.write(issue)
+        link = portal_link(secret, self.config.public_url)
+        if not self.config.public_url:
+            link = f"{request.url.scheme}://{request.url.netloc}{link}"
+        return await self.tenants(
+            request, session, issued={"tenant": tenant, "link": link, "expires": _ago(now + ttl)}
+        )
+
+    async def audit(self, request: Request, session: WebSession) -> Response:
+        q = request.query_params
+        actor = (q.get("actor") or "").strip() or None
+        action = (q.get("action") or "").strip() or None
+        tenant = session.tenant_uid
+        entries = await self.api.read(
+            lambda c: scoped.list_audit(c, tenant, actor=actor, action=action, limit=100)
+        )
+        return self.render(
+            request, "audit.html", session=session, entries=entries, actor=actor, action=action
+        )
+
+    # -- portal ---------------------------------------------------------------------------
+
+    async def portal_enter(self, request: Request) -> Response:
+        """Exchange a single-use link for a session; the link leaves the address bar."""
+        now = self.api.clock.now()
+        if not self.limiter.allow(f"link:{self._client(request)}", now):
+            return self.render(
+                request, "portal/expired.html", 429, message="Too many attempts; wait a minute."
+            )
+        secret = request.query_params.get("link", "")
+
+        def exchange(conn: Connection) -> tuple[str, WebSession] | None:
+            tenant = redeem_portal_link(conn, secret, now=now)
+            if tenant is None:
+                return None
+            return open_session(
+                conn,
+                kind="portal",
+                actor=f"portal:{tenant}",
+                role="operator",
+                tenant_uid=tenant,
+                now=now,
+                ttl=self.config.portal_session_ttl,
+            )
+
+        opened = await self.api.write(exchange)
+        if opened is None:
+            return self.render(
+                request,
+                "portal/expired.html",
+                401,
+                message="This link was already used or has expired. Ask for a new one.",
+            )
+        response = self.secure(RedirectResponse("/portal/", 303), portal=True)
+        self._cookie(response, request, PORTAL_COOKIE, opened[0])
+        return response
+
+    async def portal_home(self, request: Request, session: WebSession) -> Response:
+        return self._redirect(session, "/endpoints")
+
+    # -- routing --------------------------------------------------------------------------
+
+    def routes(self) -> list[BaseRoute]:
+        c, p = "console", "portal"
+        console = [
+            Route("/login", self.login_form, methods=["GET"]),
+            Route("/login", self.login, methods=["POST"]),
+            Route("/logout", self.page(c, self.logout), methods=["POST"]),
+            Route("/brand.css", self.brand_css, methods=["GET"]),
+            Route("/", self.page(c, self.overview), methods=["GET"]),
+            Route("/overview/panel", self.page(c, self.overview_panel), methods=["GET"]),
+            Route("/charts.json", self.page(c, self.charts), methods=["GET"]),
+            Route("/deliveries", self.page(c, self.deliveries), methods=["GET"]),
+            Route("/deliveries/{id}", self.page(c, self.delivery), methods=["GET"]),
+            Route("/deliveries/{id}/replay", self.page(c, self.replay, act=True), methods=["POST"]),
+            Route(
+                "/deliveries/{id}/discard", self.page(c, self.discard, act=True), methods=["POST"]
+            ),
+            Route("/replays", self.page(c, self.bulk_replay, act=True), methods=["POST"]),
+            Route("/endpoints", self.page(c, self.endpoints), methods=["GET"]),
+            Route("/endpoints/{uid}", self.page(c, self.endpoint), methods=["GET"]),
+            Route("/endpoints/{uid}/charts.json", self.page(c, self.charts), methods=["GET"]),
+            Route(
+                "/endpoints/{uid}/{action}",
+                self.page(c, self.endpoint_action, act=True),
+                methods=["POST"],
+            ),
+            Route("/tenants", self.page(c, self.tenants), methods=["GET"]),
+            Route(
+                "/tenants/{uid}/portal-link",
+                self.page(c, self.portal_link, act=True),
+                methods=["POST"],
+            ),
+            Route("/audit", self.page(c, self.audit), methods=["GET"]),
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        ]
+        portal = [
+            Route("/enter", self.portal_enter, methods=["GET"]),
+            Route("/logout", self.page(p, self.logout), methods=["POST"]),
+            Route("/brand.css", self.brand_css, methods=["GET"]),
+            Route("/", self.page(p, self.portal_home), methods=["GET"]),
+            Route("/endpoints", self.page(p, self.endpoints), methods=["GET"]),
+            Route("/endpoints", self.page(p, self.add_endpoint, act=True), methods=["POST"]),
+            Route("/endpoints/{uid}", self.page(p, self.endpoint), methods=["GET"]),
+            Route("/endpoints/{uid}/charts.json", self.page(p, self.charts), methods=["GET"]),
+            Route(
+                "/endpoints/{uid}/{action}",
+                self.page(p, self.endpoint_action, act=True),
+                methods=["POST"],
+            ),
+            Route("/deliveries", self.page(p, self.deliveries), methods=["GET"]),
+            Route("/deliveries/{id}", self.page(p, self.delivery), methods=["GET"]),
+            Route("/deliveries/{id}/replay", self.page(p, self.replay, act=True), methods=["POST"]),
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="portal-static"),
+        ]
+        return [Mount("/console", routes=console), Mount("/portal", routes=portal)]
+
+
+def _ago(value: dt.datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} ms"
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f} %"
