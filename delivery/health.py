@@ -463,7 +463,11 @@ def choose_endpoints(
 @dataclass(frozen=True, slots=True)
 class Gates:
     """What one claim may take: the heads of the endpoints with due work (enabled, of
-    enabled tenants), budgets of gated endpoints and capped tenants (others: unlimited)."""
+    enabled tenants), budgets of gated endpoints and capped tenants (others: unlimited).
+
+    When the database ranked the candidates (`open_gates` with a limit), `heads` holds
+    only the ones this claim will visit plus the gated ones, and `more` says whether
+    others were left out; otherwise it holds every candidate."""
 
     budgets: dict[int, int]
     locked: dict[int, Health]
@@ -471,6 +475,8 @@ class Gates:
     tenant_budgets: dict[int, int] = dataclasses.field(default_factory=dict)
     tenants_locked: dict[int, TenantCap] = dataclasses.field(default_factory=dict)
     tenant_of: dict[int, int] = dataclasses.field(default_factory=dict)
+    more: bool = False
+    spread: int = 0  # tenants with due work, about (whether a quick ranking may apply)
 
     def params(
         self,
@@ -484,6 +490,7 @@ class Gates:
         for endpoint_id, cap in (local_caps or {}).items():
             budgets[endpoint_id] = min(budgets.get(endpoint_id, cap), cap)
         chosen, more = choose_endpoints(self.heads, budgets, self.tenant_budgets, limit, set_aside)
+        more = more or self.more
         # About twice each endpoint's fair share of the batch: enough to fill it when some
         # endpoints have less due, few enough that many busy endpoints lock few rows each.
         per_endpoint = max(1, math.ceil(2 * limit / max(1, len(chosen))))
@@ -498,12 +505,27 @@ class Gates:
         }
 
 
-async def open_gates(conn: AsyncConnection, *, now: dt.datetime, config: HealthConfig) -> Gates:
+async def open_gates(
+    conn: AsyncConnection,
+    *,
+    now: dt.datetime,
+    config: HealthConfig,
+    limit: int | None = None,
+    set_aside: Collection[int] = frozenset(),
+    local_caps: Mapping[int, int] | None = None,
+    quick: bool = True,
+) -> Gates:
     """Find the endpoints with scheduled work; lock the gated endpoints' health rows and the
     capped tenants' rows (SKIP LOCKED) and work out each one's claim budget.
 
     An endpoint or tenant whose row another worker holds gets budget 0 for this claim:
     that worker is spending its limits right now.
+
+    With a `limit` (and the `set_aside` and `local_caps` that `Gates.params` will get),
+    the database ranks the candidates in `choose_endpoints`' order and returns only the
+    first `limit` (queries.RANK_CLAIM_GATES says when it cannot and returns them all), so
+    a claim among a thousand busy endpoints reads a batch's worth of heads. `quick` tries
+    its quickest path first (worth it when the last claim's `spread` reached the limit).
     """
     budgets: dict[int, int] = {}
     locked: dict[int, Health] = {}
@@ -512,7 +534,21 @@ async def open_gates(conn: AsyncConnection, *, now: dt.datetime, config: HealthC
     tenant_budgets: dict[int, int] = {}
     tenants_locked: dict[int, TenantCap] = {}
     tenant_of: dict[int, int] = {}
-    for row in await conn.execute(queries.LOCK_CLAIM_GATES, {"now": now}):
+    more = False
+    statement = queries.LOCK_CLAIM_GATES
+    params: dict[str, Any] = {"now": now}
+    if limit is not None:
+        statement = queries.RANK_CLAIM_GATES
+        params.update(
+            limit=limit,
+            set_aside=list(set_aside),
+            excluded=[eid for eid, cap in (local_caps or {}).items() if cap <= 0],
+            quick=quick,
+        )
+    spread: int | None = None
+    for row in await conn.execute(statement, params):
+        more = bool(row.ranked and row.more)
+        spread = row.spread if limit is not None else None
         heads.append(
             Head(row.endpoint_id, row.tenant_id, row.head_priority, row.head_due_at, row.head_id)
         )
@@ -563,6 +599,8 @@ async def open_gates(conn: AsyncConnection, *, now: dt.datetime, config: HealthC
         tenant_budgets=tenant_budgets,
         tenants_locked=tenants_locked,
         tenant_of=tenant_of,
+        more=more,
+        spread=len(set(tenant_of.values())) if spread is None else spread,
     )
 
 

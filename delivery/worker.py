@@ -192,6 +192,9 @@ class Worker:
         # Endpoints a recent claim visited without finding anything claimable, set aside
         # until then (health.choose_endpoints puts them last).
         self._barren: dict[int, dt.datetime] = {}
+        # Tenants with due work at the last claim, about: with a batch's worth or more, the
+        # next claim tries to rank them from the oldest due rows alone (RANK_CLAIM_GATES).
+        self._spread = 1_000_000
 
     # -- claiming -------------------------------------------------------------------
 
@@ -217,7 +220,16 @@ class Worker:
         self._barren = {eid: until for eid, until in self._barren.items() if until > now}
         local = self._slots_left()
         async with self._engine.begin() as conn:
-            gates = await health.open_gates(conn, now=now, config=self.config.health)
+            gates = await health.open_gates(
+                conn,
+                now=now,
+                config=self.config.health,
+                limit=limit,
+                set_aside=self._barren.keys(),
+                local_caps=local,
+                quick=self._spread >= limit,
+            )
+            self._spread = gates.spread
             params = gates.params(limit, local, self._barren.keys())
             more = params.pop("more")
             if not params["endpoint_ids"]:

@@ -243,11 +243,14 @@ deliveries = Table(
         unique=True,
         postgresql_where=text("replay_of IS NULL"),
     ),
-    # "What is due now", read by every claim: only scheduled rows are indexed.
+    # "What is due now", in the claim's order: only scheduled rows are indexed. A claim
+    # among many tenants walks it from the front (migration 0015 added `id`, so rows
+    # due at the same moment are in claim order too).
     Index(
         "ix_deliveries_due",
         text("priority DESC"),
         "next_attempt_at",
+        "id",
         postgresql_where=text("state = 'scheduled'"),
     ),
     # Leases to rescue when a worker dies.
