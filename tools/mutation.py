@@ -51,7 +51,7 @@ MODULES: dict[str, list[str]] = {
     "delivery/signing.py": ["tests/test_verify.py", "tests/test_delivery.py", "-k", "not aiohttp"],
     "delivery/verify.py": ["tests/test_verify.py"],
     "delivery/ssrf.py": ["tests/test_ssrf.py"],
-    "delivery/reaper.py": ["tests/test_fencing.py", "-k", "not aiohttp"],
+    "delivery/reaper.py": ["tests/test_fencing.py", "tests/test_reaper.py", "-k", "not aiohttp"],
     "outbox/relay.py": ["tests/test_relay.py", "tests/test_tenant_routing.py"],
     "outbox/operations.py": ["tests/test_operations.py"],
 }
