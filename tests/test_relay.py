@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import pytest
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
-from outbox.relay import Relay, RelayConfig
+from outbox.relay import Relay, RelayConfig, RelayResult
 from tests.helpers import add_endpoint, disable, rows, scalar
 
 
@@ -144,3 +146,73 @@ async def test_relay_lingers_after_a_backlog_then_sleeps_until_woken(
     finally:
         stop.set()
         await task
+
+
+async def test_run_until_idle_adds_up_every_batch_and_each_pass_with_deliveries_wakes_workers(
+    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
+) -> None:
+    add_endpoint(engine, box, "http://127.0.0.1:1/orders", "order.*")
+    with engine.begin() as conn:
+        for n in range(5):
+            publish(conn, "order.created", {"n": n})
+    woken: list[int] = []
+    relay = Relay(
+        async_engine, clock, RelayConfig(batch_size=2), on_deliveries=lambda: woken.append(1)
+    )
+    result = await relay.run_until_idle()
+    assert (result.events, result.deliveries, result.rejected) == (5, 5, 0)
+    assert len(woken) == 3  # passes of 2, 2 and 1 events
+    with engine.begin() as conn:
+        publish(conn, "invoice.paid", {})  # no endpoint subscribes: nothing to wake for
+    assert (await relay.run_until_idle()).deliveries == 0
+    assert len(woken) == 3
+
+
+class ScriptedRelay(Relay):
+    """The real `run` loop around scripted passes: the loop's pacing is under test."""
+
+    def __init__(self, script: list[int | Exception], stop: asyncio.Event, wake: asyncio.Event):
+        config = RelayConfig(batch_size=10, poll_interval=1.0, linger=0.05, gather=0.01)
+        super().__init__(None, ManualClock(), config)  # type: ignore[arg-type]
+        self.script, self.stop, self.wake = script, stop, wake
+        self.woken_at_start: list[bool] = []
+
+    async def run_once(self) -> RelayResult:
+        self.woken_at_start.append(self.wake.is_set())
+        self.wake.set()  # a NOTIFY that arrives during the pass
+        step = self.script.pop(0)
+        if not self.script:
+            self.stop.set()
+        if isinstance(step, Exception):
+            raise step
+        return RelayResult(events=step, deliveries=step)
+
+
+async def test_the_loop_continues_through_a_backlog_gathers_after_a_partial_batch_and_lingers(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    waits: list[tuple[str, float]] = []
+    stop, wake = asyncio.Event(), asyncio.Event()
+
+    async def record(*events: asyncio.Event, timeout: float) -> None:  # noqa: ASYNC109
+        names = {id(stop): "stop", id(wake): "wake"}
+        waits.append(("+".join(names[id(e)] for e in events), timeout))
+
+    monkeypatch.setattr("outbox.relay.wait_for_any", record)
+    caplog.set_level(logging.ERROR, logger="outbox.database")
+    # idle, a full batch, a partial one, idle twice, a failing pass, idle
+    relay = ScriptedRelay([0, 10, 3, 0, 0, RuntimeError("a bug"), 0], stop, wake)
+    await relay.run(stop, wake)
+    assert waits == [
+        ("stop+wake", 1.0),  # idle from the start: the poll interval
+        # a full batch: straight on, no wait (publishers do not notify during a backlog)
+        ("stop", 0.01),  # a partial batch: gather a little, a wake-up cannot cut it short
+        ("stop+wake", 0.05),  # the first idle pass after work: linger
+        ("stop+wake", 1.0),  # idle again: the poll interval
+        ("stop+wake", 1.0),  # a failed pass counts as idle
+        ("stop+wake", 1.0),
+    ]
+    assert relay.woken_at_start == [False] * 7  # each pass forgets earlier wake-ups
+    assert [r.getMessage() for r in caplog.records if r.name == "outbox.database"] == [
+        "relay failed; retrying"
+    ]
