@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.health import EndpointLimits, get_endpoint_limits, set_endpoint_limits
 from outbox import operations as ops
@@ -99,3 +100,88 @@ def test_a_scope_naming_no_tenant_matches_nothing_never_everything(
         assert stats.unrelayed_events == 0 and stats.endpoints == []
         assert collect_stats(conn, now=NOW + dt.timedelta(days=1)).unrelayed_events == 1
         assert read_totals(conn, ops.LATENCY_BUCKETS, scope="nobody").events_published == 0
+
+
+# Each write re-checks the scope itself: a lookup before it that went wrong (here made
+# unscoped on purpose) must still not let a scoped caller change another tenant's rows.
+
+
+async def _theirs_with_a_dead_delivery(
+    engine: Engine, async_engine: AsyncEngine, box: SecretBox
+) -> tuple[str, int]:
+    from outbox import publish
+    from outbox.clock import ManualClock
+    from outbox.relay import Relay
+
+    with engine.begin() as conn:
+        create_tenant(conn, "a")
+        create_tenant(conn, "b")
+    add_endpoint(engine, box, "http://127.0.0.1:1/a", tenant="a")
+    theirs = add_endpoint(engine, box, "http://127.0.0.1:1/b", "order.*", tenant="b")
+    with engine.begin() as conn:
+        publish(conn, "order.created", {}, tenant="b")
+    await Relay(async_engine, ManualClock(NOW)).run_until_idle()
+    with engine.begin() as conn:
+        dead = conn.execute(
+            text(
+                "UPDATE deliveries SET state = 'dead', completed_at = :now, final_reason = 'x'"
+                " RETURNING id"
+            ),
+            {"now": NOW},
+        ).scalar_one()
+    return theirs.endpoint.uid, int(dead)
+
+
+WRITES: dict[str, Call] = {
+    "update_endpoint": CALLS["update_endpoint"],
+    "rotate_secret": CALLS["rotate_secret"],
+    "delete_endpoint": CALLS["delete_endpoint"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRITES))
+async def test_an_endpoint_write_is_scoped_itself_not_only_by_the_lookup_before_it(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    box: SecretBox,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+) -> None:
+    theirs, _ = await _theirs_with_a_dead_delivery(engine, async_engine, box)
+    real = ops.get_endpoint
+    monkeypatch.setattr(ops, "get_endpoint", lambda conn, uid, scope=None: real(conn, uid))
+    before = rows(engine, "SELECT * FROM endpoints ORDER BY id")
+    deliveries = rows(engine, "SELECT * FROM deliveries ORDER BY id")
+    with engine.begin() as conn:
+        if name == "rotate_secret":  # the write finds nothing and says so
+            with pytest.raises(NotFoundError):
+                WRITES[name](conn, box, theirs)
+        else:
+            result = WRITES[name](conn, box, theirs)
+    assert rows(engine, "SELECT * FROM endpoints ORDER BY id") == before
+    assert rows(engine, "SELECT * FROM deliveries ORDER BY id") == deliveries
+    if name == "delete_endpoint":  # nothing of theirs counted or deleted
+        assert result == {"deliveries": 0, "attempts": 0}
+
+
+async def test_replay_and_discard_writes_are_scoped_themselves(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    box: SecretBox,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from outbox.errors import OperationError
+
+    _, dead = await _theirs_with_a_dead_delivery(engine, async_engine, box)
+    before = rows(engine, "SELECT * FROM deliveries ORDER BY id")
+    unscoped_lock = text(
+        "SELECT id, state FROM deliveries WHERE id = ANY(CAST(:ids AS bigint[]))"
+        " AND CAST(:scope_id AS bigint) IS NOT DISTINCT FROM :scope_id ORDER BY id FOR UPDATE"
+    )
+    monkeypatch.setattr(ops.queries, "LOCK_DELIVERIES_FOR_REPLAY", unscoped_lock)
+    with engine.begin() as conn, pytest.raises(OperationError, match="changed while replaying"):
+        ops.replay(conn, [dead], actor="t", reason="x", now=NOW, scope="a")
+    monkeypatch.setattr(ops, "_states", lambda conn, ids, scope: dict.fromkeys(ids, "dead"))
+    with engine.begin() as conn, pytest.raises(OperationError, match="changed while discarding"):
+        ops.discard(conn, [dead], actor="t", reason="x", now=NOW, scope="a")
+    assert rows(engine, "SELECT * FROM deliveries ORDER BY id") == before
