@@ -47,7 +47,7 @@ MODULES: dict[str, list[str]] = {
         "-k",
         "not aiohttp",
     ],
-    "outbox/endpoint_rules.py": ["tests/test_rules_config.py"],
+    "outbox/endpoint_rules.py": ["tests/test_rules_config.py", "tests/test_tenant_scope.py"],
     "delivery/signing.py": ["tests/test_verify.py", "tests/test_delivery.py", "-k", "not aiohttp"],
     "delivery/verify.py": ["tests/test_verify.py"],
     "delivery/ssrf.py": ["tests/test_ssrf.py"],
