@@ -185,3 +185,76 @@ async def test_replay_and_discard_writes_are_scoped_themselves(
     with engine.begin() as conn, pytest.raises(OperationError, match="changed while discarding"):
         ops.discard(conn, [dead], actor="t", reason="x", now=NOW, scope="a")
     assert rows(engine, "SELECT * FROM deliveries ORDER BY id") == before
+
+
+async def test_every_figure_of_scoped_stats_and_metrics_is_the_tenants_own(
+    engine: Engine, async_engine: AsyncEngine, box: SecretBox
+) -> None:
+    """Seller b has one of everything a stats figure counts; seller a has nothing, so each
+    of a's figures must be zero (and b's data is there: the unscoped figures see it)."""
+    from outbox import publish
+    from outbox.clock import ManualClock
+    from outbox.relay import Relay
+    from outbox.stats import collect_stats, read_totals
+
+    with engine.begin() as conn:
+        create_tenant(conn, "a")
+        create_tenant(conn, "b")
+    mine = add_endpoint(engine, box, "http://127.0.0.1:1/a", "order.*", tenant="a").endpoint.uid
+    add_endpoint(engine, box, "http://127.0.0.1:1/b", "order.*", tenant="b")
+    with engine.begin() as conn:
+        for n in range(4):
+            publish(conn, "order.created", {"n": n}, tenant="b")
+    await Relay(async_engine, ManualClock(NOW)).run_until_idle()
+    now = NOW + dt.timedelta(days=400)  # later than any row's own timestamp
+    with engine.begin() as conn:
+        publish(conn, "order.created", {"late": True}, tenant="b")  # not relayed
+        conn.execute(text("UPDATE outbox_events SET created_at = :t"), {"t": now - minutes(10)})
+        ids = [r.id for r in conn.execute(text("SELECT id FROM deliveries ORDER BY id"))]
+        for delivery_id, state, at in [
+            (ids[0], "scheduled", now - minutes(5)),  # due now
+            (ids[1], "succeeded", now - minutes(10)),  # in the window
+            (ids[2], "dead", now - minutes(10)),  # in the window
+            (ids[3], "dead", now - minutes(90)),  # in the window before
+        ]:
+            conn.execute(
+                text(
+                    "UPDATE deliveries SET state = :state, next_attempt_at = :at,"
+                    " completed_at = CASE WHEN :state = 'scheduled' THEN NULL"
+                    " ELSE CAST(:at AS timestamptz) END WHERE id = :id"
+                ),
+                {"state": state, "at": at, "id": delivery_id},
+            )
+        for delivery_id, outcome, error in [
+            (ids[1], "succeeded", None),
+            (ids[2], "permanent", "b"),
+        ]:
+            conn.execute(
+                text(
+                    "INSERT INTO delivery_attempts (delivery_id, attempt_number, started_at,"
+                    " duration_ms, status_code, outcome, error, worker_id)"
+                    " VALUES (:id, 1, :at, 5, 200, :outcome, :error, 'w')"
+                ),
+                {"id": delivery_id, "at": now - minutes(10), "outcome": outcome, "error": error},
+            )
+    with engine.begin() as conn:
+        ours = collect_stats(conn, now=now, scope="a")
+        everyone = collect_stats(conn, now=now)
+        our_totals = read_totals(conn, ops.LATENCY_BUCKETS, scope="a")
+        all_totals = read_totals(conn, ops.LATENCY_BUCKETS)
+    assert set(ours.counts_by_state.values()) == {0}
+    assert (ours.due_now, ours.oldest_due_age_seconds) == (0, None)
+    assert (ours.unrelayed_events, ours.relay_lag_seconds) == (0, None)
+    assert ours.window == dict.fromkeys(everyone.window, 0)
+    assert ours.top_errors == []
+    assert [(e.uid, e.attempts, e.pending, e.dead) for e in ours.endpoints] == [(mine, 0, 0, 0)]
+    assert (our_totals.events_published, our_totals.latency_count) == (0, 0)
+    # b's rows are there and counted when unscoped
+    assert everyone.due_now == 1 and everyone.unrelayed_events >= 1
+    assert min(everyone.window.values()) >= 1, everyone.window
+    assert [e.error for e in everyone.top_errors] == ["b"]
+    assert all_totals.events_published >= 5 and all_totals.latency_count == 2
+
+
+def minutes(n: int) -> dt.timedelta:
+    return dt.timedelta(minutes=n)
