@@ -86,6 +86,22 @@ def listed(line: str) -> set[int]:
     return set(ids)
 
 
+async def test_a_poison_made_dead_is_reported_like_any_dead_delivery(
+    engine: Engine, async_engine: AsyncEngine, box: SecretBox, clock: ManualClock
+) -> None:
+    first, poison = await expired_leases(engine, async_engine, box, clock, 2)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE deliveries SET rescues = 1 WHERE id = :id"), {"id": poison})
+    assert sorted(await Reaper(async_engine, clock, ReaperConfig(max_rescues=2)).run_once()) == [
+        first,
+        poison,
+    ]
+    reports = rows(
+        engine, "SELECT payload FROM outbox_events WHERE event_type = 'delivery.dead' ORDER BY id"
+    )
+    assert [r["payload"]["delivery_id"] for r in reports] == [poison]
+
+
 async def test_a_pass_with_nothing_expired_logs_nothing(
     engine: Engine,
     async_engine: AsyncEngine,
