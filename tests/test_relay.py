@@ -6,10 +6,11 @@ import asyncio
 import logging
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import publish
+from outbox.catalogue import add_event_type
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.relay import Relay, RelayConfig, RelayResult
@@ -213,6 +214,63 @@ async def test_the_loop_continues_through_a_backlog_gathers_after_a_partial_batc
         ("stop+wake", 1.0),
     ]
     assert relay.woken_at_start == [False] * 7  # each pass forgets earlier wake-ups
-    assert [r.getMessage() for r in caplog.records if r.name == "outbox.database"] == [
-        "relay failed; retrying"
+    failures = [r for r in caplog.records if r.name == "outbox.database"]
+    assert [(r.getMessage(), r.exc_info is not None) for r in failures] == [
+        ("relay failed; retrying", True)  # with the traceback: a bug, not an outage
     ]
+
+
+SQL_PUBLISH = text("SELECT outbox_publish(NULL, :type, CAST(:payload AS jsonb), NULL, NULL, NULL)")
+
+
+def _python_and_sql_events(engine: Engine, box: SecretBox) -> None:
+    """Ids in order: two publish() events, a schema-breaking and an unknown-type event
+    from SQL, a valid one from SQL, one more publish() event."""
+    add_endpoint(engine, box, "http://127.0.0.1:1/orders", "order.*")
+    with engine.begin() as conn:
+        schema = {"type": "object", "properties": {"id": {"type": "integer"}}}
+        add_event_type(conn, "order.created", schema=schema, actor="t")
+        publish(conn, "order.created", {"id": 1})
+        publish(conn, "order.created", {"id": 2})
+        for event_type, payload in [
+            ("order.created", '{"id": "one"}'),
+            ("order.unknown", "{}"),
+            ("order.created", '{"id": 3}'),
+        ]:
+            conn.execute(SQL_PUBLISH, {"type": event_type, "payload": payload})
+        publish(conn, "order.created", {"id": 4})
+
+
+async def test_a_pass_checks_a_batch_of_sql_published_events_and_relays_the_valid_ones(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _python_and_sql_events(engine, box)
+    relay = Relay(async_engine, clock, RelayConfig(batch_size=2, event_types_mode="strict"))
+    caplog.set_level(logging.WARNING, logger="outbox.relay")
+    # Pass 1: the two publish() events; then the schema check of at most a batch (the
+    # broken and the unknown type: rejected); then what is ready (the last publish()).
+    assert await relay.run_once() == RelayResult(events=3, deliveries=3, rejected=2)
+    assert [r.getMessage() for r in caplog.records if r.name == "outbox.relay"] == [
+        "2 events broke their event type's schema and were rejected; "
+        "`outbox events rejected` lists them"
+    ]
+    rejected = rows(
+        engine, "SELECT rejected_at, relayed_at FROM outbox_events WHERE rejected_at IS NOT NULL"
+    )
+    assert [(r["rejected_at"], r["relayed_at"]) for r in rejected] == [(clock.now(),) * 2] * 2
+    # Pass 2: the valid SQL event, checked, then relayed in the same pass.
+    assert await relay.run_once() == RelayResult(events=1, deliveries=1, rejected=0)
+    assert await relay.run_once() == RelayResult(events=0, deliveries=0, rejected=0)
+    assert len(caplog.records) == 1
+
+
+async def test_run_until_idle_adds_up_the_rejected_of_every_pass(
+    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
+) -> None:
+    _python_and_sql_events(engine, box)
+    relay = Relay(async_engine, clock, RelayConfig(batch_size=2, event_types_mode="strict"))
+    assert await relay.run_until_idle() == RelayResult(events=4, deliveries=4, rejected=2)
