@@ -113,6 +113,10 @@ async def test_a_pass_with_nothing_expired_logs_nothing(
     assert reaper_lines(caplog) == []
 
 
+class RanPastItsStop(BaseException):
+    pass
+
+
 class ScriptedReaper(Reaper):
     """The real loop around a scripted pass: the loop is what is under test here."""
 
@@ -123,6 +127,8 @@ class ScriptedReaper(Reaper):
         self.stop = stop
 
     async def run_once(self) -> list[int]:
+        if not self.script:
+            raise RanPastItsStop  # not an Exception: the loop must not swallow it
         self.passes += 1
         step = self.script.pop(0)
         if not self.script:

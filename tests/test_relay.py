@@ -169,6 +169,10 @@ async def test_run_until_idle_adds_up_every_batch_and_each_pass_with_deliveries_
     assert len(woken) == 3
 
 
+class RanPastItsStop(BaseException):
+    pass
+
+
 class ScriptedRelay(Relay):
     """The real `run` loop around scripted passes: the loop's pacing is under test."""
 
@@ -179,6 +183,8 @@ class ScriptedRelay(Relay):
         self.woken_at_start: list[bool] = []
 
     async def run_once(self) -> RelayResult:
+        if not self.script:
+            raise RanPastItsStop  # not an Exception: the loop must not swallow it
         self.woken_at_start.append(self.wake.is_set())
         self.wake.set()  # a NOTIFY that arrives during the pass
         step = self.script.pop(0)
