@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 
 import pytest
@@ -280,3 +281,39 @@ async def test_run_until_idle_adds_up_the_rejected_of_every_pass(
     _python_and_sql_events(engine, box)
     relay = Relay(async_engine, clock, RelayConfig(batch_size=2, event_types_mode="strict"))
     assert await relay.run_until_idle() == RelayResult(events=4, deliveries=4, rejected=2)
+
+
+async def test_held_back_dead_summaries_are_flushed_once_per_summary_interval(
+    engine: Engine, async_engine: AsyncEngine, box: SecretBox
+) -> None:
+    """A minute's held-back delivery.dead reports go out as one summary after the minute;
+    the relay looks for them on its first pass and then every `summary_interval`."""
+    endpoint = add_endpoint(engine, box, "http://127.0.0.1:1/orders", "order.*").endpoint
+    start = dt.datetime(2030, 1, 1, 12, 0, 55, tzinfo=dt.UTC)
+    clock = ManualClock(start)
+
+    def summaries() -> int:
+        return int(
+            scalar(
+                engine,
+                "SELECT count(*) FROM outbox_events WHERE event_type = 'delivery.dead'"
+                " AND (payload ->> 'summary')::boolean",
+            )
+        )
+
+    relay = Relay(async_engine, clock, RelayConfig(summary_interval=10.0))
+    await relay.run_once()  # the first pass looks; the next look is due at 12:01:05
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO operational_event_marks (endpoint_id, kind, window_start, suppressed)"
+                " SELECT id, 'delivery.dead', :minute, 2 FROM endpoints WHERE uid = :uid"
+            ),
+            {"minute": start.replace(second=0), "uid": endpoint.uid},
+        )
+    clock.advance(6)  # 12:01:01: the minute is over, but the interval is not
+    await relay.run_once()
+    assert summaries() == 0
+    clock.advance(4)  # 12:01:05: the interval is up, to the second
+    await relay.run_once()
+    assert summaries() == 1
