@@ -1108,7 +1108,7 @@ UPDATE_EVENT_TYPE = text(
 # Events written by outbox_publish() wait for the relay's schema check first.
 CLAIM_EVENTS_TO_VALIDATE = text(
     """
-    SELECT id, event_type, payload FROM outbox_events
+    SELECT id, event_type, payload::text AS payload_json FROM outbox_events
     WHERE relayed_at IS NULL AND validate_pending
     ORDER BY id
     LIMIT :limit
@@ -1137,7 +1137,7 @@ FINISH_VALIDATION = text(
 SELECT_REJECTED_EVENTS = text(
     """
     SELECT o.message_id, t.uid AS tenant, o.event_type, o.rejected_at,
-           o.rejected_reason AS reason, o.payload
+           o.rejected_reason AS reason, o.payload::text AS payload_json
     FROM outbox_events o JOIN tenants t ON t.id = o.tenant_id
     WHERE o.rejected_at IS NOT NULL AND (CAST(:scope AS text) IS NULL OR t.uid = :scope)
     ORDER BY o.id DESC
