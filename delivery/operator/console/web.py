@@ -102,7 +102,7 @@ class Console:
             autoescape=True,
             undefined=jinja2.StrictUndefined,
         )
-        self.env.filters["ago"] = _ago
+        self.env.filters["when"] = _when
         self.env.filters["ms"] = _ms
         self.env.filters["pct"] = _pct
         # Readable JSON; the template's autoescaping then makes it safe HTML.
@@ -655,7 +655,7 @@ class Console:
         if not self.config.public_url:
             link = f"{request.url.scheme}://{request.url.netloc}{link}"
         return await self.tenants(
-            request, session, issued={"tenant": tenant, "link": link, "expires": _ago(now + ttl)}
+            request, session, issued={"tenant": tenant, "link": link, "expires": _when(now + ttl)}
         )
 
     async def audit(self, request: Request, session: WebSession) -> Response:
@@ -772,7 +772,8 @@ class Console:
         return [Mount("/console", routes=console), Mount("/portal", routes=portal)]
 
 
-def _ago(value: dt.datetime | None) -> str:
+def _when(value: dt.datetime | None) -> str:
+    """A moment as a UTC date and time to the second (the pages state times, not ages)."""
     if value is None:
         return "-"
     return value.strftime("%Y-%m-%d %H:%M:%S")
