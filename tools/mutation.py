@@ -395,6 +395,7 @@ SQL_MUTANTS = [
             ),
             ("stats top errors", "STATS_TOP_ERRORS", _AND_S("d.tenant_id"), ""),
             ("metrics events", "METRICS_EVENTS", _S("tenant_id"), "true"),
+            ("metrics pruned totals", "SELECT_PRUNED_TOTALS", _S("tenant_id"), "true"),
             # tenants, tokens, rejected events
             ("tenant list", "SELECT_TENANTS", _TEXT_SCOPE.format("t.uid"), "true"),
             ("tenant by id", "SELECT_TENANT", _TEXT_SCOPE.format("t.uid"), "true"),
