@@ -86,6 +86,15 @@ async def test_replay_refusals_name_each_delivery_and_the_way_out(
             " replayed",
         ):
             ops.replay(conn, [dead], actor="a", reason="r", now=now, again=True)
+        set_state(conn, first, "in_flight")
+    with engine.begin() as conn:
+        with refused(
+            OperationError,
+            f"already being replayed: {dead} has replay {first} (in_flight); wait for it to"
+            " finish (`outbox deliveries show ID`) or discard that replay first; nothing was"
+            " replayed",
+        ):
+            ops.replay(conn, [dead], actor="a", reason="r", now=now, again=True)
         set_state(conn, first, "dead")
     with engine.begin() as conn:
         with refused(
@@ -386,3 +395,66 @@ async def test_a_tenant_scope_hides_other_tenants_deliveries_from_every_action(
         assert ops.discard(conn, [other], actor="a", reason="r", now=now, scope="acme") == [other]
         assert ops.get_delivery(conn, mine, scope="acme").delivery.tenant == "acme"
         assert ops.count_deliveries(conn, ops.DeliveryFilter(tenant="acme")) == 3
+
+
+async def test_bulk_replay_leaves_out_what_another_operator_replayed_meanwhile(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bulk replay reads (count, sample, pages) and then locks and replays; another
+    operator may replay some of the same deliveries in between. Those are skipped and
+    counted, never refused and never replayed twice. The other operator's replay is real
+    (its own connection, committed); only its timing is arranged, by a wrapper around
+    the reads."""
+    uid = add_endpoint(engine, box, URL).endpoint.uid
+    older, newer = await deliveries_in(engine, async_engine, clock, uid, ["dead", "dead"])
+    now = clock.now()
+    real_search = ops.search_deliveries
+
+    def other_operator_replays(ids: list[int]) -> None:
+        with engine.begin() as other:
+            ops.replay(other, ids, actor="other", reason="mine", now=now)
+
+    def racing(after_read: int, ids: list[int]) -> Any:
+        reads: list[int] = []
+
+        def search(conn: Any, flt: ops.DeliveryFilter) -> list[ops.DeliverySummary]:
+            found = real_search(conn, flt)
+            reads.append(1)
+            if len(reads) == after_read:
+                other_operator_replays(ids)
+            return found
+
+        return search
+
+    # Between the page read and the lock: the stale page still lists `older`.
+    monkeypatch.setattr(ops, "search_deliveries", racing(2, [older]))
+    with engine.begin() as conn:
+        result = ops.bulk_replay(conn, ops.DeliveryFilter(), actor="a", reason="r", now=now)
+    assert [old for old, _ in result.replayed] == [newer]
+    assert (result.matched, result.skipped, len(result.sample)) == (2, 1, 2)
+    assert result.as_json()["skipped"] == 1
+    assert [(a["actor"], a["target_id"]) for a in _audit(engine, "delivery.replay")] == [
+        ("other", str(older)),
+        ("a", str(newer)),
+    ]
+
+    # Between the count and the page read: nothing is left to replay.
+    third, fourth = await deliveries_in(engine, async_engine, clock, uid, ["dead", "dead"])
+    monkeypatch.setattr(ops, "search_deliveries", racing(1, [third, fourth]))
+    with engine.begin() as conn:
+        late = ops.bulk_replay(conn, ops.DeliveryFilter(), actor="a", reason="r", now=now)
+    assert late.as_json() == {
+        "dry_run": False,
+        "matched": 2,
+        "skipped": 2,
+        "replayed": [],
+        "sample": [s.as_json() for s in late.sample],
+        "first_due": None,
+        "last_due": None,
+    }
+    assert [s.id for s in late.sample] == [fourth, third]
+    assert scalar(engine, "SELECT count(*) FROM audit_log WHERE actor = 'a'") == 1
