@@ -53,7 +53,12 @@ MODULES: dict[str, list[str]] = {
     "delivery/ssrf.py": ["tests/test_ssrf.py"],
     "delivery/reaper.py": ["tests/test_fencing.py", "tests/test_reaper.py", "-k", "not aiohttp"],
     "outbox/relay.py": ["tests/test_relay.py", "tests/test_tenant_routing.py"],
-    "outbox/operations.py": ["tests/test_operations.py"],
+    "outbox/operations.py": [
+        "tests/test_operations.py",
+        "tests/test_operations_replay.py",
+        "tests/test_operations_endpoints.py",
+        "tests/test_operations_views.py",
+    ],
 }
 
 
