@@ -477,6 +477,7 @@ class Gates:
     tenant_of: dict[int, int] = dataclasses.field(default_factory=dict)
     more: bool = False
     spread: int = 0  # tenants with due work, about (whether a quick ranking may apply)
+    path: str = "all"  # queries.RANK_CLAIM_GATES' path that answered ("all": every candidate)
 
     def params(
         self,
@@ -546,9 +547,11 @@ async def open_gates(
             quick=quick,
         )
     spread: int | None = None
+    path = "all"
     for row in await conn.execute(statement, params):
         more = bool(row.ranked and row.more)
         spread = row.spread if limit is not None else None
+        path = row.path
         heads.append(
             Head(row.endpoint_id, row.tenant_id, row.head_priority, row.head_due_at, row.head_id)
         )
@@ -601,6 +604,7 @@ async def open_gates(
         tenant_of=tenant_of,
         more=more,
         spread=len(set(tenant_of.values())) if spread is None else spread,
+        path=path,
     )
 
 

@@ -298,7 +298,7 @@ _CLAIM_GATES = """
         -- (tenant_id: the endpoint's tenant, copied at fan-out; read from the same row)
         (SELECT endpoint_id, priority, next_attempt_at, id, tenant_id FROM deliveries
          WHERE state = 'scheduled'
-         ORDER BY endpoint_id, priority DESC, next_attempt_at LIMIT 1)
+         ORDER BY endpoint_id, priority DESC, next_attempt_at, id LIMIT 1)
         UNION ALL
         SELECT n.*
         FROM pending p
@@ -306,7 +306,7 @@ _CLAIM_GATES = """
             SELECT d.endpoint_id, d.priority, d.next_attempt_at, d.id, d.tenant_id
             FROM deliveries d
             WHERE d.state = 'scheduled' AND d.endpoint_id > p.endpoint_id
-            ORDER BY d.endpoint_id, d.priority DESC, d.next_attempt_at LIMIT 1
+            ORDER BY d.endpoint_id, d.priority DESC, d.next_attempt_at, d.id LIMIT 1
         ) n
     ), due AS (
         -- each endpoint's first due row; a second probe only where the head is not due
@@ -318,7 +318,7 @@ _CLAIM_GATES = """
             (SELECT d.priority, d.next_attempt_at, d.id FROM deliveries d
              WHERE p.next_attempt_at > :now AND d.endpoint_id = p.endpoint_id
                AND d.state = 'scheduled' AND d.next_attempt_at <= :now
-             ORDER BY d.priority DESC, d.next_attempt_at LIMIT 1)
+             ORDER BY d.priority DESC, d.next_attempt_at, d.id LIMIT 1)
         ) h
     ), live AS (
         -- LATERAL ... LIMIT 1: primary-key probes for these endpoints only
@@ -386,7 +386,7 @@ _TENANT_BUCKET = """
 LOCK_CLAIM_GATES = text(
     f"""
     {_CLAIM_GATES}
-    SELECT {_GATE_COLUMNS}, false AS ranked, false AS more
+    SELECT {_GATE_COLUMNS}, false AS ranked, false AS more, 'all' AS path
     FROM gates g
     {_TENANT_BUCKET}
     ORDER BY g.endpoint_id
@@ -395,12 +395,13 @@ LOCK_CLAIM_GATES = text(
 
 # Whether candidate `t` is plainly claimable: enabled, of an enabled tenant without caps
 # (its own tenant: `t.tenant_id` comes from its delivery row), no health gate. Primary-key
-# probes, run only for the few candidates RANK_CLAIM_GATES checks.
+# probes (LIMIT 1: never a scan of a small table per candidate), run only for the few
+# candidates RANK_CLAIM_GATES checks.
 _PLAIN = """
     COALESCE((SELECT y.enabled AND y.tenant_id = t.tenant_id FROM endpoints y
-              WHERE y.id = t.endpoint_id)
+              WHERE y.id = t.endpoint_id LIMIT 1)
              AND (SELECT y.enabled AND y.max_in_flight IS NULL AND y.max_per_second IS NULL
-                  FROM tenants y WHERE y.id = t.tenant_id)
+                  FROM tenants y WHERE y.id = t.tenant_id LIMIT 1)
              AND NOT EXISTS (
                  SELECT 1 FROM endpoint_health h
                  WHERE h.endpoint_id = t.endpoint_id
@@ -433,33 +434,59 @@ _RANKED_COLUMNS = """
 # turn, so its tenant's later endpoints could move ahead: it is checked too). Nothing is
 # locked on these paths: none of the endpoints returned has a gate. Three paths, the
 # first that applies (the others' CTEs are never evaluated):
-#   quick (when :quick): walk the oldest due rows (ix_deliveries_due, from the front, at
-#     most 2 * :limit rows); each tenant's first row is the head of its first turn. When
-#     :limit tenants have one at the top priority, those are the batch: no endpoint's
-#     head is read at all. `spread` (tenants with work, about) tells the worker whether
-#     to try this path next time: with fewer tenants than a batch it cannot apply.
+#   quick (when :quick): walk the oldest due rows of the top priority (ix_deliveries_due,
+#     an index range, at most 2 * :limit rows); each tenant's first row there is the head
+#     of its first turn (the indexes end with `id`: a head is one row). When :limit
+#     tenants have one (not set aside), the oldest :limit of them are the batch: no
+#     endpoint's head is read at all. `spread` (tenants with work, about) tells the
+#     worker whether to try this path next time: with fewer tenants than a batch it
+#     cannot apply.
 #   ranked: a skip scan of every endpoint's head (as LOCK_CLAIM_GATES), ranked.
 #   all: a disabled or gated endpoint, or a capped tenant, in the batch: nothing ranked;
 #     every candidate comes back, gates locked, exactly as from LOCK_CLAIM_GATES, and
 #     health.choose_endpoints chooses (`ranked` false).
+# `path` says which one answered (the worker counts them).
 RANK_CLAIM_GATES = text(
     f"""
     {_CLAIM_GATES}
-    , walk AS (
+    , levels AS (
+        -- the scheduled priorities, highest first, until one has a due row: an index probe
+        -- or two per priority in use, never a walk through rows due later
+        (SELECT d.priority, EXISTS (
+             SELECT 1 FROM deliveries x WHERE x.state = 'scheduled'
+               AND x.priority = d.priority AND x.next_attempt_at <= :now) AS due
+         FROM deliveries d
+         WHERE CAST(:quick AS boolean) AND d.state = 'scheduled'
+         ORDER BY d.priority DESC LIMIT 1)
+        UNION ALL
+        SELECT n.priority, n.due
+        FROM levels l
+        CROSS JOIN LATERAL (
+            SELECT d.priority, EXISTS (
+                SELECT 1 FROM deliveries x WHERE x.state = 'scheduled'
+                  AND x.priority = d.priority AND x.next_attempt_at <= :now) AS due
+            FROM deliveries d
+            WHERE NOT l.due AND d.state = 'scheduled' AND d.priority < l.priority
+            ORDER BY d.priority DESC LIMIT 1
+        ) n
+    ), walk AS (
+        -- the oldest due rows of the top priority, in claim order (an index range)
         SELECT d.endpoint_id, d.tenant_id, d.priority, d.next_attempt_at, d.id
         FROM deliveries d
-        WHERE CAST(:quick AS boolean) AND d.state = 'scheduled' AND d.next_attempt_at <= :now
-        ORDER BY d.priority DESC, d.next_attempt_at, d.id
+        WHERE d.state = 'scheduled' AND d.next_attempt_at <= :now
+          AND d.priority = (SELECT l.priority FROM levels l WHERE l.due)
+        ORDER BY d.next_attempt_at, d.id
         LIMIT 2 * CAST(:limit AS int)
     ), firsts AS (
+        -- each tenant's first due row (not an excluded endpoint's) is its first turn's head
         SELECT DISTINCT ON (w.tenant_id) w.*,
                w.endpoint_id = ANY(CAST(:set_aside AS bigint[])) AS set_aside
         FROM walk w
         WHERE w.endpoint_id <> ALL(CAST(:excluded AS bigint[]))
-        ORDER BY w.tenant_id, w.priority DESC, w.next_attempt_at, w.id
+        ORDER BY w.tenant_id, w.next_attempt_at, w.id
     ), quick AS (
         SELECT f.*, true AS in_batch FROM firsts f
-        WHERE NOT f.set_aside AND f.priority = (SELECT max(x.priority) FROM firsts x)
+        WHERE NOT f.set_aside
         ORDER BY f.next_attempt_at, f.id
         LIMIT :limit
     ), quick_checked AS (
@@ -489,17 +516,21 @@ RANK_CLAIM_GATES = text(
     ), verdict AS (
         SELECT NOT EXISTS (SELECT 1 FROM checked c WHERE NOT c.plain) AS ranked
     )
-    SELECT {_RANKED_COLUMNS}, (SELECT count(*) FROM walk) > :limit AS more,
-           (SELECT count(*) FROM firsts) AS spread
+    SELECT {_RANKED_COLUMNS},
+           (SELECT count(*) FROM walk) > :limit OR EXISTS (
+               SELECT 1 FROM deliveries x WHERE x.state = 'scheduled'
+                 AND x.priority < (SELECT l.priority FROM levels l WHERE l.due)) AS more,
+           (SELECT count(*) FROM firsts) AS spread, 'quick' AS path
     FROM quick_checked c
     WHERE (SELECT ok FROM quick_verdict) AND c.in_batch
     UNION ALL
     SELECT {_RANKED_COLUMNS}, (SELECT count(*) FROM turns) > :limit AS more,
-           (SELECT count(*) FROM turns WHERE turn = 1) AS spread
+           (SELECT count(*) FROM turns WHERE turn = 1) AS spread, 'ranked' AS path
     FROM checked c
     WHERE NOT (SELECT ok FROM quick_verdict) AND (SELECT ranked FROM verdict) AND c.in_batch
     UNION ALL
-    SELECT {_GATE_COLUMNS}, false AS ranked, false AS more, CAST(NULL AS bigint) AS spread
+    SELECT {_GATE_COLUMNS}, false AS ranked, false AS more, CAST(NULL AS bigint) AS spread,
+           'all' AS path
     FROM gates g
     {_TENANT_BUCKET}
     WHERE NOT (SELECT ok FROM quick_verdict) AND NOT (SELECT ranked FROM verdict)

@@ -188,6 +188,7 @@ class Worker:
         self._freed = 0
         self._refilled = asyncio.Event()
         self.next_gate_at: dt.datetime | None = None
+        self._opening: dt.datetime | None = None  # during a claim (see `claim`)
         self.claims = 0  # claim statements run (the tests count them)
         # Endpoints a recent claim visited without finding anything claimable, set aside
         # until then (health.choose_endpoints puts them last).
@@ -195,6 +196,8 @@ class Worker:
         # Tenants with due work at the last claim, about: with a batch's worth or more, the
         # next claim tries to rank them from the oldest due rows alone (RANK_CLAIM_GATES).
         self._spread = 1_000_000
+        # Which path of queries.RANK_CLAIM_GATES answered each claim round (tests, bench).
+        self.gate_paths: collections.Counter[str] = collections.Counter()
 
     # -- claiming -------------------------------------------------------------------
 
@@ -206,12 +209,18 @@ class Worker:
         again at once with those set aside, so stuck endpoints cannot starve the rest.
         """
         claimed: list[ClaimedDelivery] = []
-        self.next_gate_at = None  # a failed claim must not leave a stale wake-up behind
-        for _ in range(3):
-            found, retry = await self._claim_round(limit - len(claimed))
-            claimed += found
-            if len(claimed) >= limit or not retry:
-                break
+        # The rounds' earliest gate opening; `next_gate_at` changes once, when the claim is
+        # over (whoever reads it meanwhile sees the last claim's answer), and a failed claim
+        # leaves no stale wake-up behind.
+        self._opening = None
+        try:
+            for _ in range(3):
+                found, retry = await self._claim_round(limit - len(claimed))
+                claimed += found
+                if len(claimed) >= limit or not retry:
+                    break
+        finally:
+            self.next_gate_at = self._opening
         return claimed
 
     async def _claim_round(self, limit: int) -> tuple[list[ClaimedDelivery], bool]:
@@ -230,6 +239,7 @@ class Worker:
                 quick=self._spread >= limit,
             )
             self._spread = gates.spread
+            self.gate_paths[gates.path] += 1
             params = gates.params(limit, local, self._barren.keys())
             more = params.pop("more")
             if not params["endpoint_ids"]:
@@ -264,8 +274,8 @@ class Worker:
 
     def _note_gate_opening(self, at: dt.datetime | None) -> None:
         """Keep the earliest gate opening seen by this claim's rounds."""
-        if at is not None and (self.next_gate_at is None or at < self.next_gate_at):
-            self.next_gate_at = at
+        if at is not None and (self._opening is None or at < self._opening):
+            self._opening = at
 
     def _note_gates(
         self, gates: health.Gates, local: Mapping[int, int], taken: Mapping[int, int]

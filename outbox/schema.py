@@ -243,9 +243,9 @@ deliveries = Table(
         unique=True,
         postgresql_where=text("replay_of IS NULL"),
     ),
-    # "What is due now", in the claim's order: only scheduled rows are indexed. A claim
-    # among many tenants walks it from the front (migration 0015 added `id`, so rows
-    # due at the same moment are in claim order too).
+    # "What is due now", in the claim's order (priority, due time, id: migration 0019
+    # added `id`): only scheduled rows are indexed. A claim among many tenants walks it
+    # from the front (delivery/queries.py, RANK_CLAIM_GATES).
     Index(
         "ix_deliveries_due",
         text("priority DESC"),
@@ -267,12 +267,14 @@ deliveries = Table(
     ),
     # A tenant's deliveries, newest first (scoped lists and stats).
     Index("ix_deliveries_tenant_id_id", "tenant_id", "id"),
-    # Fair claiming walks each endpoint's due rows in claim order (delivery/health.py).
+    # Fair claiming walks each endpoint's due rows in claim order (delivery/health.py);
+    # `id` last (migration 0019): an endpoint's head is one row, whatever the storage order.
     Index(
         "ix_deliveries_due_per_endpoint",
         "endpoint_id",
         text("priority DESC"),
         "next_attempt_at",
+        "id",
         postgresql_where=text("state = 'scheduled'"),
     ),
     # "Is this the head of its key?" for endpoints with per-key ordering.
