@@ -408,6 +408,18 @@ def tenant_after_claim(cap: TenantCap, claimed: int, *, now: dt.datetime) -> Ten
     return dataclasses.replace(cap, tokens=tokens, tokens_at=now)
 
 
+def tenant_next_opening(cap: TenantCap, *, now: dt.datetime) -> dt.datetime | None:
+    """When a tenant capped per second may take one more, if its bucket alone holds it
+    back (None: no rate cap, or a token is there: an in-flight cap waits for an outcome)."""
+    if cap.max_per_second is None:
+        return None
+    bucket = Health(0, tokens=cap.tokens, tokens_at=cap.tokens_at)
+    tokens = available_tokens(bucket, now, cap.max_per_second)
+    if tokens >= 1:
+        return None
+    return now + dt.timedelta(seconds=(1 - tokens) / cap.max_per_second)
+
+
 @dataclass(frozen=True, slots=True)
 class Head:
     """An endpoint's first due delivery in claim order, as the gates saw it."""
@@ -618,8 +630,8 @@ async def close_gates(
 ) -> dt.datetime | None:
     """Charge what the claim took to the locked rows (tokens, probe), in the claim's transaction.
 
-    Returns the earliest moment one of these endpoints' gates opens again by itself
-    (a pause or cooldown ending, a token refilling), so the worker can claim then
+    Returns the earliest moment one of these endpoints' or tenants' gates opens again by
+    itself (a pause or cooldown ending, a token refilling), so the worker can claim then
     instead of at its next poll.
     """
     changed = []
@@ -640,6 +652,7 @@ async def close_gates(
         for tenant_id, cap in gates.tenants_locked.items()
         if cap.max_per_second is not None
     ]
+    openings += [at for b in buckets if (at := tenant_next_opening(b, now=now)) is not None]
     if buckets:
         await conn.execute(
             queries.SAVE_TENANT_BUCKETS,
@@ -663,6 +676,11 @@ def earliest_opening(gates: Gates, *, now: dt.datetime, config: HealthConfig) ->
             )
         )
         is not None
+    ]
+    openings += [
+        at
+        for cap in gates.tenants_locked.values()
+        if (at := tenant_next_opening(cap, now=now)) is not None
     ]
     return min(openings, default=None)
 

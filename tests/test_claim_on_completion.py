@@ -11,10 +11,18 @@ import datetime as dt
 from typing import Any
 
 import httpx
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from delivery.health import EndpointLimits, Health, HealthConfig, next_opening, set_endpoint_limits
+from delivery.health import (
+    EndpointLimits,
+    Health,
+    HealthConfig,
+    TenantCap,
+    next_opening,
+    set_endpoint_limits,
+    tenant_next_opening,
+)
 from delivery.http import build_http_client
 from delivery.receiver import Receiver
 from delivery.worker import Worker, WorkerConfig
@@ -130,6 +138,55 @@ async def test_a_rate_limited_endpoint_is_claimed_when_its_next_token_is_due(
         finally:
             stop.set()
             await running
+
+
+async def test_a_tenant_capped_per_second_is_claimed_when_its_next_token_is_due(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+) -> None:
+    # Two endpoints without limits; their tenant may send 4 a second across both.
+    add_endpoint(engine, box, receiver.route("/a"))
+    add_endpoint(engine, box, receiver.route("/b"))
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE tenants SET max_per_second = 4"))
+    publish_many(engine, 4)  # 8 deliveries
+    await Relay(async_engine, clock).run_until_idle()
+    stop = asyncio.Event()
+    async with build_http_client(max_connections=8, timeout=5, allowed_networks=LOOPBACK) as http:
+        worker = make_worker(async_engine, http, box, clock, max_in_flight=20, batch_size=20)
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            await received(receiver, 4)  # the tenant bucket's burst
+            while worker.stats.succeeded < 4:
+                await asyncio.sleep(0.01)
+            # The clock stands still: the tenant's bucket stays empty.
+            await asyncio.sleep(0.3)
+            assert len(receiver.requests) == 4
+            assert worker.next_gate_at is not None
+            assert worker.next_gate_at - clock.now() == dt.timedelta(seconds=0.25)
+            # A second later the bucket is full again: the worker claims when the token was
+            # due (a quarter of a second, real time), not at its poll (a minute).
+            clock.advance(1)
+            await received(receiver, 8, seconds=10)
+        finally:
+            stop.set()
+            await running
+
+
+def test_next_opening_of_a_tenant_bucket() -> None:
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    # 2 per second, half a token left: the next whole one in 0.25 s.
+    drained = TenantCap(1, max_per_second=2, tokens=0.5, tokens_at=now)
+    assert tenant_next_opening(drained, now=now) == now + dt.timedelta(seconds=0.25)
+    assert tenant_next_opening(drained, now=now + dt.timedelta(seconds=0.25)) is None
+    # A full bucket, or no rate cap (an in-flight cap waits for outcomes, not the clock).
+    assert tenant_next_opening(TenantCap(1, max_per_second=2), now=now) is None
+    assert (
+        tenant_next_opening(TenantCap(1, max_in_flight=3, tokens=0, tokens_at=now), now=now) is None
+    )
 
 
 def test_next_opening_of_each_gate() -> None:
