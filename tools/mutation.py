@@ -325,7 +325,23 @@ SQL_MUTANTS = [
         "WHERE x.id = e.tenant_id AND x.enabled LIMIT 1",
         "WHERE x.id = e.tenant_id LIMIT 1",
         ("tests/test_tenant_core.py", "-k", "disabled_tenant"),
-        within="LOCK_CLAIM_GATES = text(",
+        within='_CLAIM_GATES = """',
+    ),
+    # RANK_CLAIM_GATES answers without every candidate only when its batch is plain
+    SqlMutant(
+        "claim ranking: a disabled tenant taken as plain",
+        Q,
+        "SELECT y.enabled AND y.max_in_flight IS NULL",
+        "SELECT y.max_in_flight IS NULL",
+        ("tests/test_tenant_core.py", "-k", "disabled_tenant"),
+        within='_PLAIN = """',
+    ),
+    SqlMutant(
+        "claim ranking: set-aside tenants' first turns not checked",
+        Q,
+        "SELECT f.*, false AS in_batch FROM firsts f WHERE f.set_aside",
+        "SELECT f.*, false AS in_batch FROM firsts f WHERE false",
+        ("tests/test_claim_rank.py", "-k", "falls_back"),
     ),
     *(
         SqlMutant(f"scope: {name}", OQ, old, new, _SCOPE, within=f"{statement} = ")
