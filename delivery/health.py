@@ -472,14 +472,18 @@ def choose_endpoints(
     return [h.endpoint_id for h in eligible[:limit]], len(eligible) > limit
 
 
+# The quick path walks this many due rows per endpoint of the batch, at most: enough to
+# meet a batch's worth of tenants when their due rows are interleaved, even unevenly.
+QUICK_WALK = 4
+
+
 @dataclass(frozen=True, slots=True)
 class Gates:
     """What one claim may take: the heads of the endpoints with due work (enabled, of
     enabled tenants), budgets of gated endpoints and capped tenants (others: unlimited).
 
-    When the database ranked the candidates (`open_gates` with a limit), `heads` holds
-    only the ones this claim will visit plus the gated ones, and `more` says whether
-    others were left out; otherwise it holds every candidate."""
+    On the quick path (`open_gates` with a limit), `heads` holds only the batch, none of
+    them gated; otherwise it holds every candidate."""
 
     budgets: dict[int, int]
     locked: dict[int, Health]
@@ -487,9 +491,9 @@ class Gates:
     tenant_budgets: dict[int, int] = dataclasses.field(default_factory=dict)
     tenants_locked: dict[int, TenantCap] = dataclasses.field(default_factory=dict)
     tenant_of: dict[int, int] = dataclasses.field(default_factory=dict)
-    more: bool = False
-    spread: int = 0  # tenants with due work, about (whether a quick ranking may apply)
-    path: str = "all"  # queries.RANK_CLAIM_GATES' path that answered ("all": every candidate)
+    more: bool = False  # eligible endpoints were left out of `heads` (quick: maybe)
+    spread: int = 0  # tenants with due work, at least (whether the quick path may apply)
+    path: str = "all"  # "quick": QUICK_CLAIM_GATES found the batch; "all": every candidate
 
     def params(
         self,
@@ -535,11 +539,18 @@ async def open_gates(
     that worker is spending its limits right now.
 
     With a `limit` (and the `set_aside` and `local_caps` that `Gates.params` will get),
-    the database ranks the candidates in `choose_endpoints`' order and returns only the
-    first `limit` (queries.RANK_CLAIM_GATES says when it cannot and returns them all), so
-    a claim among a thousand busy endpoints reads a batch's worth of heads. `quick` tries
-    its quickest path first (worth it when the last claim's `spread` reached the limit).
+    it first tries to find the claim's batch from the oldest due rows alone
+    (queries.QUICK_CLAIM_GATES): when that applies, `heads` holds just the batch, the
+    same endpoints `choose_endpoints` would pick from every candidate, read at the cost
+    of a batch rather than of every endpoint with due work. Worth trying while a batch's
+    worth of tenants have work (the last claim's `spread`): `quick` says whether to try.
     """
+    if quick and limit is not None and limit > 0:
+        gates = await _quick_gates(
+            conn, now=now, limit=limit, set_aside=set_aside, local_caps=local_caps
+        )
+        if gates is not None:
+            return gates
     budgets: dict[int, int] = {}
     locked: dict[int, Health] = {}
     heads: list[Head] = []
@@ -547,23 +558,7 @@ async def open_gates(
     tenant_budgets: dict[int, int] = {}
     tenants_locked: dict[int, TenantCap] = {}
     tenant_of: dict[int, int] = {}
-    more = False
-    statement = queries.LOCK_CLAIM_GATES
-    params: dict[str, Any] = {"now": now}
-    if limit is not None:
-        statement = queries.RANK_CLAIM_GATES
-        params.update(
-            limit=limit,
-            set_aside=list(set_aside),
-            excluded=[eid for eid, cap in (local_caps or {}).items() if cap <= 0],
-            quick=quick,
-        )
-    spread: int | None = None
-    path = "all"
-    for row in await conn.execute(statement, params):
-        more = bool(row.ranked and row.more)
-        spread = row.spread if limit is not None else None
-        path = row.path
+    for row in await conn.execute(queries.LOCK_CLAIM_GATES, {"now": now}):
         heads.append(
             Head(row.endpoint_id, row.tenant_id, row.head_priority, row.head_due_at, row.head_id)
         )
@@ -614,9 +609,46 @@ async def open_gates(
         tenant_budgets=tenant_budgets,
         tenants_locked=tenants_locked,
         tenant_of=tenant_of,
-        more=more,
-        spread=len(set(tenant_of.values())) if spread is None else spread,
-        path=path,
+        spread=len(set(tenant_of.values())),
+    )
+
+
+async def _quick_gates(
+    conn: AsyncConnection,
+    *,
+    now: dt.datetime,
+    limit: int,
+    set_aside: Collection[int],
+    local_caps: Mapping[int, int] | None,
+) -> Gates | None:
+    """The claim's batch from queries.QUICK_CLAIM_GATES, or None when it cannot tell."""
+    rows = (
+        await conn.execute(
+            queries.QUICK_CLAIM_GATES,
+            {
+                "now": now,
+                "limit": limit,
+                "walk": QUICK_WALK * limit,
+                "set_aside": list(set_aside),
+                "excluded": [eid for eid, cap in (local_caps or {}).items() if cap <= 0],
+            },
+        )
+    ).all()
+    batch = [row for row in rows if not row.set_aside]
+    if len(batch) < limit or not all(row.plain for row in rows):
+        return None
+    return Gates(
+        budgets={},
+        locked={},
+        heads=[
+            Head(row.endpoint_id, row.tenant_id, row.priority, row.next_attempt_at, row.id)
+            for row in batch
+        ],
+        tenant_of={row.endpoint_id: row.tenant_id for row in batch},
+        # more due rows at this priority than the batch took, or work at a lower one
+        more=rows[0].walked > limit or rows[0].lower,
+        spread=rows[0].spread,
+        path="quick",
     )
 
 

@@ -283,34 +283,34 @@ _HEALTH_COLUMNS = """
 
 # Everything a claim needs to know before it claims, visiting only endpoints that have
 # scheduled work: a skip scan of ix_deliveries_due_per_endpoint finds them (one index
-# probe per such endpoint; idle endpoints are never read). Candidates are the endpoints
-# that have a due delivery, are enabled and whose tenant is enabled (a disabled tenant's
-# deliveries wait), each with its head (first due row in claim order).
+# probe per such endpoint; idle endpoints are never read). One row per such endpoint
+# that has a due delivery, is enabled and whose tenant is enabled (a disabled tenant's
+# deliveries wait), with its head (first due row in claim order): delivery/health.py
+# chooses from these heads the endpoints the claim will visit (at most one per slot).
 # The health rows of gated endpoints and the rows of capped tenants are locked with
 # SKIP LOCKED: `locked` / `tenant_locked` is false when another worker holds one, and
 # that endpoint or tenant is skipped by this claim. Tenant rows are locked FOR NO KEY
 # UPDATE, which does not conflict with the key-share locks of foreign-key checks (the
 # relay inserting deliveries) and serialises claimers on the tenant's bucket.
-_CLAIM_GATES = """
+LOCK_CLAIM_GATES = text(
+    """
     WITH RECURSIVE pending AS (
         -- the first row of each endpoint in index order is its head: highest priority,
-        -- earliest; the recursion jumps from one endpoint to the next
-        -- (tenant_id: the endpoint's tenant, copied at fan-out; read from the same row)
-        (SELECT endpoint_id, priority, next_attempt_at, id, tenant_id FROM deliveries
+        -- earliest, lowest id (claim order); the recursion jumps from one endpoint to the next
+        (SELECT endpoint_id, priority, next_attempt_at, id FROM deliveries
          WHERE state = 'scheduled'
          ORDER BY endpoint_id, priority DESC, next_attempt_at, id LIMIT 1)
         UNION ALL
         SELECT n.*
         FROM pending p
         CROSS JOIN LATERAL (
-            SELECT d.endpoint_id, d.priority, d.next_attempt_at, d.id, d.tenant_id
-            FROM deliveries d
+            SELECT d.endpoint_id, d.priority, d.next_attempt_at, d.id FROM deliveries d
             WHERE d.state = 'scheduled' AND d.endpoint_id > p.endpoint_id
             ORDER BY d.endpoint_id, d.priority DESC, d.next_attempt_at, d.id LIMIT 1
         ) n
     ), due AS (
         -- each endpoint's first due row; a second probe only where the head is not due
-        SELECT p.endpoint_id, p.tenant_id, h.priority, h.next_attempt_at, h.id
+        SELECT p.endpoint_id, h.priority, h.next_attempt_at, h.id
         FROM pending p
         CROSS JOIN LATERAL (
             SELECT p.priority, p.next_attempt_at, p.id WHERE p.next_attempt_at <= :now
@@ -358,45 +358,29 @@ _CLAIM_GATES = """
         WHERE t.id = ANY(ARRAY(SELECT tenant_id FROM live WHERE tenant_capped))
         ORDER BY t.id
         FOR NO KEY UPDATE SKIP LOCKED
-    ), gates AS (
-        SELECT l.*, n.endpoint_id IS NOT NULL AS gated, h.endpoint_id IS NOT NULL AS locked,
-               tl.id IS NOT NULL AS tenant_locked
-        FROM live l
-        LEFT JOIN needed n ON n.endpoint_id = l.endpoint_id
-        LEFT JOIN (SELECT endpoint_id FROM locked) h ON h.endpoint_id = l.endpoint_id
-        LEFT JOIN tenant_locked tl ON tl.id = l.tenant_id
     )
-"""
-
-_GATE_COLUMNS = """
-    g.endpoint_id, g.tenant_id, g.gated, g.locked, g.tenant_capped, g.tenant_locked,
-    g.tenant_max_in_flight, g.tenant_max_per_second, g.head_priority, g.head_due_at,
-    g.head_id, b.tokens AS tenant_tokens, b.tokens_at AS tenant_tokens_at
-"""
-
-_TENANT_BUCKET = """
+    SELECT l.endpoint_id, l.tenant_id, n.endpoint_id IS NOT NULL AS gated,
+           h.endpoint_id IS NOT NULL AS locked,
+           l.tenant_capped, tl.id IS NOT NULL AS tenant_locked,
+           l.tenant_max_in_flight, l.tenant_max_per_second,
+           l.head_priority, l.head_due_at, l.head_id,
+           b.tokens AS tenant_tokens, b.tokens_at AS tenant_tokens_at
+    FROM live l
+    LEFT JOIN needed n ON n.endpoint_id = l.endpoint_id
+    LEFT JOIN (SELECT endpoint_id FROM locked) h ON h.endpoint_id = l.endpoint_id
+    LEFT JOIN tenant_locked tl ON tl.id = l.tenant_id
     LEFT JOIN LATERAL (
-        SELECT x.tokens, x.tokens_at FROM tenant_buckets x
-        WHERE g.tenant_locked AND x.tenant_id = g.tenant_id LIMIT 1
+        SELECT x.tokens, x.tokens_at FROM tenant_buckets x WHERE x.tenant_id = tl.id LIMIT 1
     ) b ON true
-"""
-
-# Every candidate, for health.choose_endpoints to choose from (RANK_CLAIM_GATES is what
-# the worker runs; this one is its fallback's shape, for tools and tests).
-LOCK_CLAIM_GATES = text(
-    f"""
-    {_CLAIM_GATES}
-    SELECT {_GATE_COLUMNS}, false AS ranked, false AS more, 'all' AS path
-    FROM gates g
-    {_TENANT_BUCKET}
-    ORDER BY g.endpoint_id
+    ORDER BY l.endpoint_id
     """
 )
 
+
 # Whether candidate `t` is plainly claimable: enabled, of an enabled tenant without caps
 # (its own tenant: `t.tenant_id` comes from its delivery row), no health gate. Primary-key
-# probes (LIMIT 1: never a scan of a small table per candidate), run only for the few
-# candidates RANK_CLAIM_GATES checks.
+# probes (LIMIT 1: never a scan of a small table per candidate), for the few candidates
+# QUICK_CLAIM_GATES returns.
 _PLAIN = """
     COALESCE((SELECT y.enabled AND y.tenant_id = t.tenant_id FROM endpoints y
               WHERE y.id = t.endpoint_id LIMIT 1)
@@ -411,52 +395,33 @@ _PLAIN = """
              false)
 """
 
-_RANKED_COLUMNS = """
-    c.endpoint_id, c.tenant_id, false AS gated, false AS locked,
-    false AS tenant_capped, false AS tenant_locked,
-    CAST(NULL AS int) AS tenant_max_in_flight, CAST(NULL AS float8) AS tenant_max_per_second,
-    c.priority AS head_priority, c.next_attempt_at AS head_due_at, c.id AS head_id,
-    CAST(NULL AS float8) AS tenant_tokens, CAST(NULL AS timestamptz) AS tenant_tokens_at,
-    true AS ranked
-"""
-
-# LOCK_CLAIM_GATES for a claim that visits at most :limit endpoints, without reading the
-# head, endpoint, tenant and health rows of every endpoint with due work (with a thousand
-# busy endpoints that was most of a claim's cost). It returns the first :limit endpoints
-# in health.choose_endpoints' order (priority; round robin across tenants, each tenant's
-# endpoints taking turns by their heads' age; the oldest head; :set_aside endpoints last;
-# :excluded endpoints, whose slots this worker has used up, left out) with `ranked`, and
-# `more`: whether other candidates may exist (at worst one more round of a claim). It
-# ranks as if every candidate had budget, then checks that the chosen ones, and the
-# set-aside ones, are plainly claimable (_PLAIN). That is exact: taking out a candidate
-# that ranks later only moves its tenant's later endpoints up a turn, to places still
-# behind it, so the batch cannot change (a set-aside candidate ranks last whatever its
-# turn, so its tenant's later endpoints could move ahead: it is checked too). Nothing is
-# locked on these paths: none of the endpoints returned has a gate. Three paths, the
-# first that applies (the others' CTEs are never evaluated):
-#   quick (when :quick): walk the oldest due rows of the top priority (ix_deliveries_due,
-#     an index range, at most 2 * :limit rows); each tenant's first row there is the head
-#     of its first turn (the indexes end with `id`: a head is one row). When :limit
-#     tenants have one (not set aside), the oldest :limit of them are the batch: no
-#     endpoint's head is read at all. `spread` (tenants with work, about) tells the
-#     worker whether to try this path next time: with fewer tenants than a batch it
-#     cannot apply.
-#   ranked: a skip scan of every endpoint's head (as LOCK_CLAIM_GATES), ranked.
-#   all: a disabled or gated endpoint, or a capped tenant, in the batch: nothing ranked;
-#     every candidate comes back, gates locked, exactly as from LOCK_CLAIM_GATES, and
-#     health.choose_endpoints chooses (`ranked` false).
-# `path` says which one answered (the worker counts them).
-RANK_CLAIM_GATES = text(
+# A claim's batch among many tenants, from the oldest due rows alone, without reading
+# the head, endpoint, tenant and health rows of every endpoint with due work (with a
+# thousand busy endpoints, LOCK_CLAIM_GATES' probes were most of a claim's cost).
+# It walks the oldest due rows of the top due priority (ix_deliveries_due, an index
+# range of at most :walk rows; the priorities in use are found by a probe or two each).
+# Each tenant's first row there (leaving out :excluded endpoints, whose slots this
+# worker has used up) is the head of its first turn: the indexes end with `id`, so it is
+# exactly the head LOCK_CLAIM_GATES would find. Returned: the oldest :limit of those
+# first turns that are not :set_aside (the batch) and the set-aside ones, each with
+# `plain` (_PLAIN), and `walked`, `spread` (tenants in the walk) and `lower` (work at a
+# lower priority). health.open_gates takes the batch when it is :limit endpoints and
+# every row returned is plain: that is then exactly health.choose_endpoints' batch over
+# LOCK_CLAIM_GATES (priority; round robin across tenants; the oldest head; set-aside
+# endpoints last), because every other candidate ranks behind it, and taking out one
+# that is not claimable only moves its tenant's later endpoints up a turn, to places
+# still behind it (a set-aside one ranks last whatever its turn, so its tenant's next
+# endpoint could move ahead: those are checked too). Otherwise the claim falls back to
+# LOCK_CLAIM_GATES. Nothing is locked: no endpoint taken this way has a gate.
+QUICK_CLAIM_GATES = text(
     f"""
-    {_CLAIM_GATES}
-    , levels AS (
-        -- the scheduled priorities, highest first, until one has a due row: an index probe
-        -- or two per priority in use, never a walk through rows due later
+    WITH RECURSIVE levels AS (
+        -- the scheduled priorities, highest first, until one has a due row
         (SELECT d.priority, EXISTS (
              SELECT 1 FROM deliveries x WHERE x.state = 'scheduled'
                AND x.priority = d.priority AND x.next_attempt_at <= :now) AS due
          FROM deliveries d
-         WHERE CAST(:quick AS boolean) AND d.state = 'scheduled'
+         WHERE d.state = 'scheduled'
          ORDER BY d.priority DESC LIMIT 1)
         UNION ALL
         SELECT n.priority, n.due
@@ -470,71 +435,32 @@ RANK_CLAIM_GATES = text(
             ORDER BY d.priority DESC LIMIT 1
         ) n
     ), walk AS (
-        -- the oldest due rows of the top priority, in claim order (an index range)
         SELECT d.endpoint_id, d.tenant_id, d.priority, d.next_attempt_at, d.id
         FROM deliveries d
         WHERE d.state = 'scheduled' AND d.next_attempt_at <= :now
           AND d.priority = (SELECT l.priority FROM levels l WHERE l.due)
         ORDER BY d.next_attempt_at, d.id
-        LIMIT 2 * CAST(:limit AS int)
+        LIMIT :walk
     ), firsts AS (
-        -- each tenant's first due row (not an excluded endpoint's) is its first turn's head
         SELECT DISTINCT ON (w.tenant_id) w.*,
                w.endpoint_id = ANY(CAST(:set_aside AS bigint[])) AS set_aside
         FROM walk w
         WHERE w.endpoint_id <> ALL(CAST(:excluded AS bigint[]))
         ORDER BY w.tenant_id, w.next_attempt_at, w.id
-    ), quick AS (
-        SELECT f.*, true AS in_batch FROM firsts f
-        WHERE NOT f.set_aside
-        ORDER BY f.next_attempt_at, f.id
-        LIMIT :limit
-    ), quick_checked AS (
-        SELECT t.*, {_PLAIN} AS plain
-        FROM (SELECT * FROM quick
-              UNION ALL
-              SELECT f.*, false AS in_batch FROM firsts f WHERE f.set_aside) t
-    ), quick_verdict AS (
-        SELECT (SELECT count(*) FROM quick) = :limit
-               AND NOT EXISTS (SELECT 1 FROM quick_checked c WHERE NOT c.plain) AS ok
-    ), turns AS (
-        SELECT d.*, d.endpoint_id = ANY(CAST(:set_aside AS bigint[])) AS set_aside,
-               row_number() OVER (
-                   PARTITION BY d.tenant_id, d.priority ORDER BY d.next_attempt_at, d.id
-               ) AS turn
-        FROM due d
-        WHERE d.endpoint_id <> ALL(CAST(:excluded AS bigint[]))
-    ), tentative AS (
-        -- the batch (a top-N sort, not a full one) and the set-aside candidates
-        (SELECT t.*, true AS in_batch FROM turns t
-         ORDER BY t.set_aside, t.priority DESC, t.turn, t.next_attempt_at, t.id
+    ), batch AS (
+        (SELECT f.* FROM firsts f WHERE NOT f.set_aside ORDER BY f.next_attempt_at, f.id
          LIMIT :limit)
         UNION ALL
-        SELECT t.*, false AS in_batch FROM turns t WHERE t.set_aside
-    ), checked AS (
-        SELECT t.*, {_PLAIN} AS plain FROM tentative t
-    ), verdict AS (
-        SELECT NOT EXISTS (SELECT 1 FROM checked c WHERE NOT c.plain) AS ranked
+        SELECT f.* FROM firsts f WHERE f.set_aside
     )
-    SELECT {_RANKED_COLUMNS},
-           (SELECT count(*) FROM walk) > :limit OR EXISTS (
-               SELECT 1 FROM deliveries x WHERE x.state = 'scheduled'
-                 AND x.priority < (SELECT l.priority FROM levels l WHERE l.due)) AS more,
-           (SELECT count(*) FROM firsts) AS spread, 'quick' AS path
-    FROM quick_checked c
-    WHERE (SELECT ok FROM quick_verdict) AND c.in_batch
-    UNION ALL
-    SELECT {_RANKED_COLUMNS}, (SELECT count(*) FROM turns) > :limit AS more,
-           (SELECT count(*) FROM turns WHERE turn = 1) AS spread, 'ranked' AS path
-    FROM checked c
-    WHERE NOT (SELECT ok FROM quick_verdict) AND (SELECT ranked FROM verdict) AND c.in_batch
-    UNION ALL
-    SELECT {_GATE_COLUMNS}, false AS ranked, false AS more, CAST(NULL AS bigint) AS spread,
-           'all' AS path
-    FROM gates g
-    {_TENANT_BUCKET}
-    WHERE NOT (SELECT ok FROM quick_verdict) AND NOT (SELECT ranked FROM verdict)
-    ORDER BY endpoint_id
+    SELECT t.endpoint_id, t.tenant_id, t.priority, t.next_attempt_at, t.id, t.set_aside,
+           {_PLAIN} AS plain,
+           (SELECT count(*) FROM walk) AS walked,
+           (SELECT count(*) FROM firsts) AS spread,
+           (SELECT x.priority FROM deliveries x WHERE x.state = 'scheduled'
+              AND x.priority < (SELECT l.priority FROM levels l WHERE l.due)
+            ORDER BY x.priority DESC LIMIT 1) IS NOT NULL AS lower
+    FROM batch t
     """
 )
 

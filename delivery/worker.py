@@ -194,9 +194,10 @@ class Worker:
         # until then (health.choose_endpoints puts them last).
         self._barren: dict[int, dt.datetime] = {}
         # Tenants with due work at the last claim, about: with a batch's worth or more, the
-        # next claim tries to rank them from the oldest due rows alone (RANK_CLAIM_GATES).
+        # next claim tries to find its batch from the oldest due rows alone
+        # (queries.QUICK_CLAIM_GATES); with fewer, that cannot work.
         self._spread = 1_000_000
-        # Which path of queries.RANK_CLAIM_GATES answered each claim round (tests, bench).
+        # How each claim round found its endpoints: "quick" or "all" (tests, bench).
         self.gate_paths: collections.Counter[str] = collections.Counter()
 
     # -- claiming -------------------------------------------------------------------

@@ -1,6 +1,8 @@
-"""The claim ranks its candidates in SQL (queries.RANK_CLAIM_GATES): the same endpoints as
-health.choose_endpoints over every candidate (LOCK_CLAIM_GATES), read at the cost of a batch,
-not of every endpoint with due work. Real PostgreSQL, a manual clock."""
+"""A claim among many tenants finds its batch from the oldest due rows (the quick path,
+queries.QUICK_CLAIM_GATES): the same endpoints as health.choose_endpoints over every
+candidate (LOCK_CLAIM_GATES), read at the cost of a batch, not of every endpoint with due
+work; when it cannot tell, the claim falls back to every candidate. Real PostgreSQL, a
+manual clock."""
 
 from __future__ import annotations
 
@@ -144,24 +146,18 @@ async def choose(
     set_aside: Collection[int] = frozenset(),
     local: Mapping[int, int] | None = None,
     *,
-    ranked: bool = True,
-    quick: bool = True,
+    reference: bool = False,
 ) -> Choice:
-    """What one claim round would visit: `ranked` as the worker asks (RANK_CLAIM_GATES),
-    else the reference (every candidate from LOCK_CLAIM_GATES, health.choose_endpoints)."""
+    """What one claim round would visit: as the worker asks while a batch of tenants have
+    work (the quick path first), or the `reference`: every candidate from
+    LOCK_CLAIM_GATES, chosen by health.choose_endpoints."""
     async with async_engine.connect() as conn:
-        if ranked:
-            gates = await health.open_gates(
-                conn,
-                now=now,
-                config=CONFIG,
-                limit=limit,
-                set_aside=set_aside,
-                local_caps=local,
-                quick=quick,
-            )
-        else:
+        if reference:
             gates = await health.open_gates(conn, now=now, config=CONFIG)
+        else:
+            gates = await health.open_gates(
+                conn, now=now, config=CONFIG, limit=limit, set_aside=set_aside, local_caps=local
+            )
         await conn.rollback()
     params = gates.params(limit, local, set_aside)
     chosen = frozenset(params["endpoint_ids"])
@@ -190,30 +186,24 @@ async def assert_same_batch(
     limit: int,
     set_aside: Collection[int] = frozenset(),
     local: Mapping[int, int] | None = None,
-) -> Counter[str]:
-    """Both ways of asking RANK_CLAIM_GATES choose what the reference chooses; returns
-    which paths answered."""
-    reference = await choose(async_engine, now, limit, set_aside, local, ranked=False)
-    paths: Counter[str] = Counter()
-    for quick in (True, False):
-        got = await choose(async_engine, now, limit, set_aside, local, quick=quick)
-        paths[got.path] += 1
-        context = (got.path, limit, sorted(set_aside), local)
-        assert got.endpoints == reference.endpoints, context
-        assert got.budgets == reference.budgets, context
-        assert got.tenant_budgets == reference.tenant_budgets, context
-        assert got.per_endpoint == reference.per_endpoint, context
-        # `more` may say "maybe" where the reference knows there is nothing more (at worst
-        # one more claim round), never the other way round.
-        assert got.more or not reference.more, context
-        if got.path == "all":
-            assert got.more == reference.more
-        if not quick:
-            assert got.path != "quick"
-    return paths
+) -> str:
+    """The worker's way chooses what the reference chooses; returns the path it took."""
+    reference = await choose(async_engine, now, limit, set_aside, local, reference=True)
+    got = await choose(async_engine, now, limit, set_aside, local)
+    context = (got.path, limit, sorted(set_aside), local)
+    assert got.endpoints == reference.endpoints, context
+    assert got.budgets == reference.budgets, context
+    assert got.tenant_budgets == reference.tenant_budgets, context
+    assert got.per_endpoint == reference.per_endpoint, context
+    # The quick path's `more` may say "maybe" where the reference knows there is nothing
+    # more (at worst one more claim round), never the other way round.
+    assert got.more or not reference.more, context
+    if got.path == "all":
+        assert got.more == reference.more
+    return got.path
 
 
-async def test_the_ranked_claim_chooses_what_choose_endpoints_chooses_over_varied_worlds(
+async def test_the_quick_path_chooses_what_choose_endpoints_chooses_over_varied_worlds(
     engine: Engine, async_engine: AsyncEngine, clock: ManualClock
 ) -> None:
     now = clock.now()
@@ -269,10 +259,10 @@ async def test_the_ranked_claim_chooses_what_choose_endpoints_chooses_over_varie
         for limit in (1, 2, 3, 5, 8, 40):
             set_aside = {e for e in endpoints if rng.random() < 0.15}
             local = {e: rng.choice([0, 0, 1, 2]) for e in endpoints if rng.random() < 0.2}
-            paths += await assert_same_batch(async_engine, now, limit)
-            paths += await assert_same_batch(async_engine, now, limit, set_aside, local)
-    # Every path was exercised, the quick one many times.
-    assert paths["quick"] >= 20 and paths["ranked"] >= 20 and paths["all"] >= 20, paths
+            paths[await assert_same_batch(async_engine, now, limit)] += 1
+            paths[await assert_same_batch(async_engine, now, limit, set_aside, local)] += 1
+    # Both paths were taken, each many times.
+    assert paths["quick"] >= 40 and paths["all"] >= 40, paths
 
 
 def spread_world(
@@ -299,12 +289,12 @@ async def test_the_quick_path_falls_back_when_a_gate_a_cap_or_a_disabled_row_is_
     plain = await choose(async_engine, now, 5)
     assert plain.path == "quick"
     assert plain.endpoints == set(first[:5])
-    # spread: the tenants among the walked rows (twice a batch), a lower bound
-    assert plain.more and plain.spread == 10
-    assert await assert_same_batch(async_engine, now, 5) == {"quick": 1, "ranked": 1}
+    # spread: the tenants among the walked rows (four times a batch), at least
+    assert plain.more and plain.spread == 12
+    assert await assert_same_batch(async_engine, now, 5) == "quick"
 
     async def fallback(expected: set[int]) -> None:
-        assert await assert_same_batch(async_engine, now, 5) == {"all": 2}
+        assert await assert_same_batch(async_engine, now, 5) == "all"
         assert (await choose(async_engine, now, 5)).endpoints == expected
 
     # A gated endpoint in the batch (a concurrency limit, here with budget): every candidate.
@@ -354,10 +344,10 @@ async def test_the_quick_path_falls_back_when_a_gate_a_cap_or_a_disabled_row_is_
         i=first[9],
         p=now + dt.timedelta(minutes=1),
     )
-    assert await assert_same_batch(async_engine, now, 5) == {"quick": 1, "ranked": 1}
+    assert await assert_same_batch(async_engine, now, 5) == "quick"
     assert (await choose(async_engine, now, 5)).endpoints == set(first[:5])
     # Tenant 0's second endpoint is due just after its first, before tenant 1's: its
-    # second turn. Its first endpoint set aside (ranked last, turn kept): the next five
+    # second turn. Its first endpoint set aside (last, its turn kept): the next five
     # tenants' first turns, from the quick path.
     second_of_0 = max(e for e, t in world.endpoints.items() if t == world.tenants[0])
     execute(
@@ -367,7 +357,7 @@ async def test_the_quick_path_falls_back_when_a_gate_a_cap_or_a_disabled_row_is_
         e=second_of_0,
     )
     assert (await choose(async_engine, now, 5, {first[0]})).endpoints == set(first[1:6])
-    assert await assert_same_batch(async_engine, now, 5, {first[0]}) == {"quick": 1, "ranked": 1}
+    assert await assert_same_batch(async_engine, now, 5, {first[0]}) == "quick"
     # The set-aside endpoint disabled: tenant 0's second endpoint takes the first turn and
     # the oldest place. Set-aside endpoints are checked too, so the answer falls back.
     execute(
@@ -375,14 +365,14 @@ async def test_the_quick_path_falls_back_when_a_gate_a_cap_or_a_disabled_row_is_
         "UPDATE endpoints SET enabled = false, disabled_reason = 'x' WHERE id = :i",
         i=first[0],
     )
-    assert await assert_same_batch(async_engine, now, 5, {first[0]}) == {"all": 2}
+    assert await assert_same_batch(async_engine, now, 5, {first[0]}) == "all"
     assert (await choose(async_engine, now, 5, {first[0]})).endpoints == {
         second_of_0,
         *first[1:5],
     }
 
 
-async def test_quick_and_ranked_paths_answer_more_and_spread(
+async def test_the_quick_path_answers_more_and_spread(
     engine: Engine, async_engine: AsyncEngine, clock: ManualClock
 ) -> None:
     now = clock.now()
@@ -392,11 +382,11 @@ async def test_quick_and_ranked_paths_answer_more_and_spread(
     assert (whole.path, whole.more, whole.spread, len(whole.endpoints)) == ("quick", False, 6, 6)
     fewer = await choose(async_engine, now, 4)
     assert (fewer.path, fewer.more, fewer.spread) == ("quick", True, 6)
-    # Fewer tenants than the batch: the quick path cannot answer; the ranked one counts the
-    # tenants' first turns (the worker's cue not to try the quick path next time).
+    # Fewer tenants than the batch: the quick path cannot answer; every candidate is read,
+    # and `spread` counts their tenants (the worker's cue not to try the quick path).
     spread_world(engine, 3, 4, 1, now)
     few = await choose(async_engine, now, 8)
-    assert (few.path, few.more, few.spread, len(few.endpoints)) == ("ranked", True, 3, 8)
+    assert (few.path, few.more, few.spread, len(few.endpoints)) == ("all", True, 3, 8)
     assert (await choose(async_engine, now, 12)).more is False
     # A higher priority due anywhere: only its rows are walked; not due yet: ignored.
     world = spread_world(engine, 8, 1, 2, now)
@@ -409,14 +399,14 @@ async def test_quick_and_ranked_paths_answer_more_and_spread(
     )
     assert (await choose(async_engine, now, 3)).endpoints == set(urgent)
     assert (await choose(async_engine, now, 3)).path == "quick"
-    assert await assert_same_batch(async_engine, now, 3) == {"quick": 1, "ranked": 1}
+    assert await assert_same_batch(async_engine, now, 3) == "quick"
     execute(
         engine,
         "UPDATE deliveries SET next_attempt_at = :t WHERE priority = 9",
         t=now + dt.timedelta(minutes=1),
     )
     assert (await choose(async_engine, now, 3)).endpoints == set(list(world.endpoints)[:3])
-    assert await assert_same_batch(async_engine, now, 3) == {"quick": 1, "ranked": 1}
+    assert await assert_same_batch(async_engine, now, 3) == "quick"
 
 
 async def test_an_endpoints_head_is_its_first_due_row_in_claim_order_whatever_the_storage(
@@ -445,9 +435,9 @@ async def test_an_endpoints_head_is_its_first_due_row_in_claim_order_whatever_th
     )
     # Row 1 is the oldest in claim order (due time, then id): a batch of one visits its
     # endpoint, whichever way the claim asks.
-    assert (await choose(async_engine, now, 1, ranked=False)).endpoints == {a}
-    assert await assert_same_batch(async_engine, now, 1) == {"quick": 1, "ranked": 1}
-    assert b not in (await choose(async_engine, now, 1, quick=False)).endpoints
+    assert (await choose(async_engine, now, 1, reference=True)).endpoints == {a}
+    assert await assert_same_batch(async_engine, now, 1) == "quick"
+    assert b not in (await choose(async_engine, now, 1)).endpoints
 
 
 def relations_read(plan: dict[str, Any]) -> dict[str, float]:
@@ -474,14 +464,13 @@ async def test_a_claim_among_many_busy_endpoints_reads_a_batch_not_every_endpoin
     # and idle tenants beside them (with a hundred, a scan of the table is the cheaper probe)
     execute(engine, "INSERT INTO tenants (uid) SELECT 'idle' || g FROM generate_series(1, 5000) g")
     execute(engine, "ANALYZE tenants")
-    params = {"limit": 20, "set_aside": [], "excluded": [], "quick": True, "now": now}
+    params = {"limit": 20, "walk": 80, "set_aside": [], "excluded": [], "now": now}
 
-    async def read(statement: Any, **extra: Any) -> dict[str, float]:
+    async def read(statement: Any) -> dict[str, float]:
         async with async_engine.connect() as conn:
             plan = (
                 await conn.execute(
-                    text("EXPLAIN (ANALYZE, FORMAT JSON) " + str(statement.text)),
-                    {**params, **extra},
+                    text("EXPLAIN (ANALYZE, FORMAT JSON) " + str(statement.text)), params
                 )
             ).scalar_one()[0]
             await conn.rollback()
@@ -489,15 +478,12 @@ async def test_a_claim_among_many_busy_endpoints_reads_a_batch_not_every_endpoin
 
     everything = await read(delivery_queries.LOCK_CLAIM_GATES)
     assert everything["endpoints"] >= 600 and everything["deliveries"] >= 600
-    quick = await read(delivery_queries.RANK_CLAIM_GATES)
-    assert quick["deliveries"] <= 2 * 20 + 10, quick
+    quick = await read(delivery_queries.QUICK_CLAIM_GATES)
+    # the walk (4 rows per endpoint of the batch) and a few probes; the batch's catalogue
+    assert quick["deliveries"] <= 80 + 10, quick
     assert quick.get("endpoints", 0) <= 20 and quick.get("tenants", 0) <= 20, quick
     assert quick.get("endpoint_health", 0) <= 20, quick
-    ranked = await read(delivery_queries.RANK_CLAIM_GATES, quick=False)
-    # The ranked path still finds every endpoint's head, but reads the catalogue for the
-    # batch only.
-    assert ranked["deliveries"] >= 600
-    assert ranked.get("endpoints", 0) <= 20 and ranked.get("tenants", 0) <= 20, ranked
+    assert (await choose(async_engine, now, 20)).path == "quick"
 
 
 @pytest.fixture
@@ -526,7 +512,7 @@ async def test_the_worker_tries_the_quick_path_while_a_batch_of_tenants_have_wor
     w = Worker(async_engine, http, box, clock, WorkerConfig(retry_schedule=(1.0,)))
 
     async def claim(limit: int) -> None:
-        reference = await choose(async_engine, now, limit, ranked=False)
+        reference = await choose(async_engine, now, limit, reference=True)
         claimed = await w.claim(limit)
         # one due delivery per endpoint: the endpoints served are the endpoints visited
         assert {c.endpoint_id for c in claimed} == reference.endpoints
@@ -537,7 +523,7 @@ async def test_the_worker_tries_the_quick_path_while_a_batch_of_tenants_have_wor
     await claim(10)
     await claim(10)
     assert w.gate_paths == {"quick": 2}
-    # Twenty tenants left, fewer than a claim of 30 wants: the last claim saw 15 in its
-    # walk, so the worker does not try the quick path; the ranked one answers.
+    # Twenty tenants left, fewer than a claim of 30 wants: the last claim's walk met 25,
+    # so the worker does not try the quick path and reads every candidate.
     await claim(30)
-    assert w.gate_paths == {"quick": 2, "ranked": 1}
+    assert w.gate_paths == {"quick": 2, "all": 1}

@@ -325,9 +325,9 @@ SQL_MUTANTS = [
         "WHERE x.id = e.tenant_id AND x.enabled LIMIT 1",
         "WHERE x.id = e.tenant_id LIMIT 1",
         ("tests/test_tenant_core.py", "-k", "disabled_tenant"),
-        within='_CLAIM_GATES = """',
+        within="LOCK_CLAIM_GATES = text(",
     ),
-    # RANK_CLAIM_GATES answers without every candidate only when its batch is plain
+    # the quick path (QUICK_CLAIM_GATES) answers only when its batch is plain
     SqlMutant(
         "claim ranking: a disabled tenant taken as plain",
         Q,
@@ -339,8 +339,8 @@ SQL_MUTANTS = [
     SqlMutant(
         "claim ranking: set-aside tenants' first turns not checked",
         Q,
-        "SELECT f.*, false AS in_batch FROM firsts f WHERE f.set_aside",
-        "SELECT f.*, false AS in_batch FROM firsts f WHERE false",
+        "        SELECT f.* FROM firsts f WHERE f.set_aside",
+        "        SELECT f.* FROM firsts f WHERE false",
         ("tests/test_claim_rank.py", "-k", "falls_back"),
     ),
     *(
