@@ -397,6 +397,22 @@ def list_versions(conn: Connection, name: str) -> list[EventTypeVersion]:
 # -- the relay's check of events published through SQL -----------------------------------
 
 
+UNREADABLE_PAYLOAD = (
+    "payload nests too deeply to be read back (Python's JSON decoder gives up): "
+    "publish it flatter (outbox_publish() refuses more than max_payload_depth levels)"
+)
+
+
+def read_stored_payload(payload_json: str) -> Any:
+    """Decode a payload as stored. jsonb keeps nesting Python cannot decode (rows written
+    before outbox_publish() checked depth, or by hand): that one event is refused with a
+    reason instead of failing every batch it is in."""
+    try:
+        return json.loads(payload_json)
+    except RecursionError:
+        raise PublishError(UNREADABLE_PAYLOAD) from None
+
+
 def validate_pending(conn: Connection, *, now: dt.datetime, mode: Mode, limit: int) -> int:
     """Check events written by outbox_publish() against their schemas before the relay
     fans them out. Valid ones go on; the rest are rejected with the reason (visible in
@@ -412,7 +428,7 @@ def validate_pending(conn: Connection, *, now: dt.datetime, mode: Mode, limit: i
         if entry is None:
             entry = entries[row.event_type] = CACHE.load(conn, row.event_type)
         try:
-            entry.check(row.payload, mode=mode)
+            entry.check(read_stored_payload(row.payload_json), mode=mode)
         except PublishError as exc:
             rejected_ids.append(row.id)
             reasons.append(str(exc))
@@ -430,7 +446,7 @@ class RejectedEvent:
     event_type: str
     rejected_at: dt.datetime
     reason: str
-    payload: dict[str, Any]
+    payload: dict[str, Any] | None  # None: too deeply nested to read (see the reason)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -448,7 +464,25 @@ def list_rejected(
 ) -> list[RejectedEvent]:
     """Rejected events, newest first; with `scope` (a tenant uid) that tenant's only."""
     rows = conn.execute(queries.SELECT_REJECTED_EVENTS, {"limit": limit, "scope": scope}).mappings()
-    return [RejectedEvent(**row) for row in rows]
+    return [
+        RejectedEvent(
+            message_id=row["message_id"],
+            tenant=row["tenant"],
+            event_type=row["event_type"],
+            rejected_at=row["rejected_at"],
+            reason=row["reason"],
+            payload=_readable_or_none(row["payload_json"]),
+        )
+        for row in rows
+    ]
+
+
+def _readable_or_none(payload_json: str) -> Any:
+    """The payload, or None where it is too deep to read (the reason already says so)."""
+    try:
+        return read_stored_payload(payload_json)
+    except PublishError:
+        return None
 
 
 def requeue_rejected(

@@ -595,21 +595,24 @@ COUNT_ENDPOINT_DELIVERIES = text(
 )
 
 # Deleting an endpoint removes its history (ON DELETE CASCADE); the attempts go
-# through the same tally as retention so exported totals never go backwards.
+# through the same tally as retention so exported totals never go backwards. Tallies
+# are kept per tenant (the delivery's), so a tenant's scoped totals do not either.
+# `gone_attempts` returns (outcome, duration_ms, tenant_id).
 _TALLY_PRUNED_ATTEMPTS = """
     tally AS (
-        INSERT INTO pruned_totals (name, value)
-        SELECT name, sum(value) FROM (
-            SELECT 'attempts:' || outcome AS name, 1::float8 AS value FROM gone_attempts
+        INSERT INTO pruned_totals (tenant_id, name, value)
+        SELECT tenant_id, name, sum(value) FROM (
+            SELECT tenant_id, 'attempts:' || outcome, 1::float8 FROM gone_attempts
             UNION ALL
-            SELECT 'attempt_seconds_sum', duration_ms / 1000.0 FROM gone_attempts
+            SELECT tenant_id, 'attempt_seconds_sum', duration_ms / 1000.0 FROM gone_attempts
             UNION ALL
-            SELECT 'attempt_seconds_le:' || b, 1 FROM gone_attempts,
+            SELECT tenant_id, 'attempt_seconds_le:' || b, 1 FROM gone_attempts,
                    unnest(CAST(:buckets AS float8[])) AS b
             WHERE duration_ms / 1000.0 <= b
-        ) AS t(name, value)
-        GROUP BY name
-        ON CONFLICT (name) DO UPDATE SET value = pruned_totals.value + excluded.value
+        ) AS t(tenant_id, name, value)
+        GROUP BY tenant_id, name
+        ON CONFLICT (tenant_id, name)
+            DO UPDATE SET value = pruned_totals.value + excluded.value
         RETURNING 1
     )
 """
@@ -621,7 +624,7 @@ DELETE_ENDPOINT = text(
     ), gone_attempts AS (
         DELETE FROM delivery_attempts a USING deliveries d, target t
         WHERE a.delivery_id = d.id AND d.endpoint_id = t.id
-        RETURNING a.outcome, a.duration_ms
+        RETURNING a.outcome, a.duration_ms, d.tenant_id
     ), {_TALLY_PRUNED_ATTEMPTS}, gone AS (
         DELETE FROM endpoints e USING target t WHERE e.id = t.id RETURNING e.id
     )
@@ -662,11 +665,11 @@ PRUNE_DELIVERIES = text(
     ), groups AS (
         SELECT DISTINCT event_id, endpoint_id FROM seed
     ), doomed AS (
-        SELECT d.id FROM deliveries d JOIN groups g USING (event_id, endpoint_id)
+        SELECT d.id, d.tenant_id FROM deliveries d JOIN groups g USING (event_id, endpoint_id)
         FOR UPDATE OF d
     ), gone_attempts AS (
         DELETE FROM delivery_attempts a USING doomed WHERE a.delivery_id = doomed.id
-        RETURNING a.outcome, a.duration_ms
+        RETURNING a.outcome, a.duration_ms, doomed.tenant_id
     ), {_TALLY_PRUNED_ATTEMPTS}, gone AS (
         DELETE FROM deliveries d USING doomed WHERE d.id = doomed.id RETURNING d.state
     )
@@ -687,18 +690,25 @@ PRUNE_EVENTS = text(
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
     ), gone AS (
-        DELETE FROM outbox_events o USING doomed WHERE o.id = doomed.id RETURNING 1
+        DELETE FROM outbox_events o USING doomed WHERE o.id = doomed.id RETURNING o.tenant_id
     ), tally AS (
-        INSERT INTO pruned_totals (name, value)
-        SELECT 'events', count(*) FROM gone HAVING count(*) > 0
-        ON CONFLICT (name) DO UPDATE SET value = pruned_totals.value + excluded.value
+        INSERT INTO pruned_totals (tenant_id, name, value)
+        SELECT tenant_id, 'events', count(*) FROM gone GROUP BY tenant_id
+        ON CONFLICT (tenant_id, name) DO UPDATE SET value = pruned_totals.value + excluded.value
         RETURNING 1
     )
     SELECT (SELECT count(*) FROM gone) AS events, (SELECT count(*) FROM tally) AS tallied
     """
 )
 
-SELECT_PRUNED_TOTALS = text("SELECT name, value FROM pruned_totals")
+# Tallies of pruned rows, of one tenant or (unscoped) all, the pre-0018 ones included.
+SELECT_PRUNED_TOTALS = text(
+    f"""
+    SELECT name, sum(value) AS value FROM pruned_totals
+    WHERE {_in_scope("tenant_id")}
+    GROUP BY name
+    """
+)
 
 # The oldest audit rows, a batch at a time (OUTBOX_AUDIT_RETENTION_DAYS).
 PRUNE_AUDIT = text(
@@ -1098,18 +1108,18 @@ LOCK_TENANT = text("SELECT id FROM tenants WHERE uid = :uid FOR UPDATE")
 DELETE_TENANT_ATTEMPTS_TALLIED = text(
     f"""
     WITH doomed AS (
-        SELECT d.id FROM deliveries d WHERE d.tenant_id = :id
+        SELECT d.id, d.tenant_id FROM deliveries d WHERE d.tenant_id = :id
         UNION
-        SELECT d.id FROM deliveries d
+        SELECT d.id, d.tenant_id FROM deliveries d
         WHERE d.event_id IN (SELECT o.id FROM outbox_events o WHERE o.tenant_id = :id)
     ), gone_attempts AS (
         DELETE FROM delivery_attempts a USING doomed WHERE a.delivery_id = doomed.id
-        RETURNING a.outcome, a.duration_ms
+        RETURNING a.outcome, a.duration_ms, doomed.tenant_id
     ), {_TALLY_PRUNED_ATTEMPTS}, events AS (
-        INSERT INTO pruned_totals (name, value)
-        SELECT 'events', count(*) FROM outbox_events o WHERE o.tenant_id = :id
+        INSERT INTO pruned_totals (tenant_id, name, value)
+        SELECT :id, 'events', count(*) FROM outbox_events o WHERE o.tenant_id = :id
         HAVING count(*) > 0
-        ON CONFLICT (name) DO UPDATE SET value = pruned_totals.value + excluded.value
+        ON CONFLICT (tenant_id, name) DO UPDATE SET value = pruned_totals.value + excluded.value
         RETURNING 1
     )
     SELECT (SELECT count(*) FROM doomed) AS deliveries,
@@ -1206,7 +1216,7 @@ UPDATE_EVENT_TYPE = text(
 # Events written by outbox_publish() wait for the relay's schema check first.
 CLAIM_EVENTS_TO_VALIDATE = text(
     """
-    SELECT id, event_type, payload FROM outbox_events
+    SELECT id, event_type, payload::text AS payload_json FROM outbox_events
     WHERE relayed_at IS NULL AND validate_pending
     ORDER BY id
     LIMIT :limit
@@ -1235,7 +1245,7 @@ FINISH_VALIDATION = text(
 SELECT_REJECTED_EVENTS = text(
     """
     SELECT o.message_id, t.uid AS tenant, o.event_type, o.rejected_at,
-           o.rejected_reason AS reason, o.payload
+           o.rejected_reason AS reason, o.payload::text AS payload_json
     FROM outbox_events o JOIN tenants t ON t.id = o.tenant_id
     WHERE o.rejected_at IS NOT NULL AND (CAST(:scope AS text) IS NULL OR t.uid = :scope)
     ORDER BY o.id DESC

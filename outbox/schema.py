@@ -387,11 +387,14 @@ admin_tokens = Table(
     ),
 )
 
-# What retention (and endpoint deletion) removed, by metric name, so the totals
-# exported on /metrics never go backwards when history is pruned (migration 0005).
+# What retention (and endpoint or tenant deletion) removed, by tenant and metric name,
+# so the totals exported on /metrics, whole or scoped to a tenant, never go backwards
+# when history is pruned (migrations 0003, 0018). No foreign key: a deleted tenant's
+# tallies still count in the whole; tenant_id 0 holds tallies older than 0018.
 pruned_totals = Table(
     "pruned_totals",
     metadata,
+    Column("tenant_id", BigInteger, primary_key=True, server_default=text("0")),
     Column("name", Text, primary_key=True),
     Column("value", Float, nullable=False, server_default=text("0")),
 )

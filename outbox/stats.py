@@ -336,16 +336,13 @@ def read_totals(
 ) -> Totals:
     """Bucket bounds are seconds in whole milliseconds (0.05, 0.25, 1, ...).
 
-    With `scope` (a tenant uid) the totals count that tenant's stored rows only: the
-    pruned tallies are kept for the whole installation, not per tenant, so a scoped
-    total can drop when retention prunes that tenant's history.
+    With `scope` (a tenant uid) the totals are that tenant's: its stored rows plus the
+    tallies of its pruned ones, so a scoped total never drops either.
     """
     scoped = scope_params(conn, scope)
-    pruned = (
-        {str(r.name): float(r.value) for r in conn.execute(queries.SELECT_PRUNED_TOTALS)}
-        if scope is None
-        else {}
-    )
+    pruned = {
+        str(r.name): float(r.value) for r in conn.execute(queries.SELECT_PRUNED_TOTALS, scoped)
+    }
     events = conn.execute(queries.METRICS_EVENTS, scoped).one()
     by_outcome = {outcome: int(pruned.get(f"attempts:{outcome}", 0)) for outcome in OUTCOMES}
     bounds = sorted(buckets)

@@ -84,9 +84,10 @@ def send_test_event(
     With `scope` (a tenant uid), only that tenant's endpoints exist."""
     endpoint = get_endpoint(conn, uid, scope=scope)
     if not endpoint.enabled:
+        # Said without a command: the CLI, the API, the console and the portal all ask.
         raise EndpointError(
-            f"endpoint {uid} is disabled ({endpoint.disabled_reason}); enable it first "
-            f"(`outbox endpoints enable {uid}`), or its deliveries just wait"
+            f"endpoint {uid} is disabled ({endpoint.disabled_reason}): enable it, then send "
+            "the test (a test to a disabled endpoint would only wait)"
         )
     if event_type is None:
         name = PING_EVENT_TYPE

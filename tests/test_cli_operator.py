@@ -184,3 +184,10 @@ def test_durations() -> None:
     assert parse_duration("15m").total_seconds() == 900
     assert parse_duration("1.5h").total_seconds() == 5400
     assert parse_duration("7d").days == 7
+
+
+@pytest.mark.parametrize("interval", ["nan", "inf", "-1", "86401"])
+def test_stats_refuses_an_interval_sleep_cannot_honour(outbox: Any, interval: str) -> None:
+    refused = outbox("stats", "--watch", "--interval", interval, ok=False)
+    assert refused.exit_code == 2
+    assert "between 0 and 86400; try --interval 5" in refused.output

@@ -276,14 +276,20 @@ async def test_a_state_change_between_discard_check_and_write_is_refused_by_the_
         monkeypatch.setattr(ops.queries, "LOCK_DELIVERIES_FOR_REPLAY", stale)
         with (
             engine.begin() as conn,
-            pytest.raises(OperationError, match="changed while replaying"),
+            pytest.raises(
+                OperationError,
+                match=r"^deliveries changed while replaying; nothing was replayed, try again$",
+            ),
         ):
             ops.replay(conn, [target], actor="a", reason="x", now=clock.now())
     if now_state != "scheduled":  # a scheduled delivery may be discarded
         monkeypatch.setattr(ops, "_states", lambda conn, ids, scope: {target: "scheduled"})
         with (
             engine.begin() as conn,
-            pytest.raises(OperationError, match="changed while discarding"),
+            pytest.raises(
+                OperationError,
+                match=r"^deliveries changed while discarding; nothing was discarded, try again$",
+            ),
         ):
             ops.discard(conn, [target], actor="c", reason="stale", now=clock.now())
     assert snapshot(engine, target) == before

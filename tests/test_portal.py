@@ -16,12 +16,13 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from delivery.operator.cli import main
 from delivery.operator.console.web import ConsoleConfig
 from delivery.receiver import Behaviour
 from outbox import publish
+from outbox.catalogue import add_event_type
 from outbox.endpoints import set_enabled
 from tests.browser import Site
 from tests.helpers import add_endpoint, rows, scalar
@@ -159,6 +160,12 @@ def test_a_tenant_edits_disables_rotates_replays_and_deletes(site: Site, page: A
     with site.engine.begin() as conn:
         publish(conn, "order.created", {"n": 1}, tenant="acme")
         publish(conn, "refund.created", {"n": 2}, tenant="acme")
+        # catalogued but never published yet: still a choice; archived: not one
+        add_event_type(conn, "invoice.voided", schema={"type": "object"}, actor="t")
+        add_event_type(conn, "invoice.legacy", schema={"type": "object"}, actor="t")
+        conn.execute(
+            text("UPDATE event_types SET status = 'archived' WHERE name = 'invoice.legacy'")
+        )
     site.deliver()
     dead = int(scalar(site.engine, "SELECT id FROM deliveries WHERE state = 'dead'"))
     page.goto(site.base_url + _link(site, "acme"))
@@ -173,6 +180,11 @@ def test_a_tenant_edits_disables_rotates_replays_and_deletes(site: Site, page: A
     assert first.startswith("whsec_") and second.startswith("whsec_") and first != second
 
     page.goto(f"{site.base_url}/portal/endpoints/{uid}")
+    choices = page.eval_on_selector_all(
+        "#edit-endpoint input[name=event_type]", "inputs => inputs.map(i => i.value)"
+    )
+    assert {"order.created", "refund.created", "invoice.voided"} <= set(choices)
+    assert "invoice.legacy" not in choices and "webhook.test" not in choices
     page.check("#edit-endpoint input[value='refund.created']")
     with page.expect_navigation():
         page.click("button[value=edit]")
@@ -185,7 +197,9 @@ def test_a_tenant_edits_disables_rotates_replays_and_deletes(site: Site, page: A
     # A disabled endpoint takes no test (it would wait forever): one clear line instead.
     with page.expect_navigation():
         page.click("button[value=test]")
-    assert "is disabled: enable it, then send the test" in page.inner_text("[role=alert]")
+    assert f"endpoint {uid} is disabled (maintenance): enable it, then send the test" in (
+        page.inner_text("[role=alert]")
+    )
     page.problems.clear()  # the browser logs the 400 it was answered on purpose
     page.goto(f"{site.base_url}/portal/endpoints/{uid}")
     with page.expect_navigation():

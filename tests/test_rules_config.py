@@ -11,10 +11,16 @@ from sqlalchemy import Engine
 from delivery.operator import app
 from delivery.operator.cli import main
 from outbox.crypto import SecretBox, generate_key
-from outbox.endpoint_rules import DeliveryRules, get_delivery_rules, set_delivery_rules
+from outbox.endpoint_rules import (
+    DeliveryRules,
+    get_delivery_rules,
+    parse_status_override,
+    set_delivery_rules,
+    validate_delivery_rules,
+)
 from outbox.errors import ConfigurationError, EndpointError
 from outbox.settings import EventTypeRetry, load_settings
-from tests.helpers import add_endpoint, rows
+from tests.helpers import add_endpoint, rows, scalar
 
 
 @pytest.fixture(autouse=True)
@@ -123,10 +129,15 @@ def test_endpoint_rules_round_trip_with_an_audit_entry(engine: Engine, box: Secr
             actor="ops",
             reason="partner deploys take a minute",
         )
-    assert saved.status_overrides == {404: "retryable", 409: "succeeded"}
-    assert saved.retry_schedule == (1.0, 30.0)
+    assert saved == DeliveryRules(
+        timeout_seconds=2.5,
+        max_attempts=4,
+        retry_schedule=(1.0, 30.0),
+        status_overrides={404: "retryable", 409: "succeeded"},
+    )
     audit = rows(engine, "SELECT * FROM audit_log WHERE action = 'endpoint.rules'")[0]
     assert (audit["actor"], audit["reason"]) == ("ops", "partner deploys take a minute")
+    assert (audit["target_type"], audit["target_id"]) == ("endpoint", uid)
     assert audit["details"]["status_overrides"] == {"404": "retryable", "409": "succeeded"}
 
 
@@ -148,6 +159,57 @@ def test_invalid_endpoint_rules_are_refused(
     uid = add_endpoint(engine, box, "https://example.com/hook").endpoint.uid
     with engine.begin() as conn, pytest.raises(EndpointError, match=message):
         set_delivery_rules(conn, uid, rules, actor="ops")
+
+
+def test_endpoint_rule_limits_are_inclusive() -> None:
+    for rules in (
+        DeliveryRules(timeout_seconds=0.5),
+        DeliveryRules(timeout_seconds=300),
+        DeliveryRules(max_attempts=1),
+        DeliveryRules(max_attempts=100),
+        DeliveryRules(status_overrides={100: "retryable", 599: "permanent"}),
+    ):
+        assert validate_delivery_rules(rules) is rules
+    with pytest.raises(EndpointError) as caught:
+        validate_delivery_rules(DeliveryRules(max_attempts=101))
+    assert str(caught.value) == "max attempts must be between 1 and 100"
+    for status in (99, 600):
+        with pytest.raises(EndpointError) as caught:
+            validate_delivery_rules(DeliveryRules(status_overrides={status: "retryable"}))
+        assert str(caught.value) == (
+            f"status override {status}=retryable is invalid: the status must be 100-599 "
+            "and the outcome one of succeeded, retryable, permanent"
+        )
+
+
+@pytest.mark.parametrize("text", ["404=maybe", "abc=retryable", "=retryable", "404"])
+def test_a_status_override_needs_a_number_and_a_known_outcome(text: str) -> None:
+    with pytest.raises(EndpointError) as caught:
+        parse_status_override(text)
+    assert str(caught.value) == (
+        f"status override {text!r} is invalid: write STATUS=OUTCOME, e.g. 404=retryable, "
+        "with OUTCOME one of succeeded, retryable, permanent"
+    )
+    assert parse_status_override(" 404 = Retryable ") == (404, "retryable")
+
+
+def test_rules_of_an_unknown_endpoint_say_where_to_find_the_ids(engine: Engine) -> None:
+    message = "no endpoint 'ep_nope'; `outbox endpoints list` shows the ids"
+    with engine.begin() as conn:
+        with pytest.raises(EndpointError) as caught:
+            get_delivery_rules(conn, "ep_nope")
+        assert str(caught.value) == message
+        with pytest.raises(EndpointError) as caught:
+            set_delivery_rules(conn, "ep_nope", DeliveryRules(max_attempts=2), actor="ops")
+        assert str(caught.value) == message
+
+
+def test_no_status_overrides_are_stored_as_null(engine: Engine, box: SecretBox) -> None:
+    """NULL is "the default status table applies" (the module's convention)."""
+    uid = add_endpoint(engine, box, "https://example.com/hook").endpoint.uid
+    with engine.begin() as conn:
+        set_delivery_rules(conn, uid, DeliveryRules(max_attempts=3), actor="ops")
+    assert scalar(engine, "SELECT status_overrides IS NULL FROM endpoints WHERE uid = :u", u=uid)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.operator.cli import main
 from delivery.receiver import Receiver
-from outbox.catalogue import add_event_type
+from outbox.catalogue import RejectedEvent, add_event_type, list_rejected
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox, generate_key
 from outbox.relay import Relay, RelayConfig
@@ -26,6 +26,17 @@ from tests.operator_helpers import deliver
 CALL = text(
     "SELECT outbox_publish(:tenant, :type, CAST(:payload AS jsonb), :key, :ordering, :prio)"
 )
+
+
+def nested(levels: int) -> dict[str, object]:
+    """A payload `levels` containers deep (itself the first); the string at the bottom
+    holds brackets, which are not levels."""
+    inner: object = "]]{"
+    for _ in range(levels - 1):
+        inner = [inner]
+    return {"d": inner}
+
+
 SCHEMA = {"type": "object", "required": ["id"], "properties": {"id": {"type": "integer"}}}
 
 
@@ -99,6 +110,7 @@ def test_idempotency_is_per_tenant_and_unknown_tenants_are_refused(engine: Engin
         ({"payload": {"blob": "x" * 70_000}}, "over the 65536-byte limit"),
         ({"key": ""}, "keys must be non-empty"),
         ({"priority": 101}, "priority 101 is outside -100..100"),
+        ({"payload": nested(65)}, "payload nests deeper than 64 levels"),
     ],
 )
 def test_bad_input_is_refused_with_a_clear_error(
@@ -181,3 +193,55 @@ async def test_strict_relay_rejects_unknown_types_from_sql(
     assert (await relay.run_until_idle()).rejected == 1
     reason = scalar(engine, "SELECT rejected_reason FROM outbox_events")
     assert "not in the catalogue" in reason
+
+
+def test_depth_is_counted_like_publish(engine: Engine) -> None:
+    """64 levels pass (brackets inside strings are not levels); max_payload_depth raises
+    the limit up to 256 and refuses values outside 1..256."""
+    deeper = CALL.text.replace(":prio)", ":prio, 65536, :depth)")
+    with engine.begin() as conn:
+        call(conn, payload=nested(64))
+        conn.execute(
+            text(deeper),
+            {"tenant": None, "type": "order.created", "payload": json.dumps(nested(65)),
+             "key": None, "ordering": None, "prio": None, "depth": 65},
+        )  # fmt: skip
+    for depth, message in [(0, "from 1 to 256"), (257, "from 1 to 256"), (None, "from 1 to 256")]:
+        with engine.begin() as conn, pytest.raises(DBAPIError, match=message):
+            conn.execute(
+                text(deeper),
+                {"tenant": None, "type": "order.created", "payload": "{}", "key": None,
+                 "ordering": None, "prio": None, "depth": depth},
+            )  # fmt: skip
+    assert scalar(engine, "SELECT count(*) FROM outbox_events") == 2
+
+
+async def test_a_payload_too_deep_to_read_is_rejected_alone(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+) -> None:
+    """A row nested deeper than Python's JSON decoder allows (written before the function
+    checked depth, or by hand) is rejected with a reason; the events around it go out."""
+    add_endpoint(engine, box, receiver.route("/hook"), "order.*")
+    with engine.begin() as conn:
+        call(conn, payload={"id": 1})
+        deep = call(conn, payload={"id": 2})
+        call(conn, payload={"id": 3})
+        conn.execute(
+            text("UPDATE outbox_events SET payload = CAST(:deep AS jsonb) WHERE message_id = :id"),
+            {"deep": '{"d": ' + "[" * 3000 + "]" * 3000 + "}", "id": deep},
+        )
+    assert (await Relay(async_engine, clock).run_until_idle()).rejected == 1
+    await deliver(async_engine, box, clock)
+    assert sorted(json.loads(r.body)["data"]["id"] for r in receiver.received("/hook")) == [1, 3]
+    [rejected] = list_rejected_now(engine)
+    assert rejected.message_id == deep and rejected.payload is None
+    assert "nests too deeply to be read back" in rejected.reason
+
+
+def list_rejected_now(engine: Engine) -> list[RejectedEvent]:
+    with engine.connect() as conn:
+        return list_rejected(conn)

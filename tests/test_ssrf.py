@@ -12,11 +12,13 @@ import asyncio
 import contextlib
 import datetime as dt
 import ipaddress
+import re
 import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpcore
 import httpx
@@ -464,7 +466,9 @@ async def test_resolution_counts_against_the_connect_timeout() -> None:
     http, backend = client(resolver=hang)
     async with http:
         with pytest.raises(httpx.ConnectTimeout, match=r"resolving 'hook\.test'"):
-            await http.get("http://hook.test/", timeout=httpx.Timeout(5.0, connect=0.01))
+            # bounded here too, so a guard that stopped timing resolution fails, not hangs
+            get = http.get("http://hook.test/", timeout=httpx.Timeout(5.0, connect=0.01))
+            await asyncio.wait_for(get, 5)
     assert backend.dialled == []
 
 
@@ -705,3 +709,359 @@ def test_literal_hosts_are_checked_without_a_resolver(host: str) -> None:
     with pytest.raises(AddressRefusedError):
         check_literal_host(AddressPolicy(), host)
     check_literal_host(AddressPolicy(), "example.com")  # names are the resolver's job
+
+
+# -- what the guard says and passes on (mutation testing: docs/mutation.md) ---------------
+
+
+def test_a_name_is_refused_as_itself_with_the_reason_users_see() -> None:
+    with pytest.raises(AddressRefusedError) as caught:
+        AddressPolicy([]).check("localhost")
+    assert caught.value.address == "localhost"
+    assert caught.value.reason == "not an IP address (the guard only dials resolved literals)"
+
+
+def test_policy_repr_lists_its_allowed_networks() -> None:
+    assert repr(AddressPolicy(["10.20.0.0/16", "fd12::/16"])) == (
+        "AddressPolicy(['10.20.0.0/16', 'fd12::/16'])"
+    )
+
+
+@pytest.mark.parametrize(
+    ("ip", "reason"),
+    [
+        ("4000::1", "reserved IPv6 space (outside global unicast 2000::/3)"),
+        # Teredo: the server (10.0.0.1) is refused even though the client (8.8.8.8) is public
+        (
+            "2001:0:a00:1::f7f7:f7f7",
+            "a Teredo address that embeds 10.0.0.1, which is a private address (RFC 1918)",
+        ),
+        (
+            "2002:7f00:1::1",
+            "a 6to4 address that embeds 127.0.0.1, which is a loopback address",
+        ),
+    ],
+)
+def test_refusal_reasons_are_exact(ip: str, reason: str) -> None:
+    with pytest.raises(AddressRefusedError) as caught:
+        AddressPolicy([]).check(ip)
+    assert caught.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("entry", "pattern"),
+    [
+        (
+            "not-a-network",
+            r"OUTBOX_ALLOWED_NETWORKS entry 'not-a-network' is not a network in CIDR form "
+            r"such as 10\.20\.0\.0/16 or fd12:3456::/48 \('not-a-network' does not appear "
+            r"to be an IPv4 or IPv6 network\)",
+        ),
+        (
+            " 10.0.0.1/8",
+            r"OUTBOX_ALLOWED_NETWORKS entry ' 10\.0\.0\.1/8' is not a network in CIDR form "
+            r"such as 10\.20\.0\.0/16 or fd12:3456::/48 \(10\.0\.0\.1/8 has host bits set\); "
+            r"did you mean 10\.0\.0\.0/8\?",
+        ),
+        (
+            "::ffff:127.0.0.0/104",
+            r"OUTBOX_ALLOWED_NETWORKS entry '::ffff:127\.0\.0\.0/104' is IPv4-mapped IPv6; "
+            r"addresses are checked as plain IPv4, so write the IPv4 network instead",
+        ),
+    ],
+)
+def test_bad_allowed_network_messages_are_exact(entry: str, pattern: str) -> None:
+    with pytest.raises(DeliveryConfigurationError) as caught:
+        AddressPolicy([entry])
+    assert re.fullmatch(pattern, str(caught.value)), str(caught.value)
+
+
+@dataclass
+class Dial:
+    host: str
+    port: int
+    timeout: float | None
+    local_address: str | None
+    socket_options: list[httpcore.SOCKET_OPTION] | None
+
+
+class RecordingBackend(LoopbackOnlyBackend):
+    """Records every argument the guard dials with (still loopback only)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dials: list[Dial] = []
+        self.slept: list[float] = []
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        options = None if socket_options is None else list(socket_options)
+        self.dials.append(Dial(host, port, timeout, local_address, options))
+        return await super().connect_tcp(host, port, timeout, local_address, options)
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        await super().sleep(seconds)
+
+
+@contextlib.contextmanager
+def refusing_port(host: str) -> Iterator[int]:
+    """A port on `host` that refuses connections at once (bound, never listening)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        yield sock.getsockname()[1]
+
+
+async def test_one_deadline_covers_every_address_and_dial_arguments_pass_through(
+    start_receiver: StartReceiver,
+) -> None:
+    receiver = await start_receiver("127.0.0.2")
+    asked: list[tuple[str, int]] = []
+
+    async def resolve(host: str, port: int) -> list[str]:
+        asked.append((host, port))
+        return ["127.0.0.3", "127.0.0.2"]
+
+    with socket.socket() as probe:  # make sure nothing listens on 127.0.0.3:<port>
+        if probe.connect_ex(("127.0.0.3", receiver.port)) == 0:  # pragma: no cover
+            pytest.skip("something listens on 127.0.0.3 at this port")
+    backend = RecordingBackend()
+    guard = GuardedNetworkBackend(AddressPolicy(["127.0.0.0/8"]), resolver=resolve, backend=backend)
+    options: list[httpcore.SOCKET_OPTION] = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    stream = await guard.connect_tcp(
+        "hook.test",
+        receiver.port,
+        timeout=0.5,
+        local_address="127.0.0.1",
+        socket_options=iter(options),  # an iterable is read once, then reused per address
+    )
+    await stream.aclose()
+    assert asked == [("hook.test", receiver.port)]
+    assert [(d.host, d.port) for d in backend.dials] == [
+        ("127.0.0.3", receiver.port),
+        ("127.0.0.2", receiver.port),
+    ]
+    first, second = (d.timeout for d in backend.dials)
+    assert first is not None and second is not None
+    assert 0 < second <= first <= 0.5  # what is left of the one deadline, never more
+    assert [d.local_address for d in backend.dials] == ["127.0.0.1", "127.0.0.1"]
+    assert [d.socket_options for d in backend.dials] == [options, options]
+
+
+async def test_without_a_connect_timeout_no_deadline_is_imposed(
+    start_receiver: StartReceiver,
+) -> None:
+    receiver = await start_receiver("127.0.0.2")
+    resolve, _ = answers(["127.0.0.2"])
+    backend = RecordingBackend()
+    guard = GuardedNetworkBackend(
+        AddressPolicy(["127.0.0.2/32"]), resolver=resolve, backend=backend
+    )
+    stream = await guard.connect_tcp("hook.test", receiver.port, timeout=None)
+    await stream.aclose()
+    assert [(d.timeout, d.local_address, d.socket_options) for d in backend.dials] == [
+        (None, None, None)
+    ]
+
+
+async def test_when_no_checked_address_answers_the_error_is_a_connect_error() -> None:
+    with refusing_port("127.0.0.2") as port:
+        resolve, _ = answers(["127.0.0.2"])
+        http, backend = client(allowed=["127.0.0.2/32"], resolver=resolve)
+        async with http:
+            with pytest.raises(httpx.ConnectError):  # retryable: nothing was sent
+                await http.get(f"http://hook.test:{port}/")
+    assert backend.dialled == ["127.0.0.2"]
+
+
+async def test_sleep_is_the_dialling_backends() -> None:
+    backend = RecordingBackend()
+    await GuardedNetworkBackend(AddressPolicy(), backend=backend).sleep(0)
+    assert backend.slept == [0]
+
+
+async def test_a_unix_socket_refusal_names_the_path() -> None:
+    with pytest.raises(AddressRefusedError) as caught:
+        await GuardedNetworkBackend(AddressPolicy()).connect_unix_socket("/run/docker.sock")
+    assert caught.value.address == "/run/docker.sock"
+    assert caught.value.reason == "a Unix socket; webhooks are only sent over checked TCP"
+
+
+async def test_a_scheme_other_than_http_is_refused_with_what_is_allowed() -> None:
+    transport = build_guarded_transport(AddressPolicy(), backend=LoopbackOnlyBackend())
+    with pytest.raises(InvalidEndpointURLError) as caught:
+        await transport.handle_async_request(httpx.Request("GET", "ftp://example.com/x"))
+    assert str(caught.value) == (
+        "refusing to send to a 'ftp' URL; only http or https is allowed, fix the endpoint URL"
+    )
+
+
+Build = Callable[..., httpx.AsyncBaseTransport]
+BUILDERS: dict[str, Build] = {"build_guarded_transport": build_guarded_transport}
+
+
+def _guarded_transport(policy: AddressPolicy, **kw: Any) -> httpx.AsyncBaseTransport:
+    from delivery.ssrf import GuardedTransport
+
+    return GuardedTransport(policy, **kw)
+
+
+BUILDERS["GuardedTransport"] = _guarded_transport
+
+
+@pytest.mark.parametrize("build", sorted(BUILDERS))
+async def test_defaults_send_plain_http_and_verify_certificates(
+    build: str, start_receiver: StartReceiver, tmp_path: Path
+) -> None:
+    """Without arguments: http is allowed, and TLS certificates are verified (an untrusted
+    certificate is a connect error); `verify=False` is the explicit way to skip that."""
+    plain = await start_receiver("127.0.0.2")
+    server_ctx, _ = _tls_contexts("hook.test", tmp_path)
+    tls = await start_receiver("127.0.0.2", tls=server_ctx)
+    resolve, _ = answers(["127.0.0.2"])
+    policy = AddressPolicy(["127.0.0.2/32"])
+    wire = BUILDERS[build](policy, resolver=resolve, backend=LoopbackOnlyBackend())
+    async with httpx.AsyncClient(transport=wire, timeout=5.0) as http:
+        assert (await http.get(f"http://hook.test:{plain.port}/")).status_code == 200
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            await http.get(f"https://hook.test:{tls.port}/")
+    assert tls.requests == []
+    unverified = BUILDERS[build](
+        policy, resolver=resolve, backend=LoopbackOnlyBackend(), verify=False
+    )
+    async with httpx.AsyncClient(transport=unverified, timeout=5.0) as http:
+        assert (await http.get(f"https://hook.test:{tls.port}/")).status_code == 200
+
+
+@pytest.mark.parametrize("build", sorted(BUILDERS))
+def test_the_guarded_pool_keeps_the_limits_and_speaks_http1_only(build: str) -> None:
+    """The transport swaps httpx's pool for one with the guard (ssrf.py says why): the
+    replacement must keep the configured limits (httpx's own defaults without any)."""
+    limits = httpx.Limits(max_connections=7, max_keepalive_connections=3, keepalive_expiry=11)
+    default = httpx.Limits(max_connections=100, max_keepalive_connections=20)
+    policy = AddressPolicy()
+    for given, expected in [(limits, limits), (None, default)]:
+        wire = BUILDERS[build](policy, limits=given)
+        pool = wire._pool  # type: ignore[attr-defined]
+        assert isinstance(pool, httpcore.AsyncConnectionPool)
+        assert isinstance(pool._network_backend, GuardedNetworkBackend)
+        assert (
+            pool._max_connections,
+            pool._max_keepalive_connections,
+            pool._keepalive_expiry,
+        ) == (
+            expected.max_connections,
+            expected.max_keepalive_connections,
+            expected.keepalive_expiry,
+        )
+        assert (pool._http1, pool._http2) == (True, False)
+
+
+async def test_aiohttp_resolver_results_are_what_aiohttp_dials() -> None:
+    from delivery.ssrf import GuardedResolver
+
+    asked: list[tuple[str, int]] = []
+
+    async def fake(host: str, port: int) -> list[str]:
+        asked.append((host, port))
+        return {"v4.test": ["127.0.0.2"], "v6.test": ["::1"], "empty.test": []}[host]
+
+    resolver = GuardedResolver(AddressPolicy(["127.0.0.2/32", "::1/128"]), resolver=fake)
+    assert await resolver.resolve("v4.test", 8443) == [
+        {
+            "hostname": "v4.test",
+            "host": "127.0.0.2",
+            "port": 8443,
+            "family": socket.AF_INET,
+            "proto": 0,
+            "flags": socket.AI_NUMERICHOST,
+        }
+    ]
+    assert await resolver.resolve("v6.test", 80) == [
+        {
+            "hostname": "v6.test",
+            "host": "::1",
+            "port": 80,
+            "family": socket.AF_INET6,
+            "proto": 0,
+            "flags": socket.AI_NUMERICHOST,
+        }
+    ]
+    assert asked == [("v4.test", 8443), ("v6.test", 80)]
+    with pytest.raises(OSError, match=r"^empty\.test has no addresses$"):
+        await resolver.resolve("empty.test", 80)
+    refusing = GuardedResolver(AddressPolicy(), resolver=fake)
+    with pytest.raises(AddressRefusedError) as refused:
+        await refusing.resolve("v4.test", 80)
+    assert refused.value.reason == "a loopback address"
+
+
+# -- the warning when an endpoint is saved (refusal_warning) ------------------------------
+
+WILL_REFUSE = (
+    "the SSRF guard will refuse every delivery to it (each one dead at once) unless "
+    "OUTBOX_ALLOWED_NETWORKS includes that address"
+)
+
+
+async def test_saving_an_endpoint_on_a_refused_literal_warns() -> None:
+    from delivery.ssrf import refusal_warning
+
+    policy = AddressPolicy()
+    assert await refusal_warning(policy, "http://127.0.0.1:8080/x") == (
+        f"127.0.0.1 is a loopback address: {WILL_REFUSE}"
+    )
+    assert await refusal_warning(policy, "https://[::1]/x") == (
+        f"::1 is a loopback address: {WILL_REFUSE}"
+    )
+    assert await refusal_warning(policy, "http://8.8.8.8/x") is None
+    assert await refusal_warning(AddressPolicy(["127.0.0.0/8"]), "http://127.0.0.1/") is None
+
+
+async def test_saving_an_endpoint_on_a_name_warns_with_what_it_resolves_to() -> None:
+    from delivery.ssrf import refusal_warning
+
+    asked: list[tuple[str, int]] = []
+
+    async def resolve(host: str, port: int) -> list[str]:
+        asked.append((host, port))
+        return {"bad.test": ["8.8.8.8", "10.0.0.5"], "good.test": ["8.8.8.8"]}[host]
+
+    policy = AddressPolicy()
+    assert await refusal_warning(policy, "http://bad.test/x", resolver=resolve) == (
+        f"bad.test resolves to 10.0.0.5, which is a private address (RFC 1918): {WILL_REFUSE}"
+    )
+    assert await refusal_warning(policy, "https://good.test/x", resolver=resolve) is None
+    assert await refusal_warning(policy, "https://good.test:8443/", resolver=resolve) is None
+    assert asked == [("bad.test", 80), ("good.test", 443), ("good.test", 8443)]
+
+
+async def test_no_warning_when_nothing_can_be_said() -> None:
+    """Not a URL, no host, a name that does not resolve or resolves too slowly: the
+    guard decides at send time (a DNS failure is retried), so saving is not warned."""
+    from delivery.ssrf import refusal_warning
+
+    async def private(host: str, port: int) -> list[str]:
+        return ["10.0.0.5"]
+
+    async def fails(host: str, port: int) -> list[str]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    never = asyncio.Event()
+
+    async def hangs(host: str, port: int) -> list[str]:
+        await never.wait()
+        raise AssertionError("unreachable")
+
+    policy = AddressPolicy()
+    assert await refusal_warning(policy, "http://[::1", resolver=private) is None
+    assert await refusal_warning(policy, "/relative/path", resolver=private) is None
+    assert await refusal_warning(policy, "http://gone.test/", resolver=fails) is None
+    slow = refusal_warning(policy, "http://slow.test/", resolver=hangs, resolve_seconds=0.01)
+    assert await asyncio.wait_for(slow, 5) is None

@@ -15,8 +15,10 @@ from delivery.retention import Retention, RetentionConfig
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.operations import LATENCY_BUCKETS
+from outbox.publish import publish
 from outbox.relay import Relay
-from outbox.stats import AlertThresholds, collect_stats, read_totals
+from outbox.stats import AlertThresholds, Totals, collect_stats, read_totals
+from outbox.tenants import create_tenant
 from tests.helpers import add_endpoint, disable, rows, scalar
 from tests.operator_helpers import deliver, publish_many
 
@@ -193,3 +195,46 @@ async def test_metric_totals_count_bucket_edges_and_survive_pruning(
         after = read_totals(conn, LATENCY_BUCKETS)
     assert after.latency_sum_seconds == pytest.approx(before.latency_sum_seconds)
     assert replace(after, latency_sum_seconds=0) == replace(before, latency_sum_seconds=0)
+
+
+async def test_tenant_scoped_totals_survive_pruning_and_stay_apart(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+) -> None:
+    """Retention tallies per tenant: a scoped scrape's counters never go backwards, and
+    one tenant's pruned history never shows in another's."""
+    with engine.begin() as conn:
+        create_tenant(conn, "seller-7")
+        create_tenant(conn, "seller-8")
+    add_endpoint(engine, box, receiver.route("/seven"), "*", tenant="seller-7")
+    add_endpoint(engine, box, receiver.route("/eight", status=500), "*", tenant="seller-8")
+    with engine.begin() as conn:
+        for n in range(3):
+            publish(conn, "order.created", {"n": n}, tenant="seller-7")
+        publish(conn, "order.created", {"n": 9}, tenant="seller-8")
+    await deliver(async_engine, box, clock)
+
+    def totals(scope: str | None) -> Totals:
+        with engine.connect() as conn:
+            return read_totals(conn, LATENCY_BUCKETS, scope=scope)
+
+    before = {scope: totals(scope) for scope in ("seller-7", "seller-8", None)}
+    assert before["seller-7"].attempts_by_outcome["succeeded"] == 3
+    assert before["seller-7"].events_published == 3
+    assert before["seller-8"].attempts_by_outcome == {
+        "succeeded": 0, "retryable": 1, "permanent": 0, "ambiguous": 0,
+    }  # fmt: skip
+    clock.advance(days=8)
+    retention = Retention(async_engine, clock, RetentionConfig(retention_days=7))
+    pruned = await retention.run_until_done()
+    assert (pruned.deliveries, pruned.events) == (3, 3)  # seller-8's delivery is still pending
+    assert scalar(engine, "SELECT count(*) FROM outbox_events") == 1
+    for scope in ("seller-7", "seller-8", None):
+        after = totals(scope)
+        assert after.latency_sum_seconds == pytest.approx(before[scope].latency_sum_seconds)
+        assert replace(after, latency_sum_seconds=0) == replace(
+            before[scope], latency_sum_seconds=0
+        ), scope

@@ -47,13 +47,18 @@ MODULES: dict[str, list[str]] = {
         "-k",
         "not aiohttp",
     ],
-    "outbox/endpoint_rules.py": ["tests/test_rules_config.py"],
+    "outbox/endpoint_rules.py": ["tests/test_rules_config.py", "tests/test_tenant_scope.py"],
     "delivery/signing.py": ["tests/test_verify.py", "tests/test_delivery.py", "-k", "not aiohttp"],
     "delivery/verify.py": ["tests/test_verify.py"],
     "delivery/ssrf.py": ["tests/test_ssrf.py"],
-    "delivery/reaper.py": ["tests/test_fencing.py", "-k", "not aiohttp"],
+    "delivery/reaper.py": ["tests/test_fencing.py", "tests/test_reaper.py", "-k", "not aiohttp"],
     "outbox/relay.py": ["tests/test_relay.py", "tests/test_tenant_routing.py"],
-    "outbox/operations.py": ["tests/test_operations.py"],
+    "outbox/operations.py": [
+        "tests/test_operations.py",
+        "tests/test_operations_replay.py",
+        "tests/test_operations_endpoints.py",
+        "tests/test_operations_views.py",
+    ],
 }
 
 
@@ -64,6 +69,24 @@ class SqlMutant:
     old: str  # replaced once; a mutant whose text is absent is reported not applicable
     new: str
     tests: tuple[str, ...]
+    # The statement the change belongs to (e.g. "SELECT_DELIVERY = text("): `old` is
+    # replaced at its first occurrence after this text and before the next statement,
+    # for conditions written the same way in several statements.
+    within: str = ""
+
+
+def apply_mutant(source: str, mutant: SqlMutant) -> str | None:
+    """`source` with the mutant applied, or None if its text is not where it should be."""
+    start = 0
+    if mutant.within:
+        start = source.find(mutant.within)
+        if start < 0:
+            return None
+        start += len(mutant.within)
+    at = source.find(mutant.old, start)
+    if at < 0 or (mutant.within and "= text(" in source[start:at]):
+        return None
+    return source[:at] + mutant.new + source[at + len(mutant.old) :]
 
 
 _LEASES = (
@@ -76,6 +99,25 @@ _REPLAY = ("tests/test_operations.py",)
 _ROUTING = ("tests/test_relay.py", "tests/test_tenant_routing.py", "tests/test_publish.py")
 Q = "delivery/queries.py"
 OQ = "outbox/queries.py"
+
+# Operator-side tenant scope: each mutant drops one statement's scope condition.
+_SCOPE = (
+    "tests/test_tenant_scope.py",
+    "tests/test_tenant_api.py",
+    "-k",
+    "not unscoped and not deleted_tenant and not bad_tenant",
+)
+_TEXT_SCOPE = "(CAST(:scope AS text) IS NULL OR {} = :scope)"
+
+
+def _S(column: str) -> str:
+    """outbox/queries.py's source text of a scope condition on `column`."""
+    return '{_in_scope("' + column + '")}'
+
+
+def _AND_S(column: str) -> str:
+    return " AND " + _S(column)
+
 
 SQL_MUTANTS = [
     # claim
@@ -276,6 +318,108 @@ SQL_MUTANTS = [
         "ORDER BY length(r.pattern) DESC",
         ("tests/test_documented_rules.py", "-k", "not aiohttp"),
     ),
+    # a disabled tenant's deliveries wait (the claim only visits enabled tenants' heads)
+    SqlMutant(
+        "claim: disabled tenant not held",
+        Q,
+        "WHERE x.id = e.tenant_id AND x.enabled LIMIT 1",
+        "WHERE x.id = e.tenant_id LIMIT 1",
+        ("tests/test_tenant_core.py", "-k", "disabled_tenant"),
+        within="LOCK_CLAIM_GATES = text(",
+    ),
+    *(
+        SqlMutant(f"scope: {name}", OQ, old, new, _SCOPE, within=f"{statement} = ")
+        for name, statement, old, new in [
+            # endpoints
+            ("endpoint list", "SELECT_ENDPOINTS", _S("e.tenant_id"), "true"),
+            ("endpoint by id", "SELECT_ENDPOINT_BY_UID", _AND_S("e.tenant_id"), ""),
+            ("endpoint enable/disable", "SET_ENDPOINT_ENABLED", _AND_S("tenant_id"), ""),
+            ("endpoint update", "UPDATE_ENDPOINT", _AND_S("tenant_id"), ""),
+            ("endpoint secret rotation", "ROTATE_ENDPOINT_SECRET", _AND_S("tenant_id"), ""),
+            ("endpoint delivery counts", "COUNT_ENDPOINT_DELIVERIES", _AND_S("e.tenant_id"), ""),
+            ("endpoint delete", "DELETE_ENDPOINT", _AND_S("tenant_id"), ""),
+            (
+                "endpoint secret reveal",
+                "SELECT_ENDPOINT_SECRET",
+                "AND {_in_scope('tenant_id')}",
+                "",
+            ),
+            # deliveries: list, lookup by id, replay, bulk replay, discard
+            ("delivery search and count", "_DELIVERY_FILTER", _S("d.tenant_id"), "true"),
+            ("delivery by id", "SELECT_DELIVERY", _AND_S("d.tenant_id"), ""),
+            ("delivery states (discard check)", "SELECT_DELIVERY_STATES", _AND_S("tenant_id"), ""),
+            ("replay lock", "LOCK_DELIVERIES_FOR_REPLAY", _AND_S("tenant_id"), ""),
+            ("replay insert", "INSERT_REPLAYS", _AND_S("d.tenant_id"), ""),
+            ("discard write", "DISCARD_DELIVERIES", _AND_S("tenant_id"), ""),
+            # audit
+            ("audit list", "SELECT_AUDIT", _TEXT_SCOPE.format("tenant_uid"), "true"),
+            # stats and metrics
+            ("stats counts by state", "STATS_COUNTS_BY_STATE", "{_in_scope('tenant_id')}", "true"),
+            ("stats oldest due", "STATS_OLDEST_DUE", _AND_S("d.tenant_id"), ""),
+            ("stats relay lag", "STATS_RELAY_LAG", _AND_S("tenant_id"), ""),
+            ("stats and metrics attempts", "_SCOPED_ATTEMPTS", _AND_S("sd.tenant_id"), ""),
+            (
+                "stats window succeeded",
+                "STATS_WINDOW_RATES",
+                "state = 'succeeded' AND completed_at >= :since AND completed_at <= :now\n"
+                "          " + _AND_S("tenant_id"),
+                "state = 'succeeded' AND completed_at >= :since AND completed_at <= :now\n",
+            ),
+            (
+                "stats window dead",
+                "STATS_WINDOW_RATES",
+                "state = 'dead' AND completed_at >= :since AND completed_at <= :now\n"
+                "          " + _AND_S("tenant_id"),
+                "state = 'dead' AND completed_at >= :since AND completed_at <= :now\n",
+            ),
+            (
+                "stats window dead in the previous window",
+                "STATS_WINDOW_RATES",
+                "completed_at >= :previous AND completed_at < :since\n"
+                "          " + _AND_S("tenant_id"),
+                "completed_at >= :previous AND completed_at < :since\n",
+            ),
+            (
+                "stats window published",
+                "STATS_WINDOW_RATES",
+                "created_at <= :now" + _AND_S("tenant_id"),
+                "created_at <= :now",
+            ),
+            ("stats endpoints: attempts", "STATS_ENDPOINTS", _AND_S("d.tenant_id"), ""),
+            (
+                "stats endpoints: backlog",
+                "STATS_ENDPOINTS",
+                "\n         " + _AND_S("tenant_id"),
+                "",
+            ),
+            (
+                "stats endpoints: endpoints",
+                "STATS_ENDPOINTS",
+                "WHERE " + _S("e.tenant_id") + "\n    ORDER BY e.id",
+                "WHERE true\n    ORDER BY e.id",
+            ),
+            ("stats top errors", "STATS_TOP_ERRORS", _AND_S("d.tenant_id"), ""),
+            ("metrics events", "METRICS_EVENTS", _S("tenant_id"), "true"),
+            ("metrics pruned totals", "SELECT_PRUNED_TOTALS", _S("tenant_id"), "true"),
+            # tenants, tokens, rejected events
+            ("tenant list", "SELECT_TENANTS", _TEXT_SCOPE.format("t.uid"), "true"),
+            ("tenant by id", "SELECT_TENANT", _TEXT_SCOPE.format("t.uid"), "true"),
+            ("token list", "SELECT_TOKENS", _TEXT_SCOPE.format("tenant_uid"), "true"),
+            (
+                "token revoke lookup",
+                "SELECT_TOKENS_TO_REVOKE",
+                _TEXT_SCOPE.format("tenant_uid"),
+                "true",
+            ),
+            ("rejected events list", "SELECT_REJECTED_EVENTS", _TEXT_SCOPE.format("t.uid"), "true"),
+            (
+                "rejected event requeue",
+                "REQUEUE_REJECTED_EVENT",
+                "AND (CAST(:scope AS text) IS NULL",
+                "AND (true",
+            ),
+        ]
+    ),
 ]
 
 
@@ -385,22 +529,28 @@ def _mutmut_module(copy: Path, module: str, selection: list[str]) -> dict[str, A
     }
 
 
-def _sql_mutants(copy: Path, wanted: set[str] | None) -> list[dict[str, Any]]:
+def _sql_mutants(
+    copy: Path, wanted: set[str] | None, match: str | None = None
+) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     for mutant in SQL_MUTANTS:
         if wanted is not None and mutant.file not in wanted:
             continue
+        if match is not None and match not in mutant.name:
+            continue
         path = copy / mutant.file
         original = path.read_text()
-        if mutant.old not in original:
+        mutated = apply_mutant(original, mutant)
+        if mutated is None:
             results.append({"name": mutant.name, "status": "not applicable", "tests": []})
+            print(f"  sql: {mutant.name}: not applicable (text not found)", flush=True)
             continue
         tests = _existing(copy, mutant.tests)
         if not any(item.startswith("tests/") for item in tests):
             results.append({"name": mutant.name, "status": "no tests", "tests": []})
             print(f"  sql: {mutant.name}: no tests in this revision", flush=True)
             continue
-        path.write_text(original.replace(mutant.old, mutant.new, 1))
+        path.write_text(mutated)
         began = time.monotonic()
         try:
             done = subprocess.run(
@@ -436,6 +586,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the JSON report here")
     parser.add_argument("--no-sql", action="store_true", help="skip the SQL guard mutants")
     parser.add_argument("--sql-only", action="store_true", help="only the SQL guard mutants")
+    parser.add_argument(
+        "--sql-match", metavar="TEXT", help="only the SQL mutants whose name contains TEXT"
+    )
     args = parser.parse_args(argv)
     unknown = [m for m in args.modules if m not in MODULES and m not in {Q, OQ}]
     if unknown:
@@ -466,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
             if not args.no_sql:
                 wanted = set(args.modules) & {Q, OQ} if args.modules else None
-                report["sql"] = _sql_mutants(copy, wanted)
+                report["sql"] = _sql_mutants(copy, wanted, args.sql_match)
         finally:
             server.stop()
     text = json.dumps(report, indent=2)

@@ -28,6 +28,9 @@ from outbox.stats import Breaker, Stats
 F = TypeVar("F", bound=Callable[..., Any])
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+# Every operator action is audited: who (default: the login name) and, where it matters, why.
+actor_option = click.option("--actor", default=None, help="Who is acting, for the audit log.")
+reason_option = click.option("--reason", required=True, help="Why, for the audit log.")
 tenant_option = click.option(
     "--tenant", default=None, help="Only this tenant's (a customer id; `outbox tenants list`)."
 )

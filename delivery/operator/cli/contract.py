@@ -22,6 +22,7 @@ from delivery.operator.cli.common import (
     friendly_errors,
     json_option,
     print_table,
+    reason_option,
 )
 from outbox import catalogue
 from outbox.clock import SystemClock
@@ -243,7 +244,7 @@ def events_rejected(limit: int, as_json: bool) -> None:
 
 @events.command("requeue")
 @click.argument("message_id")
-@click.option("--reason", required=True, help="Why, for the audit log.")
+@reason_option
 @click.option(
     "--skip-validation",
     is_flag=True,

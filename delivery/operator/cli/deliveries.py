@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from delivery.operator.cli.common import (
     F,
+    actor_option,
     ago,
     database,
     default_actor,
@@ -21,6 +22,7 @@ from delivery.operator.cli.common import (
     parse_when,
     print_table,
     printable,
+    reason_option,
     short,
     tenant_filter,
 )
@@ -228,8 +230,8 @@ def deliveries_show(delivery_id: str, as_json: bool) -> None:
 
 @click.command()
 @click.argument("delivery_ids", nargs=-1)
-@click.option("--reason", required=True, help="Why, for the audit log.")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@reason_option
+@actor_option
 @click.option("--force", is_flag=True, help="Also replay succeeded deliveries.")
 @click.option("--again", is_flag=True, help="Replay ids that were replayed before, once more.")
 @click.option("--dry-run", is_flag=True, help="Show the count and a sample; change nothing.")
@@ -341,7 +343,7 @@ def replay(
 @click.command()
 @click.argument("delivery_ids", nargs=-1, required=True)
 @click.option("--reason", required=True, help="Why, for operators and the audit log.")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def discard(delivery_ids: tuple[str, ...], reason: str, actor: str | None, as_json: bool) -> None:

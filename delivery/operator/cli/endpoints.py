@@ -13,6 +13,7 @@ import click
 from delivery.operator import app
 from delivery.operator.cli.common import (
     HEALTH_HEADERS,
+    actor_option,
     database,
     default_actor,
     echo_json,
@@ -22,6 +23,7 @@ from delivery.operator.cli.common import (
     parse_duration,
     print_secret,
     print_table,
+    reason_option,
     secret_json,
     signature_option,
     tenant_filter,
@@ -179,7 +181,7 @@ def _set_enabled(uid: str, enabled: bool, reason: str | None, actor: str, as_jso
 
 @endpoints.command("enable")
 @click.argument("endpoint_id")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def endpoints_enable(endpoint_id: str, actor: str | None, as_json: bool) -> None:
@@ -190,7 +192,7 @@ def endpoints_enable(endpoint_id: str, actor: str | None, as_json: bool) -> None
 @endpoints.command("disable")
 @click.argument("endpoint_id")
 @click.option("--reason", required=True, help="Why, for operators and the audit log.")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def endpoints_disable(endpoint_id: str, reason: str, actor: str | None, as_json: bool) -> None:
@@ -235,7 +237,7 @@ def _parse_schedule(value: str) -> tuple[float, ...] | None:
 @click.option("--clear-status", "cleared", multiple=True, type=int, help="Drop one override.")
 @click.option("--reset", is_flag=True, help="Drop every endpoint rule first (global defaults).")
 @click.option("--reason", default=None, help="Why, for the audit log.")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def endpoints_rules(
@@ -289,7 +291,7 @@ def endpoints_rules(
 @endpoints.command("reveal-secret")
 @click.argument("endpoint_id")
 @click.option("--reason", required=True, help="Why the secret is needed, for the audit log.")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def endpoints_reveal_secret(
@@ -316,7 +318,7 @@ def endpoints_reveal_secret(
 @click.option("--timeout", default=None, metavar="SECONDS", help="Per-attempt deadline in seconds.")
 @click.option("--max-attempts", default=None, metavar="N")
 @click.option("--reason", default=None, help="Why, for the audit log.")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def endpoints_update(
@@ -364,9 +366,9 @@ def endpoints_update(
 
 @endpoints.command("delete")
 @click.argument("endpoint_id")
-@click.option("--reason", required=True, help="Why, for the audit log.")
+@reason_option
 @click.option("--force", is_flag=True, help="Delete even with pending deliveries.")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def endpoints_delete(
@@ -396,7 +398,7 @@ def endpoints_delete(
 )
 @signature_option
 @click.option("--reason", default=None, help="Why, for the audit log.")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def endpoints_rotate_secret(
@@ -480,7 +482,7 @@ def endpoints_status(window: str, tenant: str | None, as_json: bool) -> None:
     default=None,
     help="When a key's oldest delivery dies: block the key until an operator acts, or skip it.",
 )
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def endpoints_limits(
@@ -568,7 +570,7 @@ def endpoints_health(as_json: bool) -> None:
 )
 @click.option("--unset", multiple=True, help="A header name to stop sending (repeat).")
 @click.option("--clear", is_flag=True, help="Remove every custom header.")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def endpoints_headers(

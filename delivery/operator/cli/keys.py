@@ -6,6 +6,7 @@ import click
 
 from delivery.operator import app
 from delivery.operator.cli.common import (
+    actor_option,
     database,
     default_actor,
     echo_json,
@@ -28,7 +29,7 @@ def keys_generate() -> None:
 
 
 @keys.command("rotate")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def keys_rotate(actor: str | None, as_json: bool) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from delivery.operator.cli.common import (
+    actor_option,
     database,
     default_actor,
     echo_json,
@@ -24,7 +25,7 @@ def portal() -> None:
 @portal.command("link")
 @click.argument("tenant")
 @click.option("--ttl", default="15m", show_default=True, help="How long the link works: 90s, 15m.")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def portal_link_command(tenant: str, ttl: str, actor: str | None, as_json: bool) -> None:

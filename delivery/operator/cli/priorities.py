@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from delivery.operator.cli.common import (
+    actor_option,
     database,
     default_actor,
     echo_json,
@@ -22,7 +23,7 @@ def priorities() -> None:
 @priorities.command("set")
 @click.argument("event_type")
 @click.argument("priority", type=click.IntRange(-100, 100))
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @friendly_errors
 def priorities_set(event_type: str, priority: int, actor: str | None) -> None:
     """Give EVENT_TYPE a default priority: outbox priorities set password.reset 50."""
@@ -35,7 +36,7 @@ def priorities_set(event_type: str, priority: int, actor: str | None) -> None:
 
 @priorities.command("clear")
 @click.argument("event_type")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @friendly_errors
 def priorities_clear(event_type: str, actor: str | None) -> None:
     """Remove EVENT_TYPE's default priority (back to 0)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import time
 
 import click
@@ -60,7 +61,13 @@ def _print_stats(stats: Stats) -> None:
 @click.command()
 @click.option("--window", default=None, help="How far back rates look (default 1h).")
 @click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
-@click.option("--interval", default=5.0, show_default=True, help="Seconds between refreshes.")
+@click.option(
+    "--interval",
+    default=5.0,
+    show_default=True,
+    callback=lambda _ctx, _param, value: _check_interval(value),
+    help="Seconds between refreshes (0 to 86400).",
+)
 @click.option("--times", type=int, default=None, hidden=True, help="Stop after N refreshes.")
 @tenant_option
 @json_option
@@ -104,6 +111,15 @@ def stats(
                 time.sleep(interval)
             except KeyboardInterrupt:
                 return
+
+
+def _check_interval(value: float) -> float:
+    """A refresh interval that sleep() can honour: nan and inf would hang or fail later."""
+    if not math.isfinite(value) or not 0 <= value <= 86400:
+        raise click.BadParameter(
+            f"{value} is not a number of seconds between 0 and 86400; try --interval 5"
+        )
+    return value
 
 
 def _times(details: dict[str, object]) -> str:

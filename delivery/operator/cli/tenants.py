@@ -13,12 +13,14 @@ from typing import Any
 import click
 
 from delivery.operator.cli.common import (
+    actor_option,
     database,
     default_actor,
     echo_json,
     friendly_errors,
     json_option,
     print_table,
+    reason_option,
 )
 from outbox import tenants as ops
 from outbox.clock import SystemClock
@@ -78,7 +80,7 @@ def tenants() -> None:
 @click.option(
     "--max-per-second", type=float, default=None, help="Requests per second, all its endpoints."
 )
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def tenants_add(
@@ -171,7 +173,7 @@ def _cap(value: float | None) -> Any:
     "--max-per-second", type=float, default=None, help="Requests per second; 0: no limit."
 )
 @click.option("--reason", default=None, help="Why, for the audit log.")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def tenants_update(
@@ -203,7 +205,7 @@ def tenants_update(
 @tenants.command("disable")
 @click.argument("tenant_id")
 @click.option("--reason", required=True, help="Why, for operators and the audit log.")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def tenants_disable(tenant_id: str, reason: str, actor: str | None, as_json: bool) -> None:
@@ -222,7 +224,7 @@ def tenants_disable(tenant_id: str, reason: str, actor: str | None, as_json: boo
 
 @tenants.command("enable")
 @click.argument("tenant_id")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def tenants_enable(tenant_id: str, actor: str | None, as_json: bool) -> None:
@@ -236,9 +238,9 @@ def tenants_enable(tenant_id: str, actor: str | None, as_json: bool) -> None:
 
 @tenants.command("delete")
 @click.argument("tenant_id")
-@click.option("--reason", required=True, help="Why, for the audit log.")
+@reason_option
 @click.option("--force", is_flag=True, help="Delete even with pending deliveries or events.")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def tenants_delete(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from delivery.operator.cli.common import (
+    actor_option,
     database,
     default_actor,
     echo_json,
@@ -29,7 +30,7 @@ def tokens() -> None:
     default=None,
     help="Confine the token to this tenant: it sees and acts on that tenant's objects only.",
 )
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def tokens_create(
@@ -78,7 +79,7 @@ def tokens_list(include_revoked: bool, as_json: bool) -> None:
 
 @tokens.command("revoke")
 @click.argument("name")
-@click.option("--actor", default=None, help="Who is acting, for the audit log.")
+@actor_option
 @json_option
 @friendly_errors
 def tokens_revoke(name: str, actor: str | None, as_json: bool) -> None:

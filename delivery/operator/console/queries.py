@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
+from outbox.testevents import PING_EVENT_TYPE
+
 INSERT_SESSION = text(
     """
     INSERT INTO console_sessions (id_hash, kind, actor, role, tenant_uid, csrf_token,
@@ -87,9 +89,10 @@ SELECT_TENANTS_OVERVIEW = text(
 # the pages need beyond them.
 _TENANT_ID = "(SELECT st.id FROM tenants st WHERE st.uid = CAST(:tenant_uid AS text))"
 
-# Event types a tenant can subscribe to: those of its latest deliveries (its own index)
-# and those published for it among the latest events of all. Both reads are bounded, so
-# the page costs the same however long the history is and however small the tenant.
+# Event types a tenant can subscribe to: the catalogue's active types (outbox event-types),
+# those of its latest deliveries (its own index) and those published for it among the
+# latest events of all. Every read is bounded, so the page costs the same however long
+# the history is and however small the tenant. The test ping is not a subscription.
 SELECT_TENANT_EVENT_TYPES = text(
     f"""
     SELECT event_type FROM (
@@ -101,8 +104,10 @@ SELECT_TENANT_EVENT_TYPES = text(
         SELECT recent.event_type
         FROM (SELECT tenant_id, event_type FROM outbox_events ORDER BY id DESC LIMIT 5000) recent
         WHERE recent.tenant_id = {_TENANT_ID}
+        UNION
+        (SELECT name FROM event_types WHERE status = 'active' ORDER BY name LIMIT 200)
     ) types
-    WHERE event_type <> 'webhook.test'
+    WHERE event_type <> '{PING_EVENT_TYPE}'
     ORDER BY event_type
     LIMIT 200
     """
@@ -118,33 +123,6 @@ SELECT_ENDPOINT_SETTINGS = text(
     JOIN tenants t ON t.id = e.tenant_id
     LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
     WHERE e.uid = :uid
-    """
-)
-
-# A test event to one endpoint: an event born relayed (so the relay fans it out to no
-# one else) and one delivery to that endpoint, due now, with a single attempt so the
-# outcome shows at once. From there on it is an ordinary delivery: the worker claims,
-# signs, sends and records it like any other.
-SEND_TEST_EVENT = text(
-    """
-    WITH target AS (
-        SELECT id, tenant_id FROM endpoints WHERE uid = :uid AND enabled
-    ), event AS (
-        INSERT INTO outbox_events (message_id, tenant_id, event_type, payload, created_at,
-                                   relayed_at)
-        SELECT :message_id, t.tenant_id, :event_type, CAST(:payload AS jsonb), :now, :now
-        FROM target t
-        RETURNING id, tenant_id
-    ), delivery AS (
-        INSERT INTO deliveries (event_id, endpoint_id, tenant_id, state, max_attempts,
-                                next_attempt_at, created_at, updated_at)
-        SELECT ev.id, t.id, t.tenant_id, 'scheduled', 1, :now, :now, :now
-        FROM event ev, target t
-        RETURNING id
-    ), woken AS (
-        SELECT pg_notify('outbox_deliveries', '') WHERE EXISTS (SELECT 1 FROM delivery)
-    )
-    SELECT id FROM delivery LEFT JOIN woken ON true
     """
 )
 

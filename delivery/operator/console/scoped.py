@@ -10,7 +10,6 @@ call, each with its audit row in the same transaction, so the three surfaces agr
 from __future__ import annotations
 
 import datetime as dt
-import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -18,15 +17,12 @@ from sqlalchemy import Connection
 
 from delivery.operator.console import queries
 from outbox import operations as ops
-from outbox.audit import record_audit
 from outbox.crypto import SecretBox
 from outbox.endpoints import CreatedEndpoint, Endpoint, get_endpoint, reveal_secret, set_enabled
 from outbox.endpoints import list_endpoints as list_all_endpoints
-from outbox.errors import EndpointError, NotFoundError
-from outbox.ids import new_message_id
+from outbox.errors import NotFoundError
 from outbox.stats import collect_stats
-
-TEST_EVENT_TYPE = "webhook.test"
+from outbox.testevents import send_test_event as send_ping
 
 
 def require_endpoint(conn: Connection, uid: str, tenant: str | None) -> Endpoint:
@@ -217,31 +213,8 @@ def rotate(
 def send_test_event(
     conn: Connection, uid: str, tenant: str | None, *, actor: str, now: dt.datetime
 ) -> int:
-    """A `webhook.test` ping to this endpoint only, through the worker; the delivery id."""
-    require_endpoint(conn, uid, tenant)
-    message_id = new_message_id()
-    payload = {"type": TEST_EVENT_TYPE, "endpoint": uid, "sent_at": now.isoformat()}
-    delivery_id = conn.execute(
-        queries.SEND_TEST_EVENT,
-        {
-            "uid": uid,
-            "message_id": message_id,
-            "event_type": TEST_EVENT_TYPE,
-            "payload": json.dumps(payload),
-            "now": now,
-        },
-    ).scalar_one_or_none()
-    if delivery_id is None:
-        raise EndpointError(f"endpoint {uid} is disabled: enable it, then send the test")
-    record_audit(
-        conn,
-        actor=actor,
-        action="endpoint.test",
-        target_type="endpoint",
-        target_id=uid,
-        details={"delivery": int(delivery_id), "message_id": message_id},
-    )
-    return int(delivery_id)
+    """The ping `outbox endpoints test` sends, to this endpoint only; the delivery id."""
+    return send_ping(conn, uid, now=now, actor=actor, scope=tenant).delivery_id
 
 
 def issue_link_checked(conn: Connection, tenant: str, scope: str | None) -> None:

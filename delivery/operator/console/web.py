@@ -15,9 +15,8 @@ import datetime as dt
 import hmac
 import json
 import re
-from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
@@ -39,6 +38,7 @@ from delivery.operator.console.sessions import (
     portal_link,
     redeem_portal_link,
 )
+from delivery.operator.refusals import UnauthenticatedLimiter
 from outbox import operations as ops
 from outbox.errors import NotFoundError, OutboxError
 from outbox.tokens import TokenRefusedError, authenticate
@@ -79,26 +79,6 @@ class ConsoleConfig:
                 )
 
 
-@dataclass(slots=True)
-class RateLimiter:
-    """At most `limit` events per key in any 60 s (login and link exchange)."""
-
-    limit: int
-    seen: dict[str, deque[dt.datetime]] = field(default_factory=dict)
-
-    def allow(self, key: str, now: dt.datetime) -> bool:
-        window = self.seen.setdefault(key, deque())
-        while window and now - window[0] >= dt.timedelta(minutes=1):
-            window.popleft()
-        if len(window) >= self.limit:
-            return False
-        window.append(now)
-        if len(self.seen) > 10_000:  # forget idle clients so the map stays bounded
-            for idle in [k for k, v in self.seen.items() if not v][:5_000]:
-                del self.seen[idle]
-        return True
-
-
 class PageError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -115,13 +95,14 @@ class Console:
     def __init__(self, api: AdminApi, config: ConsoleConfig | None = None) -> None:
         self.api = api
         self.config = config or ConsoleConfig()
-        self.limiter = RateLimiter(self.config.logins_per_minute)
+        # the admin API's limiter: a token bucket per client, least recently seen forgotten
+        self.limiter = UnauthenticatedLimiter(self.config.logins_per_minute)
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,
             undefined=jinja2.StrictUndefined,
         )
-        self.env.filters["ago"] = _ago
+        self.env.filters["when"] = _when
         self.env.filters["ms"] = _ms
         self.env.filters["pct"] = _pct
         # Readable JSON; the template's autoescaping then makes it safe HTML.
@@ -230,9 +211,14 @@ class Console:
 
     async def login(self, request: Request) -> Response:
         now = self.api.clock.now()
-        if not self.limiter.allow(f"login:{self._client(request)}", now):
+        wait = self.limiter.take(f"login:{self._client(request)}", now)
+        if wait is not None:
             return self.render(
-                request, "login.html", 429, session=None, error="Too many attempts; wait a minute."
+                request,
+                "login.html",
+                429,
+                session=None,
+                error=f"Too many attempts; try again in {wait:.0f} s.",
             )
         form = await request.form()
         presented = str(form.get("token") or "")
@@ -669,7 +655,7 @@ class Console:
         if not self.config.public_url:
             link = f"{request.url.scheme}://{request.url.netloc}{link}"
         return await self.tenants(
-            request, session, issued={"tenant": tenant, "link": link, "expires": _ago(now + ttl)}
+            request, session, issued={"tenant": tenant, "link": link, "expires": _when(now + ttl)}
         )
 
     async def audit(self, request: Request, session: WebSession) -> Response:
@@ -689,9 +675,13 @@ class Console:
     async def portal_enter(self, request: Request) -> Response:
         """Exchange a single-use link for a session; the link leaves the address bar."""
         now = self.api.clock.now()
-        if not self.limiter.allow(f"link:{self._client(request)}", now):
+        wait = self.limiter.take(f"link:{self._client(request)}", now)
+        if wait is not None:
             return self.render(
-                request, "portal/expired.html", 429, message="Too many attempts; wait a minute."
+                request,
+                "portal/expired.html",
+                429,
+                message=f"Too many attempts; try again in {wait:.0f} s.",
             )
         secret = request.query_params.get("link", "")
 
@@ -782,7 +772,8 @@ class Console:
         return [Mount("/console", routes=console), Mount("/portal", routes=portal)]
 
 
-def _ago(value: dt.datetime | None) -> str:
+def _when(value: dt.datetime | None) -> str:
+    """A moment as a UTC date and time to the second (the pages state times, not ages)."""
     if value is None:
         return "-"
     return value.strftime("%Y-%m-%d %H:%M:%S")
