@@ -178,6 +178,26 @@ RELAY_BATCH = text(
     """
 )
 
+
+def claimed_columns(delivery: str) -> str:
+    """What a worker needs of each delivery it holds (delivery.worker's `_prepare`), for
+    the claim (delivery/queries.py) and the relay's handoff alike: `delivery` is the
+    alias of the claimed row, `e`, `ev` and `h` its endpoint, event and health row."""
+    return f"""
+        {delivery}.id, {delivery}.claims AS claim, {delivery}.attempts, {delivery}.max_attempts,
+        e.uid AS endpoint_uid, e.url, e.signing_secret, e.previous_signing_secret,
+        e.previous_secret_expires_at, e.timeout_seconds, e.retry_schedule,
+        e.custom_headers, e.status_overrides,
+        ev.message_id, ev.event_type, ev.payload::text AS payload_json,
+        ev.created_at AS event_created_at, ev.traceparent,
+        {delivery}.endpoint_id,
+        -- a spotless breaker: its successes need no health write (delivery/health.py)
+        COALESCE(h.breaker_state = 'closed' AND h.consecutive_failures = 0
+                 AND h.window_failures = 0 AND h.failing_since IS NULL
+                 AND h.paused_until IS NULL AND h.trips = 0, true) AS endpoint_spotless
+    """
+
+
 # RELAY_BATCH, handing part of the fan-out straight to the worker of the relay's own
 # process (Relay's `handoff`): those deliveries are inserted already claimed (in flight,
 # claim number 1, leased to :worker_id until :lease_expires_at), which saves the worker
@@ -243,16 +263,7 @@ RELAY_BATCH_HANDOFF = text(
         FROM batch WHERE o.id = batch.id
         RETURNING 1
     ), claimed AS (
-        SELECT f.id, f.claims AS claim, f.attempts, f.max_attempts,
-               e.uid AS endpoint_uid, e.url, e.signing_secret, e.previous_signing_secret,
-               e.previous_secret_expires_at, e.timeout_seconds, e.retry_schedule,
-               e.custom_headers, e.status_overrides,
-               ev.message_id, ev.event_type, ev.payload::text AS payload_json,
-               ev.created_at AS event_created_at, ev.traceparent,
-               f.endpoint_id,
-               COALESCE(h.breaker_state = 'closed' AND h.consecutive_failures = 0
-                        AND h.window_failures = 0 AND h.failing_since IS NULL
-                        AND h.paused_until IS NULL AND h.trips = 0, true) AS endpoint_spotless
+        SELECT {claimed_columns("f")}
         FROM fanned f
         JOIN outbox_events ev ON ev.id = f.event_id
         JOIN endpoints e ON e.id = f.endpoint_id
