@@ -277,9 +277,9 @@ SQL_MUTANTS = [
     SqlMutant(
         "routing: all-tenants endpoints ignored",
         OQ,
-        "                UNION ALL\n"
-        "                SELECT endpoint_id FROM endpoint_subscriptions\n"
-        "                WHERE pattern = c.pattern AND tenant_id IS NULL",
+        "            UNION ALL\n"
+        "            SELECT endpoint_id FROM endpoint_subscriptions\n"
+        "            WHERE pattern = c.pattern AND tenant_id IS NULL",
         "",
         _ROUTING,
     ),
@@ -293,15 +293,15 @@ SQL_MUTANTS = [
     SqlMutant(
         "routing: '*' is not a candidate",
         OQ,
-        "SELECT '*' AS pattern\n    UNION ALL SELECT b.event_type",
-        "SELECT b.event_type AS pattern",
+        "SELECT '*' AS pattern\n    WHERE b.event_type NOT IN",
+        "SELECT '*' AS pattern\n    WHERE false AND b.event_type NOT IN",
         _ROUTING,
     ),
     SqlMutant(
         "routing: events marked relayed twice (relayed_at filter dropped)",
         OQ,
-        "FROM outbox_events\n        WHERE relayed_at IS NULL\n        ORDER BY id",
-        "FROM outbox_events\n        ORDER BY id",
+        "WHERE relayed_at IS NULL AND NOT validate_pending\n    ORDER BY id",
+        "WHERE NOT validate_pending\n    ORDER BY id",
         _ROUTING,
     ),
     SqlMutant(
