@@ -1,8 +1,9 @@
 """The hand-written SQL mutants of tools/mutation.py still apply to today's code.
 
 A mutant whose text is no longer found is reported "not applicable" and silently stops
-testing its guard (three routing mutants went stale when the relay's statement was
-split into fragments). Only mutants written for the code before issue 15 may miss.
+testing its guard (three routing mutants went stale as the relay's statement changed:
+operational events left out of `*`, then the statement split into fragments). Only
+mutants written for the code before issue 15 may miss.
 """
 
 from __future__ import annotations
