@@ -28,7 +28,7 @@ from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.relay import Capacity, Relay, RelayConfig
-from outbox.tenants import create_tenant, update_tenant
+from outbox.tenants import create_tenant, set_tenant_enabled, update_tenant
 from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
 
 POLL = 60.0  # far longer than any test here may take
@@ -112,7 +112,7 @@ async def test_a_fresh_delivery_reaches_the_local_worker_without_a_claim_or_noti
     assert scalar(engine, "SELECT attempt_number FROM delivery_attempts") == 1
 
 
-async def test_only_ungated_unordered_endpoints_of_uncapped_tenants_are_handed_off(
+async def test_only_ungated_unordered_endpoints_of_enabled_uncapped_tenants_are_handed_off(
     engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
 ) -> None:
     add_endpoint(engine, box, "https://plain.example/h")
@@ -141,15 +141,20 @@ async def test_only_ungated_unordered_endpoints_of_uncapped_tenants_are_handed_o
         )
         create_tenant(conn, "capped")
         create_tenant(conn, "free")
+        create_tenant(conn, "held")
         update_tenant(conn, "capped", actor="t", now=clock.now(), max_per_second=10.0)
     add_endpoint(engine, box, "https://capped.example/h", tenant="capped")
     add_endpoint(engine, box, "https://free.example/h", tenant="free")
+    add_endpoint(engine, box, "https://held.example/h", tenant="held")
     publish_many(engine, 1)
     publish_many(engine, 1, tenant="capped")
     publish_many(engine, 1, tenant="free")
+    publish_many(engine, 1, tenant="held")
+    with engine.begin() as conn:  # a disabled tenant's deliveries are held, not sent
+        set_tenant_enabled(conn, "held", enabled=False, actor="t", now=clock.now(), reason="r")
     recorder = Recorder(clock)
     result = await Relay(async_engine, clock, handoff=recorder).run_once()
-    assert (result.deliveries, result.handed_off) == (7, 2)
+    assert (result.deliveries, result.handed_off) == (8, 2)
     by_url = {row["url"]: row for row in states(engine)}
     handed = {url for url, row in by_url.items() if row["state"] == "in_flight"}
     assert handed == {"https://plain.example/h", "https://free.example/h"}
