@@ -52,7 +52,11 @@ MODULES: dict[str, list[str]] = {
     "delivery/verify.py": ["tests/test_verify.py"],
     "delivery/ssrf.py": ["tests/test_ssrf.py"],
     "delivery/reaper.py": ["tests/test_fencing.py", "tests/test_reaper.py", "-k", "not aiohttp"],
-    "outbox/relay.py": ["tests/test_relay.py", "tests/test_tenant_routing.py"],
+    "outbox/relay.py": [
+        "tests/test_relay.py",
+        "tests/test_tenant_routing.py",
+        "tests/test_handoff.py",
+    ],
     "outbox/operations.py": [
         "tests/test_operations.py",
         "tests/test_operations_replay.py",
