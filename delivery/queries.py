@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
+from outbox.queries import claimed_columns
+
 # Claim due deliveries of enabled endpoints and lease them; the claim commits before
 # any HTTP request starts. It starts from :endpoint_ids, at most :limit endpoints with
 # due work chosen from their heads (LOCK_CLAIM_GATES, health.choose_endpoints), so idle
@@ -30,8 +32,9 @@ from sqlalchemy import text
 #     event of the key still waiting for the relay.
 # Candidates are over-picked (2 * limit) and locked with SKIP LOCKED, so two workers
 # claiming at once both get a full batch.
+# (The f-string inserts outbox.queries.claimed_columns, a constant fragment, never input.)
 CLAIM_DUE_DELIVERIES = text(
-    """
+    f"""
     WITH gate AS (
         SELECT * FROM unnest(CAST(:gate_ids AS bigint[]), CAST(:gate_budgets AS int[]))
             AS g(endpoint_id, budget)
@@ -128,17 +131,7 @@ CLAIM_DUE_DELIVERIES = text(
     FROM due, outbox_events ev, endpoints e LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
     WHERE d.id = due.id AND ev.id = d.event_id AND e.id = d.endpoint_id
       AND d.state = 'scheduled'
-    RETURNING d.id, d.claims AS claim, d.attempts, d.max_attempts,
-              e.uid AS endpoint_uid, e.url, e.signing_secret, e.previous_signing_secret,
-              e.previous_secret_expires_at, e.timeout_seconds, e.retry_schedule,
-              e.custom_headers, e.status_overrides,
-              ev.message_id, ev.event_type, ev.payload::text AS payload_json,
-              ev.created_at AS event_created_at, ev.traceparent,
-              d.endpoint_id,
-              -- a spotless breaker: its successes need no health write (delivery/health.py)
-              COALESCE(h.breaker_state = 'closed' AND h.consecutive_failures = 0
-                       AND h.window_failures = 0 AND h.failing_since IS NULL
-                       AND h.paused_until IS NULL AND h.trips = 0, true) AS endpoint_spotless
+    RETURNING {claimed_columns("d")}
     """
 )
 

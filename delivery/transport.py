@@ -22,6 +22,7 @@ Exceptions are translated here, at the boundary, into the httpx classes that
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
@@ -80,26 +81,26 @@ def _translate(exc: Exception, request: httpx.Request | None) -> httpx.Transport
     return httpx.ReadError(message, request=request)
 
 
-def _progress_trace_config() -> aiohttp.TraceConfig:
-    """Report progress in httpcore's trace vocabulary, which `send_attempt` reads.
+# The progress callback of the request this task is sending (`send_attempt`'s
+# `_Progress`, in httpcore's trace vocabulary), for `_ProgressRequest`.
+_PROGRESS: contextvars.ContextVar[Any] = contextvars.ContextVar("outbox_progress", default=None)
 
-    It tells "nothing sent yet" (safe to retry) from "it may have arrived"; the
-    per-request callback travels as aiohttp's `trace_request_ctx`.
+
+class _ProgressRequest(aiohttp.ClientRequest):
+    """Reports when the request starts going out (it has its connection; from here on
+    it may have arrived).
+
+    Why not aiohttp's TraceConfig: with a trace config on the session, every request
+    builds Trace objects and awaits several signals (re-parsing its URL for them), a
+    tenth of a busy worker's CPU; this costs a context-variable read. A request still
+    waiting for a pooled or new connection has sent nothing: shutdown may release it.
     """
 
-    def forward(event: str) -> Any:
-        async def callback(session: aiohttp.ClientSession, context: Any, params: object) -> None:
-            trace = context.trace_request_ctx
-            if trace is not None:
-                await trace(event, {})
-
-        return callback
-
-    config = aiohttp.TraceConfig()
-    config.on_connection_create_start.append(forward("connection.connect_tcp.started"))
-    config.on_connection_reuseconn.append(forward("connection.reused"))
-    config.on_request_headers_sent.append(forward("http11.send_request_headers.started"))
-    return config
+    async def send(self, conn: Any) -> aiohttp.ClientResponse:
+        progress = _PROGRESS.get()
+        if progress is not None:
+            await progress("http11.send_request_headers.started", {})
+        return await super().send(conn)
 
 
 class DirectResponse:
@@ -208,7 +209,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 timeout=aiohttp.ClientTimeout(total=None),
                 # httpx already set every header it wants; aiohttp adds none of its own.
                 skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
-                trace_configs=[_progress_trace_config()],
+                request_class=_ProgressRequest,
             )
         return self._session
 
@@ -242,6 +243,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         `handle_async_request`, without the httpx request and response models."""
         target = self._checked_url(url)
         session = self._get_session()
+        token = _PROGRESS.set(trace)
         try:
             response = await session.request(
                 "POST",
@@ -252,10 +254,11 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 timeout=_deadline_timeout(deadline),
                 compress=None,
                 chunked=None,
-                trace_request_ctx=trace,
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _translate(exc, None) from exc
+        finally:
+            _PROGRESS.reset(token)
         return DirectResponse(response)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -272,6 +275,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         headers = [
             (name.decode("latin-1"), value.decode("latin-1")) for name, value in request.headers.raw
         ]
+        token = _PROGRESS.set(request.extensions.get("trace"))
         try:
             response = await session.request(
                 request.method,
@@ -282,10 +286,11 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 timeout=_timeout(request.extensions),
                 compress=None,
                 chunked=None,
-                trace_request_ctx=request.extensions.get("trace"),
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _translate(exc, request) from exc
+        finally:
+            _PROGRESS.reset(token)
         return httpx.Response(
             status_code=response.status,
             headers=list(response.raw_headers),

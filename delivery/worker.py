@@ -47,6 +47,7 @@ from outbox.endpoints import secret_context
 from outbox.headers import decrypt_headers
 from outbox.notify import wait_for_any
 from outbox.outage import OUTAGE
+from outbox.relay import Capacity
 from outbox.settings import DEFAULT_RETRY_SCHEDULE, LEASE_MARGIN_SECONDS
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,9 @@ class WorkerConfig:
     # waits this long for more completions (or for `refill` of them) so that one claim
     # refills several slots instead of one query per completion.
     claim_gather: float = 0.01
+    # Take fresh deliveries straight from the relay of this process (outbox.relay.Handoff)
+    # while this worker has free slots and its last claim found nothing more due.
+    take_from_relay: bool = True
 
     @property
     def refill(self) -> int:
@@ -199,6 +203,14 @@ class Worker:
         self._spread = 1_000_000
         # How each claim round found its endpoints: "quick" or "all" (tests, bench).
         self.gate_paths: collections.Counter[str] = collections.Counter()
+        # While `run` runs: its attempts, and whether fresh deliveries may come straight
+        # from the relay of this process (see `reserve`).
+        self._in_flight: dict[asyncio.Task[None], ClaimedDelivery] = {}
+        self._accepting = False
+        self._caught_up = False
+        self._wake: asyncio.Event | None = None
+        self._reserved = 0
+        self.handed_off = 0  # deliveries taken from the relay without a claim (tests)
 
     # -- claiming -------------------------------------------------------------------
 
@@ -631,11 +643,12 @@ class Worker:
         """
         wake = wakeup or asyncio.Event()
         in_flight: dict[asyncio.Task[None], ClaimedDelivery] = {}
+        self._in_flight, self._wake, self._accepting = in_flight, wake, True
         closing = asyncio.Event()
         writer = asyncio.create_task(self._write_outcomes(closing), name="outcome-writer")
         try:
             while not stop.is_set():
-                free = self.config.max_in_flight - len(in_flight)
+                free = self.config.max_in_flight - len(in_flight) - self._reserved
                 if free > 0:
                     wake.clear()
                     self._slot_free.clear()
@@ -643,9 +656,14 @@ class Worker:
                     self._freed = 0
                     want = min(self.config.batch_size, free)
                     self._finished_while_claiming = []
+                    self._caught_up = False
                     try:
                         claimed = await self.claim(want)
                         OUTAGE.succeeded()
+                        # Nothing more was due that this worker could take: fresh
+                        # deliveries may come straight from the relay until a claim
+                        # is due again.
+                        self._caught_up = len(claimed) < want
                     except Exception as exc:
                         OUTAGE.failed("worker claim", exc)
                         claimed = []
@@ -654,12 +672,7 @@ class Worker:
                             self._finished_while_claiming,
                             None,
                         )
-                    for item in claimed:
-                        task = asyncio.create_task(self._attempt_and_buffer(item))
-                        in_flight[task] = item
-                        self._slots_held[item.endpoint_id] += 1
-                        task.add_done_callback(lambda done: self._finished(in_flight, done))
-                    self._full = len(in_flight) >= self.config.max_in_flight
+                    self._start(claimed)
                     self._waiting = self._gated | self._capped
                     # Slots freed while the claim ran, of endpoints it has just found wanting.
                     for endpoint_id in meanwhile:
@@ -671,11 +684,69 @@ class Worker:
                 if self._slot_free.is_set() and not (wake.is_set() or stop.is_set()):
                     await wait_for_any(stop, wake, self._refilled, timeout=self.config.claim_gather)
         finally:
+            self._accepting = False
             await self._drain(in_flight)
             # Never cancel the writer mid-write: tell it to finish what is buffered.
             closing.set()
             self._results_ready.set()
             await writer
+
+    def _start(self, claimed: Sequence[ClaimedDelivery]) -> None:
+        """Start the attempts of claimed deliveries (in `run`), each holding a slot."""
+        in_flight = self._in_flight
+        for item in claimed:
+            task = asyncio.create_task(self._attempt_and_buffer(item))
+            in_flight[task] = item
+            self._slots_held[item.endpoint_id] += 1
+            task.add_done_callback(lambda done: self._finished(in_flight, done))
+        self._full = len(in_flight) >= self.config.max_in_flight
+
+    # -- taking fresh deliveries from the relay (outbox.relay.Handoff) ----------------
+
+    @property
+    def taking_from_relay(self) -> bool:
+        """`run` runs and its last claim found nothing more due (see `reserve`)."""
+        return self._accepting and self._caught_up
+
+    def reserve(self) -> Capacity | None:
+        """Free slots the relay of this process may fill with deliveries it inserts
+        already claimed for this worker, or None.
+
+        Only while `run` runs and its last claim found nothing more due (so nothing
+        that waits longer is overtaken: fairness and priorities stay the claim's) and no
+        wake-up is pending. The slots stay reserved until `take`.
+        """
+        if not (self.config.take_from_relay and self.taking_from_relay):
+            return None
+        if self._wake is not None and self._wake.is_set():
+            return None
+        free = self.config.max_in_flight - len(self._in_flight) - self._reserved
+        limit = min(self.config.batch_size, free)
+        if limit <= 0:
+            return None
+        self._reserved += limit
+        now = self._clock.now()
+        return Capacity(
+            limit=limit,
+            worker_id=self.config.worker_id,
+            lease_expires_at=now + dt.timedelta(seconds=self.config.lease_seconds),
+            endpoint_slots=self.config.endpoint_slots,
+            slots_left=self._slots_left(),
+        )
+
+    async def take(self, capacity: Capacity, rows: Sequence[Any], now: dt.datetime) -> None:
+        """Attempt the deliveries the relay handed off (claimed for this worker, claim
+        number and lease included), freeing the reservation `capacity`. After `run`
+        stopped they are handed back at once, like unstarted claims at shutdown."""
+        self._reserved = max(0, self._reserved - capacity.limit)
+        if not rows:
+            return
+        claimed = [self._prepare(row, now) for row in rows]
+        self.handed_off += len(claimed)
+        if not self._accepting:
+            await self._release_at_shutdown(claimed)
+            return
+        self._start(claimed)
 
     def _idle_timeout(self) -> float:
         """The poll interval, or less when a health gate opens sooner."""

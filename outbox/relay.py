@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -47,6 +47,33 @@ class RelayResult:
     events: int
     deliveries: int
     rejected: int = 0
+    handed_off: int = 0  # of `deliveries`, inserted already claimed for the local worker
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """What the worker of the relay's process takes straight from the relay's next pass."""
+
+    limit: int  # deliveries at most (its free slots, reserved until `Handoff.take`)
+    worker_id: str
+    lease_expires_at: dt.datetime
+    endpoint_slots: int  # per endpoint, unless `slots_left` says less
+    slots_left: Mapping[int, int]  # endpoint id -> slots it may still take
+
+
+class Handoff(Protocol):
+    """The worker of this process (delivery.worker.Worker), seen from the relay.
+
+    Fresh deliveries that a claim would take at once anyway go to it in the relay's own
+    transaction (queries.RELAY_BATCH_HANDOFF) instead of being scheduled, notified,
+    and claimed in another transaction. `reserve` is asked before each pass; every
+    reservation is answered by exactly one `take` of it, with the rows the pass handed
+    off (none when it failed).
+    """
+
+    def reserve(self) -> Capacity | None: ...
+
+    async def take(self, capacity: Capacity, rows: Sequence[Any], now: dt.datetime) -> None: ...
 
 
 class Relay:
@@ -57,11 +84,13 @@ class Relay:
         config: RelayConfig | None = None,
         *,
         on_deliveries: Callable[[], None] | None = None,
+        handoff: Handoff | None = None,
     ) -> None:
         self._engine = engine
         self._clock = clock
         self.config = config or RelayConfig()
         self._on_deliveries = on_deliveries
+        self._handoff = handoff
         self._next_summaries: dt.datetime | None = None
 
     async def run_once(self) -> RelayResult:
@@ -69,15 +98,46 @@ class Relay:
 
         Events written by the SQL function outbox_publish() are checked against their
         schema first (the batch statement says whether any wait); a payload that breaks
-        it is rejected, never sent.
+        it is rejected, never sent. With a `handoff` (the worker of this process) that
+        has free slots, the deliveries it may take at once are inserted already claimed
+        for it and given to it after the commit (queries.RELAY_BATCH_HANDOFF).
         """
         now = self._clock.now()
+        capacity = self._handoff.reserve() if self._handoff is not None else None
+        handed: list[Any] = []
+        try:
+            result, handed = await self._pass(now, capacity)
+        finally:
+            if self._handoff is not None and capacity is not None:
+                # After the commit: the rows are leased to that worker from now on. On a
+                # failure none are given (if the commit did happen, their lease expires
+                # and the reaper reschedules them).
+                await self._handoff.take(capacity, handed, now)
+        if result.rejected:
+            log.warning(
+                "%d events broke their event type's schema and were rejected; "
+                "`outbox events rejected` lists them",
+                result.rejected,
+            )
+        if result.deliveries > result.handed_off and self._on_deliveries is not None:
+            self._on_deliveries()
+        return result
+
+    async def _pass(
+        self, now: dt.datetime, capacity: Capacity | None
+    ) -> tuple[RelayResult, list[Any]]:
         rejected = 0
+        handed: list[Any] = []
         async with self._engine.begin() as conn:
             if self._next_summaries is None or now >= self._next_summaries:
                 await conn.execute(queries.FLUSH_OPERATIONAL_SUMMARIES, {"now": now})
                 self._next_summaries = now + dt.timedelta(seconds=self.config.summary_interval)
-            row = await self._batch(conn, now)
+            if capacity is not None and capacity.limit > 0:
+                rows = await self._batch_handing_off(conn, now, capacity)
+                row = rows[0]
+                handed = [r for r in rows if r.id is not None]
+            else:
+                row = await self._batch(conn, now)
             events, deliveries = int(row.events), int(row.deliveries)
             if row.to_validate:
                 rejected = await conn.run_sync(
@@ -87,18 +147,33 @@ class Relay:
                 )
                 row = await self._batch(conn, now)
                 events, deliveries = events + int(row.events), deliveries + int(row.deliveries)
-            result = RelayResult(events=events, deliveries=deliveries, rejected=rejected)
-            if result.deliveries:
+            result = RelayResult(events, deliveries, rejected, handed_off=len(handed))
+            # Deliveries handed off need no wake-up: only scheduled ones are notified.
+            if result.deliveries > result.handed_off:
                 await conn.execute(queries.NOTIFY_DELIVERIES_DUE)
-        if result.rejected:
-            log.warning(
-                "%d events broke their event type's schema and were rejected; "
-                "`outbox events rejected` lists them",
-                result.rejected,
+        return result, handed
+
+    async def _batch_handing_off(
+        self, conn: AsyncConnection, now: dt.datetime, capacity: Capacity
+    ) -> list[Any]:
+        return list(
+            await conn.execute(
+                queries.RELAY_BATCH_HANDOFF,
+                {
+                    "limit": self.config.batch_size,
+                    "now": now,
+                    "max_attempts": self.config.default_max_attempts,
+                    "rule_patterns": list(self.config.max_attempts_by_event_type),
+                    "rule_max_attempts": list(self.config.max_attempts_by_event_type.values()),
+                    "handoff_limit": capacity.limit,
+                    "worker_id": capacity.worker_id,
+                    "lease_expires_at": capacity.lease_expires_at,
+                    "endpoint_slots": capacity.endpoint_slots,
+                    "slot_endpoint_ids": list(capacity.slots_left),
+                    "slot_counts": list(capacity.slots_left.values()),
+                },
             )
-        if result.deliveries and self._on_deliveries is not None:
-            self._on_deliveries()
-        return result
+        )
 
     async def _batch(self, conn: AsyncConnection, now: dt.datetime) -> Any:
         return (

@@ -1065,3 +1065,30 @@ async def test_no_warning_when_nothing_can_be_said() -> None:
     assert await refusal_warning(policy, "http://gone.test/", resolver=fails) is None
     slow = refusal_warning(policy, "http://slow.test/", resolver=hangs, resolve_seconds=0.01)
     assert await asyncio.wait_for(slow, 5) is None
+
+
+async def test_the_warning_waits_three_seconds_for_dns_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Saving an endpoint waits at most 3 s for its name to resolve (then saves without
+    advice). Pinned through the timeout handed to asyncio.wait_for: a real 3 s wait
+    would slow the suite for a constant."""
+    from delivery import ssrf
+
+    timeouts: list[float | None] = []
+    real_wait_for = asyncio.wait_for
+
+    # asyncio.wait_for's own signature, hence a `timeout` parameter
+    async def recording_wait_for(
+        awaitable: Awaitable[Any],
+        timeout: float | None,  # noqa: ASYNC109
+    ) -> Any:
+        timeouts.append(timeout)
+        return await real_wait_for(awaitable, timeout)
+
+    async def public(host: str, port: int) -> list[str]:
+        return ["8.8.8.8"]
+
+    monkeypatch.setattr(asyncio, "wait_for", recording_wait_for)
+    assert await ssrf.refusal_warning(AddressPolicy(), "http://n.test/", resolver=public) is None
+    assert timeouts == [3.0]

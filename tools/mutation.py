@@ -52,7 +52,11 @@ MODULES: dict[str, list[str]] = {
     "delivery/verify.py": ["tests/test_verify.py"],
     "delivery/ssrf.py": ["tests/test_ssrf.py"],
     "delivery/reaper.py": ["tests/test_fencing.py", "tests/test_reaper.py", "-k", "not aiohttp"],
-    "outbox/relay.py": ["tests/test_relay.py", "tests/test_tenant_routing.py"],
+    "outbox/relay.py": [
+        "tests/test_relay.py",
+        "tests/test_tenant_routing.py",
+        "tests/test_handoff.py",
+    ],
     "outbox/operations.py": [
         "tests/test_operations.py",
         "tests/test_operations_replay.py",
@@ -96,6 +100,7 @@ _LEASES = (
     "not aiohttp and (lease or rescue or reaper or shutdown or late or release or outcome)",
 )
 _REPLAY = ("tests/test_operations.py",)
+_HANDOFF = ("tests/test_handoff.py",)
 _ROUTING = ("tests/test_relay.py", "tests/test_tenant_routing.py", "tests/test_publish.py")
 Q = "delivery/queries.py"
 OQ = "outbox/queries.py"
@@ -277,9 +282,9 @@ SQL_MUTANTS = [
     SqlMutant(
         "routing: all-tenants endpoints ignored",
         OQ,
-        "                UNION ALL\n"
-        "                SELECT endpoint_id FROM endpoint_subscriptions\n"
-        "                WHERE pattern = c.pattern AND tenant_id IS NULL",
+        "            UNION ALL\n"
+        "            SELECT endpoint_id FROM endpoint_subscriptions\n"
+        "            WHERE pattern = c.pattern AND tenant_id IS NULL",
         "",
         _ROUTING,
     ),
@@ -293,15 +298,71 @@ SQL_MUTANTS = [
     SqlMutant(
         "routing: '*' is not a candidate",
         OQ,
-        "SELECT '*' AS pattern\n    UNION ALL SELECT b.event_type",
-        "SELECT b.event_type AS pattern",
+        "SELECT '*' AS pattern\n    WHERE b.event_type NOT IN",
+        "SELECT '*' AS pattern\n    WHERE false AND b.event_type NOT IN",
         _ROUTING,
+    ),
+    SqlMutant(
+        "handoff: ordered endpoints handed off",
+        OQ,
+        "OR h.paused_until > :now OR h.ordered)",
+        "OR h.paused_until > :now)",
+        _HANDOFF,
+        within="RELAY_BATCH_HANDOFF = text(",
+    ),
+    SqlMutant(
+        "handoff: open breaker ignored",
+        OQ,
+        "AND (h.breaker_state <> 'closed' OR ",
+        "AND (false OR ",
+        _HANDOFF,
+        within="RELAY_BATCH_HANDOFF = text(",
+    ),
+    SqlMutant(
+        "handoff: capped tenants handed off",
+        OQ,
+        "AND t.max_in_flight IS NULL AND t.max_per_second IS NULL",
+        "",
+        _HANDOFF,
+        within="RELAY_BATCH_HANDOFF = text(",
+    ),
+    SqlMutant(
+        "handoff: disabled tenants handed off",
+        OQ,
+        "WHERE t.id = e.tenant_id AND t.enabled",
+        "WHERE t.id = e.tenant_id",
+        _HANDOFF,
+        within="RELAY_BATCH_HANDOFF = text(",
+    ),
+    SqlMutant(
+        "handoff: the worker's slots left per endpoint ignored",
+        OQ,
+        "COALESCE(s.slots, :endpoint_slots)",
+        ":endpoint_slots",
+        _HANDOFF,
+        within="RELAY_BATCH_HANDOFF = text(",
+    ),
+    SqlMutant(
+        "handoff: more than the reserved slots",
+        OQ,
+        ":handoff_limit AS handed",
+        ":handoff_limit + 1 AS handed",
+        _HANDOFF,
+        within="RELAY_BATCH_HANDOFF = text(",
+    ),
+    SqlMutant(
+        "handoff: no lease on a handed-off delivery",
+        OQ,
+        "CAST(:lease_expires_at AS timestamptz) END",
+        "NULL END",
+        _HANDOFF,
+        within="RELAY_BATCH_HANDOFF = text(",
     ),
     SqlMutant(
         "routing: events marked relayed twice (relayed_at filter dropped)",
         OQ,
-        "FROM outbox_events\n        WHERE relayed_at IS NULL\n        ORDER BY id",
-        "FROM outbox_events\n        ORDER BY id",
+        "WHERE relayed_at IS NULL AND NOT validate_pending\n    ORDER BY id",
+        "WHERE NOT validate_pending\n    ORDER BY id",
         _ROUTING,
     ),
     SqlMutant(

@@ -240,8 +240,16 @@ class Service:
         self.listener = listener
         await listener.start()
         deliveries_due = listener.events[DELIVERIES_CHANNEL]
-        relay = Relay(engine, self._clock, self._relay_config, on_deliveries=deliveries_due.set)
         self.worker = Worker(engine, http, self._box, self._clock, self._worker_config)
+        # The relay hands fresh deliveries straight to this process's worker when it can
+        # take them at once (outbox.relay.Handoff); the rest are scheduled and notified.
+        relay = Relay(
+            engine,
+            self._clock,
+            self._relay_config,
+            on_deliveries=deliveries_due.set,
+            handoff=self.worker,
+        )
         reaper = Reaper(engine, self._clock, self._reaper_config)
         try:
             async with asyncio.TaskGroup() as group:
