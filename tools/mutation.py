@@ -394,7 +394,7 @@ SQL_MUTANTS = [
         Q,
         "SELECT y.enabled AND y.max_in_flight IS NULL",
         "SELECT y.max_in_flight IS NULL",
-        ("tests/test_tenant_core.py", "-k", "disabled_tenant"),
+        ("tests/test_claim_rank.py", "-k", "falls_back"),
         within='_PLAIN = """',
     ),
     SqlMutant(
