@@ -215,8 +215,16 @@ def flat_report(results: dict[str, Any]) -> list[str]:
 
 
 def report(results: dict[str, Any]) -> str:
-    if not results["end_to_end"]:  # --only drain / flat
+    if not results["end_to_end"]:  # --only drain / flat / scale
         parts = [*drain_report(results["drain"]), ""] if "drain" in results else []
+        if "scale" in results:
+            parts += [
+                *scale.report(results["scale"]),
+                "",
+                "targets (issue 10, ratios within this run)",
+                _table(scale.verdicts(results["scale"]), ["target", "measured", "goal", "verdict"]),
+                "",
+            ]
         return "\n".join([*parts, *flat_report(results), target_table(results)])
     e2e_rows = []
     for r in results["end_to_end"]:
@@ -306,11 +314,11 @@ def report(results: dict[str, Any]) -> str:
 @click.option("--repeat", type=click.IntRange(min=1), default=None, help="Repeat each run N times.")
 @click.option(
     "--only",
-    type=click.Choice(["core", "drain", "flat"]),
+    type=click.Choice(["core", "drain", "flat", "scale"]),
     multiple=True,
     help="Run only these sections (repeatable): core = end to end, relay, claim, scale, RSS; "
     "drain = backlog "
-    "drains, flat = grown tables against empty ones.",
+    "drains, flat = grown tables against empty ones, scale = issue 10's figures alone.",
 )
 @click.option(
     "--event-loop",

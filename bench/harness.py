@@ -968,6 +968,11 @@ async def _run(
             )
             results["flat"] = await flat_cost(cluster, plan)
         if "core" not in plan.sections:
+            if "scale" in plan.sections:  # (core runs it too)
+                from bench import scale  # (imports this module)
+
+                scale_plan = scale.ScalePlan.quick() if plan.scale_quick else scale.ScalePlan()
+                results["scale"] = await scale.measure(cluster, scale_plan, progress)
             return results
         progress("transports: httpx default pool vs aiohttp transport")
         results["transports"] = await transports(receiver, plan)
