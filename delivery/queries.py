@@ -409,10 +409,12 @@ _PLAIN = """
 QUICK_CLAIM_GATES = text(
     f"""
     WITH RECURSIVE levels AS (
-        -- the scheduled priorities, highest first, until one has a due row
-        (SELECT d.priority, EXISTS (
-             SELECT 1 FROM deliveries x WHERE x.state = 'scheduled'
-               AND x.priority = d.priority AND x.next_attempt_at <= :now) AS due
+        -- the scheduled priorities, highest first, until one has a due row (each probe in
+        -- index order, LIMIT 1: never a scan, whatever the planner guesses is due)
+        (SELECT d.priority, (
+             SELECT x.next_attempt_at FROM deliveries x
+             WHERE x.state = 'scheduled' AND x.priority = d.priority
+             ORDER BY x.next_attempt_at LIMIT 1) <= :now AS due
          FROM deliveries d
          WHERE d.state = 'scheduled'
          ORDER BY d.priority DESC LIMIT 1)
@@ -420,9 +422,10 @@ QUICK_CLAIM_GATES = text(
         SELECT n.priority, n.due
         FROM levels l
         CROSS JOIN LATERAL (
-            SELECT d.priority, EXISTS (
-                SELECT 1 FROM deliveries x WHERE x.state = 'scheduled'
-                  AND x.priority = d.priority AND x.next_attempt_at <= :now) AS due
+            SELECT d.priority, (
+                SELECT x.next_attempt_at FROM deliveries x
+                WHERE x.state = 'scheduled' AND x.priority = d.priority
+                ORDER BY x.next_attempt_at LIMIT 1) <= :now AS due
             FROM deliveries d
             WHERE NOT l.due AND d.state = 'scheduled' AND d.priority < l.priority
             ORDER BY d.priority DESC LIMIT 1
