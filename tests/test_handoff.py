@@ -15,7 +15,9 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.health import EndpointLimits, set_endpoint_limits
@@ -27,6 +29,7 @@ from delivery.worker import Worker, WorkerConfig
 from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
+from outbox.operations import rotate_secret
 from outbox.relay import Capacity, Relay, RelayConfig
 from outbox.tenants import create_tenant, set_tenant_enabled, update_tenant
 from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
@@ -86,7 +89,16 @@ async def test_a_fresh_delivery_reaches_the_local_worker_without_a_claim_or_noti
     box: SecretBox,
     receiver: Receiver,
 ) -> None:
-    add_endpoint(engine, box, receiver.route("/hook"))
+    created = add_endpoint(engine, box, receiver.route("/hook"))
+    with engine.begin() as conn:  # in a rotation's grace both secrets sign, handed off too
+        rotate_secret(
+            conn,
+            box,
+            created.endpoint.uid,
+            actor="t",
+            now=clock.now(),
+            grace=dt.timedelta(minutes=1),
+        )
     notified: list[int] = []
     stop = asyncio.Event()
     async with build_http_client(max_connections=10, timeout=5, allowed_networks=LOOPBACK) as http:
@@ -107,6 +119,8 @@ async def test_a_fresh_delivery_reaches_the_local_worker_without_a_claim_or_noti
     assert notified == []  # nothing scheduled, so nothing to wake
     assert worker.handed_off == 1
     assert [r.headers["webhook-id"] for r in receiver.requests] == [message_id]
+    signatures = receiver.requests[0].headers["webhook-signature"].split(" ")
+    assert [v[:3] for v in signatures] == ["v1,", "v1,"]
     [row] = rows(engine, "SELECT state, claims, attempts, locked_by FROM deliveries")
     assert dict(row) == {"state": "succeeded", "claims": 1, "attempts": 1, "locked_by": None}
     assert scalar(engine, "SELECT attempt_number FROM delivery_attempts") == 1
@@ -190,6 +204,49 @@ async def test_the_handoff_stays_within_the_free_slots_and_each_endpoints_share(
     assert (result.deliveries, result.handed_off) == (6, 1)
     assert len(recorder.taken[0]) == 1
     assert recorder.taken[0][0].endpoint_uid == busy.endpoint.uid  # lowest (event, endpoint) first
+
+
+class Declining:
+    """A worker with no slot to offer: the relay must not hand it anything."""
+
+    def __init__(self) -> None:
+        self.taken: list[tuple[Capacity, list[Any]]] = []
+
+    def reserve(self) -> Capacity | None:
+        return None
+
+    async def take(self, capacity: Capacity, rows: Sequence[Any], now: dt.datetime) -> None:
+        self.taken.append((capacity, list(rows)))
+
+
+async def test_a_worker_without_free_slots_is_not_handed_anything(
+    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
+) -> None:
+    add_endpoint(engine, box, "https://plain.example/h")
+    publish_many(engine, 2)
+    notified: list[int] = []
+    declining = Declining()
+    relay = Relay(async_engine, clock, on_deliveries=lambda: notified.append(1), handoff=declining)
+    result = await relay.run_once()
+    assert (result.deliveries, result.handed_off) == (2, 0)
+    assert declining.taken == []
+    assert notified == [1]  # scheduled, so the workers are woken to claim them
+    assert [r["state"] for r in states(engine)] == ["scheduled", "scheduled"]
+
+
+async def test_a_failed_pass_gives_the_reservation_back(
+    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
+) -> None:
+    """Every reservation is answered by one `take`, with no rows when the pass failed, so
+    the worker's reserved slots are freed."""
+    add_endpoint(engine, box, "https://plain.example/h")
+    publish_many(engine, 1)
+    recorder = Recorder(clock)
+    broken = Relay(async_engine, clock, RelayConfig(batch_size=-1), handoff=recorder)
+    with pytest.raises(DBAPIError, match="LIMIT must not be negative"):
+        await broken.run_once()
+    assert recorder.taken == [[]]
+    assert states(engine) == []  # nothing was fanned out
 
 
 async def test_a_crash_after_the_relay_commit_loses_nothing(
