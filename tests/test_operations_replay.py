@@ -8,6 +8,7 @@ replay. Deliveries are made by the relay and put in their state by SQL: no HTTP 
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -458,3 +459,124 @@ async def test_bulk_replay_leaves_out_what_another_operator_replayed_meanwhile(
     }
     assert [s.id for s in late.sample] == [fourth, third]
     assert scalar(engine, "SELECT count(*) FROM audit_log WHERE actor = 'a'") == 1
+
+
+async def test_replay_refusals_list_every_delivery_already_replayed(
+    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
+) -> None:
+    """Several refused at once are all named, comma-separated, in the order given."""
+    uid = add_endpoint(engine, box, URL).endpoint.uid
+    a, b = await deliveries_in(engine, async_engine, clock, uid, ["dead", "dead"])
+    now = clock.now()
+    with engine.begin() as conn:
+        made = dict(ops.replay(conn, [a, b], actor="x", reason="r", now=now).replayed)
+    with engine.begin() as conn:
+        with refused(
+            OperationError,
+            f"already being replayed: {a} has replay {made[a]} (scheduled), {b} has replay"
+            f" {made[b]} (scheduled); wait for it to finish (`outbox deliveries show ID`) or"
+            " discard that replay first; nothing was replayed",
+        ):
+            ops.replay(conn, [a, b], actor="x", reason="r", now=now, again=True)
+        set_state(conn, made[a], "succeeded")
+        set_state(conn, made[b], "dead")
+    both = (
+        f"already replayed: {a} as {made[a]} (succeeded), {b} as {made[b]} (dead); replaying"
+        ' again sends the message again: add --again (API: "again": true) if that is meant;'
+        " nothing was replayed"
+    )
+    with engine.begin() as conn, refused(OperationError, both):
+        ops.replay(conn, [a, b], actor="x", reason="r", now=now)
+
+
+async def test_a_scoped_bulk_replay_replays_only_its_tenants_deliveries_itself(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The replay a bulk replay runs takes the filter's tenant as its scope: even if the
+    page read before it went wrong (here made unscoped on purpose), another tenant's
+    delivery is not found and nothing is replayed."""
+    with engine.begin() as conn:
+        create_tenant(conn, "acme")
+        create_tenant(conn, "globex")
+    acme = add_endpoint(engine, box, URL, tenant="acme").endpoint.uid
+    globex = add_endpoint(engine, box, "https://globex.example/h", tenant="globex").endpoint.uid
+    [mine] = await deliveries_in(engine, async_engine, clock, acme, ["dead"], tenant="acme")
+    [theirs] = await deliveries_in(engine, async_engine, clock, globex, ["dead"], tenant="globex")
+    real_search = ops.search_deliveries
+
+    def unscoped_pages(conn: Any, flt: ops.DeliveryFilter) -> list[ops.DeliverySummary]:
+        return real_search(conn, replace(flt, tenant=None))
+
+    monkeypatch.setattr(ops, "search_deliveries", unscoped_pages)
+    scoped = ops.DeliveryFilter(tenant="acme")
+    with (
+        engine.begin() as conn,
+        refused(NotFoundError, f"no delivery {theirs}; nothing was replayed"),
+    ):
+        ops.bulk_replay(conn, scoped, actor="a", reason="r", now=clock.now())
+    assert _replays(engine) == {}
+    assert scalar(engine, "SELECT count(*) FROM audit_log") == 0
+    monkeypatch.setattr(ops, "search_deliveries", real_search)
+    with engine.begin() as conn:
+        done = ops.bulk_replay(
+            conn, ops.DeliveryFilter(tenant="acme"), actor="a", reason="r", now=clock.now()
+        )
+    assert [old for old, _ in done.replayed] == [mine]
+
+
+async def test_a_replay_that_skips_every_delivery_replays_nothing_and_says_so(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`skip_replayed` with every id already replayed: an empty, not-dry result that counts
+    them as skipped (bulk replay: another operator replayed the whole page after it was
+    read, before it was locked)."""
+    uid = add_endpoint(engine, box, URL).endpoint.uid
+    older, newer = await deliveries_in(engine, async_engine, clock, uid, ["dead", "dead"])
+    now = clock.now()
+    with engine.begin() as conn:
+        ops.replay(conn, [older], actor="other", reason="mine", now=now)
+    with engine.begin() as conn:
+        alone = ops.replay(conn, [older], actor="a", reason="r", now=now, skip_replayed=True)
+    assert alone.as_json() == {
+        "dry_run": False,
+        "matched": 0,
+        "skipped": 1,
+        "replayed": [],
+        "sample": [],
+        "first_due": None,
+        "last_due": None,
+    }
+
+    real_search = ops.search_deliveries
+    reads: list[int] = []
+
+    def search(conn: Any, flt: ops.DeliveryFilter) -> list[ops.DeliverySummary]:
+        found = real_search(conn, flt)
+        reads.append(1)
+        if len(reads) == 2:  # the page is read: the other operator replays all of it
+            with engine.begin() as other:
+                ops.replay(other, [newer], actor="other", reason="mine", now=now)
+        return found
+
+    monkeypatch.setattr(ops, "search_deliveries", search)
+    with engine.begin() as conn:
+        late = ops.bulk_replay(conn, ops.DeliveryFilter(), actor="a", reason="r", now=now)
+    assert late.as_json() == {
+        "dry_run": False,
+        "matched": 1,
+        "skipped": 1,
+        "replayed": [],
+        "sample": [s.as_json() for s in late.sample],
+        "first_due": None,
+        "last_due": None,
+    }
+    assert [s.id for s in late.sample] == [newer]
+    assert scalar(engine, "SELECT count(*) FROM audit_log WHERE actor = 'a'") == 0
