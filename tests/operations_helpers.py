@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from sqlalchemy import Connection, Engine, text
@@ -12,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from outbox import publish
 from outbox.clock import ManualClock
 from outbox.relay import Relay
+from tests.helpers import rows
 
 
 async def deliveries_in(
@@ -73,3 +75,14 @@ def refused(kind: type[Exception], message: str) -> Iterator[None]:
     with pytest.raises(kind) as info:
         yield
     assert str(info.value) == message
+
+
+def audit_rows(engine: Engine, action: str) -> list[dict[str, Any]]:
+    """The audit rows of one action, oldest first, with every column a test pins."""
+    found = rows(
+        engine,
+        "SELECT actor, action, target_type, target_id, reason, details, request_id, tenant_uid"
+        " FROM audit_log WHERE action = :action ORDER BY id",
+        action=action,
+    )
+    return [dict(r) for r in found]

@@ -21,19 +21,9 @@ from outbox.endpoints import get_endpoint, secret_context
 from outbox.errors import EndpointError, EndpointNotFoundError, OperationError
 from outbox.tenants import create_tenant
 from tests.helpers import add_endpoint, rows, scalar
-from tests.operations_helpers import deliveries_in, refused
+from tests.operations_helpers import audit_rows, deliveries_in, refused
 
 URL = "https://partner.example/hooks"
-
-
-def _audit(engine: Engine, action: str) -> list[dict[str, Any]]:
-    found = rows(
-        engine,
-        "SELECT actor, action, target_type, target_id, reason, details, request_id, tenant_uid"
-        " FROM audit_log WHERE action = :action ORDER BY id",
-        action=action,
-    )
-    return [dict(r) for r in found]
 
 
 def _stored_secret(engine: Engine, box: SecretBox, uid: str, column: str) -> str:
@@ -100,7 +90,7 @@ def test_add_endpoint_passes_every_setting_on_and_audits_it(engine: Engine, box:
     assert (third.all_tenants, third.signature_scheme) == (True, "ed25519")
     assert everyone.secret.startswith("whsk_")
 
-    assert _audit(engine, "endpoint.create") == [
+    assert audit_rows(engine, "endpoint.create") == [
         {
             "actor": "ann",
             "action": "endpoint.create",
@@ -161,7 +151,7 @@ def test_update_endpoint_bounds_messages_and_audit(engine: Engine, box: SecretBo
         assert updated == get_endpoint(conn, uid)
     update(actor="d", url="http://moved.example/h", event_types="*")
     assert settings() == ("http://moved.example/h", "new", ["*"], 0.5, 100)
-    audit = _audit(engine, "endpoint.update")
+    audit = audit_rows(engine, "endpoint.update")
     assert [a["details"] for a in audit] == [
         {"changed": {"timeout_seconds": 0.5, "max_attempts": 1}, "before": {}},
         {"changed": {"max_attempts": 100}, "before": {}},
@@ -235,7 +225,7 @@ def test_rotate_secret_keeps_the_scheme_and_audits_the_grace(
     assert kept.secret.startswith("whsk_") and kept.endpoint.signature_scheme == "ed25519"
     assert switched.secret.startswith("whsec_") and switched.endpoint.signature_scheme == "hmac"
     assert switched.previous_expires_at == now + hour
-    assert _audit(engine, "endpoint.rotate_secret") == [
+    assert audit_rows(engine, "endpoint.rotate_secret") == [
         {
             "actor": "rita",
             "action": "endpoint.rotate_secret",
@@ -299,7 +289,7 @@ async def test_delete_endpoint_refuses_pending_work_unless_forced_and_audits_the
         )  # fmt: skip
     assert result == {"deliveries": 4, "attempts": 1}
     assert scalar(engine, "SELECT count(*) FROM deliveries") == 0
-    assert _audit(engine, "endpoint.delete") == [
+    assert audit_rows(engine, "endpoint.delete") == [
         {
             "actor": "dan",
             "action": "endpoint.delete",

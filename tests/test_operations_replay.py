@@ -21,19 +21,9 @@ from outbox.crypto import SecretBox
 from outbox.errors import NotFoundError, OperationError
 from outbox.tenants import create_tenant
 from tests.helpers import add_endpoint, rows, scalar
-from tests.operations_helpers import deliveries_in, refused, set_state
+from tests.operations_helpers import audit_rows, deliveries_in, refused, set_state
 
 URL = "https://partner.example/hooks"
-
-
-def _audit(engine: Engine, action: str) -> list[dict[str, Any]]:
-    found = rows(
-        engine,
-        "SELECT actor, action, target_type, target_id, reason, details, request_id, tenant_uid"
-        " FROM audit_log WHERE action = :action ORDER BY id",
-        action=action,
-    )
-    return [dict(r) for r in found]
 
 
 def _replays(engine: Engine) -> dict[int, tuple[int, dt.datetime]]:
@@ -107,7 +97,7 @@ async def test_replay_refusals_name_each_delivery_and_the_way_out(
         [(_, second)] = ops.replay(
             conn, [dead], actor="a", reason="r", now=now, again=True
         ).replayed
-    details = [a["details"] for a in _audit(engine, "delivery.replay")]
+    details = [a["details"] for a in audit_rows(engine, "delivery.replay")]
     assert details == [
         {"replay_id": first, "forced": False},
         {"replay_id": second, "forced": False, "again": True},
@@ -145,7 +135,7 @@ async def test_replay_writes_one_full_audit_row_each_and_paces_the_new_deliverie
         "first_due": now.isoformat(),
         "last_due": (now + 4 * second).isoformat(),
     }
-    assert _audit(engine, "delivery.replay") == [
+    assert audit_rows(engine, "delivery.replay") == [
         {
             "actor": "alice",
             "action": "delivery.replay",
@@ -162,7 +152,7 @@ async def test_replay_writes_one_full_audit_row_each_and_paces_the_new_deliverie
     with engine.begin() as conn:
         forced = ops.replay(conn, [done], actor="bob", reason="resend", now=now, force=True)
     assert (forced.first_due, forced.last_due) == (now, now)
-    assert _audit(engine, "delivery.replay")[-1]["details"] == {
+    assert audit_rows(engine, "delivery.replay")[-1]["details"] == {
         "replay_id": forced.replayed[0][1],
         "forced": True,
     }
@@ -224,7 +214,7 @@ async def test_bulk_replay_of_succeeded_deliveries_with_force_is_audited_as_bulk
         )  # fmt: skip
     assert sorted(old for old, _ in result.replayed) == done
     assert [s.id for s in result.sample] == sorted(done, reverse=True)
-    assert [a["details"] for a in _audit(engine, "delivery.replay")] == [
+    assert [a["details"] for a in audit_rows(engine, "delivery.replay")] == [
         {
             "replay_id": new,
             "forced": True,
@@ -233,7 +223,7 @@ async def test_bulk_replay_of_succeeded_deliveries_with_force_is_audited_as_bulk
         }
         for _, new in result.replayed
     ]
-    assert {a["request_id"] for a in _audit(engine, "delivery.replay")} == {"req-9"}
+    assert {a["request_id"] for a in audit_rows(engine, "delivery.replay")} == {"req-9"}
 
 
 async def test_bulk_replay_applies_every_filter(
@@ -290,7 +280,7 @@ async def test_bulk_replay_applies_every_filter(
     assert sorted(old for old, _ in real.replayed) == [plain, typed, theirs]
     assert real.sample != [] and real.matched == 3
     # Newest first, as paged; each audit row takes its delivery's tenant.
-    assert [(a["target_id"], a["tenant_uid"]) for a in _audit(engine, "delivery.replay")] == [
+    assert [(a["target_id"], a["tenant_uid"]) for a in audit_rows(engine, "delivery.replay")] == [
         (str(theirs), "acme"),
         (str(typed), "default"),
         (str(plain), "default"),
@@ -353,7 +343,7 @@ async def test_discard_refusals_and_audit_rows_are_exact(
             request_id="req-7",
         )  # fmt: skip
     assert gone == [dead, waiting]
-    assert _audit(engine, "delivery.discard") == [
+    assert audit_rows(engine, "delivery.discard") == [
         {
             "actor": "carol",
             "action": "delivery.discard",
@@ -438,7 +428,7 @@ async def test_bulk_replay_leaves_out_what_another_operator_replayed_meanwhile(
     assert [old for old, _ in result.replayed] == [newer]
     assert (result.matched, result.skipped, len(result.sample)) == (2, 1, 2)
     assert result.as_json()["skipped"] == 1
-    assert [(a["actor"], a["target_id"]) for a in _audit(engine, "delivery.replay")] == [
+    assert [(a["actor"], a["target_id"]) for a in audit_rows(engine, "delivery.replay")] == [
         ("other", str(older)),
         ("a", str(newer)),
     ]
