@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from outbox.queries import claimed_columns
+from outbox.queries import HEALTH_GATED, claimed_columns
 
 # Claim due deliveries of enabled endpoints and lease them; the claim commits before
 # any HTTP request starts. It starts from :endpoint_ids, at most :limit endpoints with
@@ -286,7 +286,7 @@ _HEALTH_COLUMNS = """
 # UPDATE, which does not conflict with the key-share locks of foreign-key checks (the
 # relay inserting deliveries) and serialises claimers on the tenant's bucket.
 LOCK_CLAIM_GATES = text(
-    """
+    f"""
     WITH RECURSIVE pending AS (
         -- the first row of each endpoint in index order is its head: highest priority,
         -- earliest, lowest id (claim order); the recursion jumps from one endpoint to the next
@@ -334,9 +334,7 @@ LOCK_CLAIM_GATES = text(
         CROSS JOIN LATERAL (
             SELECT 1 FROM endpoint_health h
             WHERE h.endpoint_id = l.endpoint_id
-              AND (h.breaker_state <> 'closed' OR h.max_in_flight IS NOT NULL
-                   OR h.max_per_second IS NOT NULL OR h.ramp_until > :now
-                   OR h.paused_until > :now)
+              AND {HEALTH_GATED}
             LIMIT 1
         ) h
     ), locked AS (
@@ -374,7 +372,7 @@ LOCK_CLAIM_GATES = text(
 # (its own tenant: `t.tenant_id` comes from its delivery row), no health gate. Primary-key
 # probes (LIMIT 1: never a scan of a small table per candidate), for the few candidates
 # QUICK_CLAIM_GATES returns.
-_PLAIN = """
+_PLAIN = f"""
     COALESCE((SELECT y.enabled AND y.tenant_id = t.tenant_id FROM endpoints y
               WHERE y.id = t.endpoint_id LIMIT 1)
              AND (SELECT y.enabled AND y.max_in_flight IS NULL AND y.max_per_second IS NULL
@@ -382,9 +380,7 @@ _PLAIN = """
              AND NOT EXISTS (
                  SELECT 1 FROM endpoint_health h
                  WHERE h.endpoint_id = t.endpoint_id
-                   AND (h.breaker_state <> 'closed' OR h.max_in_flight IS NOT NULL
-                        OR h.max_per_second IS NOT NULL OR h.ramp_until > :now
-                        OR h.paused_until > :now)),
+                   AND {HEALTH_GATED}),
              false)
 """
 

@@ -109,6 +109,14 @@ _EVENT_TYPE_MAX_ATTEMPTS = """
     LIMIT 1
 """
 
+# An endpoint whose health row gates its claims (delivery/health.py): breaker not closed,
+# a concurrency or rate limit, a ramp or a 429 pause (`h`: its endpoint_health row). One
+# definition for the claim's gates, the claim's quick path and the relay's handoff, so
+# that what one of them treats as ungated the others do too.
+HEALTH_GATED = """(h.breaker_state <> 'closed' OR h.max_in_flight IS NOT NULL
+                   OR h.max_per_second IS NOT NULL OR h.ramp_until > :now
+                   OR h.paused_until > :now)"""
+
 # The events of one relay pass: the oldest unrelayed, locked so other relays skip them.
 _RELAY_PICK = """
     SELECT id, tenant_id, event_type, ordering_key, priority
@@ -220,9 +228,7 @@ RELAY_BATCH_HANDOFF = text(
                NOT EXISTS (
                    SELECT 1 FROM endpoint_health h
                    WHERE h.endpoint_id = e.id
-                     AND (h.breaker_state <> 'closed' OR h.max_in_flight IS NOT NULL
-                          OR h.max_per_second IS NOT NULL OR h.ramp_until > :now
-                          OR h.paused_until > :now OR h.ordered)
+                     AND ({HEALTH_GATED} OR h.ordered)
                ) AND EXISTS (
                    SELECT 1 FROM tenants t
                    WHERE t.id = e.tenant_id AND t.enabled

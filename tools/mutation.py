@@ -307,18 +307,19 @@ SQL_MUTANTS = [
     SqlMutant(
         "handoff: ordered endpoints handed off",
         OQ,
-        "OR h.paused_until > :now OR h.ordered)",
-        "OR h.paused_until > :now)",
+        "{HEALTH_GATED} OR h.ordered)",
+        "{HEALTH_GATED})",
         _HANDOFF,
         within="RELAY_BATCH_HANDOFF = text(",
     ),
     SqlMutant(
+        # the gate condition is one fragment, shared with the claim and its quick path
         "handoff: open breaker ignored",
         OQ,
-        "AND (h.breaker_state <> 'closed' OR ",
-        "AND (false OR ",
+        "(h.breaker_state <> 'closed' OR ",
+        "(false OR ",
         _HANDOFF,
-        within="RELAY_BATCH_HANDOFF = text(",
+        within="HEALTH_GATED = ",
     ),
     SqlMutant(
         "handoff: capped tenants handed off",
@@ -397,7 +398,7 @@ SQL_MUTANTS = [
         "SELECT y.enabled AND y.max_in_flight IS NULL",
         "SELECT y.max_in_flight IS NULL",
         ("tests/test_claim_rank.py", "-k", "falls_back"),
-        within='_PLAIN = """',
+        within='_PLAIN = f"""',
     ),
     SqlMutant(
         "claim ranking: set-aside tenants' first turns not checked",
