@@ -482,8 +482,8 @@ class Gates:
     """What one claim may take: the heads of the endpoints with due work (enabled, of
     enabled tenants), budgets of gated endpoints and capped tenants (others: unlimited).
 
-    On the quick path (`open_gates` with a limit), `heads` holds only the batch, none of
-    them gated; otherwise it holds every candidate."""
+    On the quick path (`open_gates` with a limit), `batch` holds the chosen endpoints,
+    none of them gated, and `heads` nothing; otherwise `heads` holds every candidate."""
 
     budgets: dict[int, int]
     locked: dict[int, Health]
@@ -494,6 +494,7 @@ class Gates:
     more: bool = False  # eligible endpoints were left out of `heads` (quick: maybe)
     spread: int = 0  # tenants with due work, at least (whether the quick path may apply)
     path: str = "all"  # "quick": QUICK_CLAIM_GATES found the batch; "all": every candidate
+    batch: list[int] | None = None  # the quick path's batch, in claim order (no `heads`)
 
     def params(
         self,
@@ -506,7 +507,14 @@ class Gates:
         budgets = dict(self.budgets)
         for endpoint_id, cap in (local_caps or {}).items():
             budgets[endpoint_id] = min(budgets.get(endpoint_id, cap), cap)
-        chosen, more = choose_endpoints(self.heads, budgets, self.tenant_budgets, limit, set_aside)
+        if self.batch is not None:
+            # QUICK_CLAIM_GATES chose it as choose_endpoints would (without the endpoints
+            # this worker has no slot for), so nothing was left out of it
+            chosen, more = self.batch[:limit], False
+        else:
+            chosen, more = choose_endpoints(
+                self.heads, budgets, self.tenant_budgets, limit, set_aside
+            )
         more = more or self.more
         # About twice each endpoint's fair share of the batch: enough to fill it when some
         # endpoints have less due, few enough that many busy endpoints lock few rows each.
@@ -540,8 +548,8 @@ async def open_gates(
 
     With a `limit` (and the `set_aside` and `local_caps` that `Gates.params` will get),
     it first tries to find the claim's batch from the oldest due rows alone
-    (queries.QUICK_CLAIM_GATES): when that applies, `heads` holds just the batch, the
-    same endpoints `choose_endpoints` would pick from every candidate, read at the cost
+    (queries.QUICK_CLAIM_GATES): when that applies, `batch` holds the same endpoints
+    `choose_endpoints` would pick from every candidate (and `heads` nothing), read at the cost
     of a batch rather than of every endpoint with due work. Worth trying while a batch's
     worth of tenants have work (the last claim's `spread`): `quick` says whether to try.
     """
@@ -622,7 +630,7 @@ async def _quick_gates(
     local_caps: Mapping[int, int] | None,
 ) -> Gates | None:
     """The claim's batch from queries.QUICK_CLAIM_GATES, or None when it cannot tell."""
-    rows = (
+    row = (
         await conn.execute(
             queries.QUICK_CLAIM_GATES,
             {
@@ -633,22 +641,19 @@ async def _quick_gates(
                 "excluded": [eid for eid, cap in (local_caps or {}).items() if cap <= 0],
             },
         )
-    ).all()
-    batch = [row for row in rows if not row.set_aside]
-    if len(batch) < limit or not all(row.plain for row in rows):
+    ).one()
+    batch: list[int] = row.endpoint_ids or []
+    if len(batch) < limit or not row.plain:
         return None
     return Gates(
         budgets={},
         locked={},
-        heads=[
-            Head(row.endpoint_id, row.tenant_id, row.priority, row.next_attempt_at, row.id)
-            for row in batch
-        ],
-        tenant_of={row.endpoint_id: row.tenant_id for row in batch},
+        tenant_of=dict(zip(batch, row.tenant_ids, strict=True)),
         # more due rows at this priority than the batch took, or work at a lower one
-        more=rows[0].walked > limit or rows[0].lower,
-        spread=rows[0].spread,
+        more=row.walked > limit or row.lower,
+        spread=row.spread,
         path="quick",
+        batch=batch,
     )
 
 

@@ -391,10 +391,12 @@ _PLAIN = f"""
 # range of at most :walk rows; the priorities in use are found by a probe or two each).
 # Each tenant's first row there (leaving out :excluded endpoints, whose slots this
 # worker has used up) is the head of its first turn: the indexes end with `id`, so it is
-# exactly the head LOCK_CLAIM_GATES would find. Returned: the oldest :limit of those
-# first turns that are not :set_aside (the batch) and the set-aside ones, each with
-# `plain` (_PLAIN), and `walked`, `spread` (tenants in the walk) and `lower` (work at a
-# lower priority). health.open_gates takes the batch when it is :limit endpoints and
+# exactly the head LOCK_CLAIM_GATES would find. Returned, in one row (a hundred rows
+# cost the worker more to read than the statement costs to run): the oldest :limit of
+# those first turns that are not :set_aside (the batch: `endpoint_ids` and their
+# `tenant_ids`, oldest first), whether they and the set-aside ones are all `plain`
+# (_PLAIN), and `walked`, `spread` (tenants in the walk) and `lower` (work at a lower
+# priority). health.open_gates takes the batch when it is :limit endpoints and
 # every row returned is plain: that is then exactly health.choose_endpoints' batch over
 # LOCK_CLAIM_GATES (priority; round robin across tenants; the oldest head; set-aside
 # endpoints last), because every other candidate ranks behind it, and taking out one
@@ -445,8 +447,11 @@ QUICK_CLAIM_GATES = text(
         UNION ALL
         SELECT f.* FROM firsts f WHERE f.set_aside
     )
-    SELECT t.endpoint_id, t.tenant_id, t.priority, t.next_attempt_at, t.id, t.set_aside,
-           {_PLAIN} AS plain,
+    SELECT array_agg(t.endpoint_id ORDER BY t.next_attempt_at, t.id)
+               FILTER (WHERE NOT t.set_aside) AS endpoint_ids,
+           array_agg(t.tenant_id ORDER BY t.next_attempt_at, t.id)
+               FILTER (WHERE NOT t.set_aside) AS tenant_ids,
+           COALESCE(bool_and({_PLAIN}), false) AS plain,
            (SELECT count(*) FROM walk) AS walked,
            (SELECT count(*) FROM firsts) AS spread,
            (SELECT x.priority FROM deliveries x WHERE x.state = 'scheduled'

@@ -165,7 +165,7 @@ async def choose(
     tenant_budgets = dict(
         zip(params["tenant_gate_ids"], params["tenant_gate_budgets"], strict=True)
     )
-    owners = {h.endpoint_id: h.tenant_id for h in gates.heads}
+    owners = gates.tenant_of
     return Choice(
         endpoints=chosen,
         # what the claim statement applies to the chosen endpoints and their tenants
