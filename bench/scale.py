@@ -16,7 +16,8 @@ set-based SQL (generate_series), never row by row:
                    catalogue in place, and without it
 
 Targets, as ratios within one run: 100,000 idle >= 0.8 of none; 1,000 busy >= 0.8 of one.
-The one-busy-endpoint-alone drain is measured first and again last; ratios use the better.
+The one-busy-endpoint-alone drain is measured first and again after the busy drain, and
+the busy drain again last; each side of the busy ratio is the better of its two runs.
 """
 
 from __future__ import annotations
@@ -232,20 +233,14 @@ async def measure(
             **await drain(url, key_setting, plan, f"idle{idle}"),
         }
         results["relay"][str(idle)] = {"endpoints": endpoints, **await relay_rate(url, plan)}
-    if progress:
-        progress(f"scale: {plan.busy_endpoints:,} busy endpoints sharing the deliveries")
-    url = cluster.database_url(cluster.new_database("scale_many_busy"))
-    engine = _engine(url)
-    busy = add_busy_endpoints(engine, box, plan.busy_endpoints, plan.busy_tenants)
-    add_due_deliveries(engine, busy, plan.deliveries)
-    engine.dispose()
     results["many_busy"] = {
         "endpoints": plan.busy_endpoints,
         "tenants": plan.busy_tenants,
-        **await drain(url, key_setting, plan, "many"),
+        **await _many_busy(cluster, box, key_setting, plan, progress),
     }
-    # The baseline again, last: on a shared box the first figure is often the odd one out,
-    # and the better of the two makes the ratios harder to meet, not easier.
+    # The baseline again, after the busy drain: on a shared box the first figure is often
+    # the odd one out. Each side of the busy ratio is the better of its two runs, so one
+    # unlucky run on either side cannot decide the verdict.
     if progress:
         progress("scale: one busy endpoint alone, again")
     url = cluster.database_url(cluster.new_database("scale_alone_again"))
@@ -253,11 +248,13 @@ async def measure(
     add_due_deliveries(engine, add_busy_endpoints(engine, box, 1, 1), plan.deliveries)
     engine.dispose()
     results["alone_again"] = await drain(url, key_setting, plan, "alone")
+    results["many_busy_again"] = await _many_busy(cluster, box, key_setting, plan, progress)
     none = max(results["idle"][str(plan.idle[0])]["per_s"], results["alone_again"]["per_s"])
     most = results["idle"][str(plan.idle[-1])]["per_s"]
+    busy = max(results["many_busy"]["per_s"], results["many_busy_again"]["per_s"])
     results["ratios"] = {
         "idle_max_over_none": round(most / none, 2),
-        "many_busy_over_one": round(results["many_busy"]["per_s"] / none, 2),
+        "many_busy_over_one": round(busy / none, 2),
         "relay_max_over_none": round(
             results["relay"][str(plan.idle[-1])]["delivery_rows_per_s"]
             / results["relay"][str(plan.idle[0])]["delivery_rows_per_s"],
@@ -265,6 +262,20 @@ async def measure(
         ),
     }
     return results
+
+
+async def _many_busy(
+    cluster: harness.Cluster, box: SecretBox, key_setting: str, plan: ScalePlan, progress: Any
+) -> dict[str, Any]:
+    """The deliveries spread round robin over `busy_endpoints` endpoints in `busy_tenants`."""
+    if progress:
+        progress(f"scale: {plan.busy_endpoints:,} busy endpoints sharing the deliveries")
+    url = cluster.database_url(cluster.new_database("scale_many_busy"))
+    engine = _engine(url)
+    busy = add_busy_endpoints(engine, box, plan.busy_endpoints, plan.busy_tenants)
+    add_due_deliveries(engine, busy, plan.deliveries)
+    engine.dispose()
+    return await drain(url, key_setting, plan, "many")
 
 
 def _scalar(engine: Engine, sql: str) -> Any:
@@ -299,7 +310,8 @@ def report(scale: dict[str, Any]) -> list[str]:
         f"scale (issue 10): drain to one busy endpoint (claim+record, batch "
         f"{scale['plan']['batch_size']}): {drains}, alone again {scale['alone_again']['per_s']}/s "
         f"(the better of the two 'alone' figures is the base); {many['endpoints']:,} busy "
-        f"endpoints in {many['tenants']} tenants: {many['per_s']}/s",
+        f"endpoints in {many['tenants']} tenants: {many['per_s']}/s, again "
+        f"{scale['many_busy_again']['per_s']}/s (the better of the two is compared)",
         f"relay with the idle catalogue: {relays} "
         f"(ratio most/none {scale['ratios']['relay_max_over_none']})",
     ]
