@@ -95,7 +95,10 @@ def test_quick_benchmark_measures_every_figure() -> None:
     assert [r["deliveries"] for r in scale["idle"].values()] == [deliveries] * 3
     assert scale["idle"]["1000"]["endpoints"] == 1 + 1000 + 20
     assert scale["many_busy"]["deliveries"] == scale["alone_again"]["deliveries"] == deliveries
-    assert scale["many_busy_again"]["deliveries"] == deliveries
+    assert len(scale["pairs"]) == scale["plan"]["pairs"]
+    for pair in scale["pairs"]:
+        assert pair["alone"]["deliveries"] == pair["many"]["deliveries"] == deliveries
+        assert pair["ratio"] == round(pair["many"]["per_s"] / pair["alone"]["per_s"], 2)
     relay_events = scale["plan"]["relay_events"]
     assert all(r["deliveries"] == r["events"] == relay_events for r in scale["relay"].values())
     assert set(scale["ratios"]) == {
