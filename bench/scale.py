@@ -318,8 +318,8 @@ def report(scale: dict[str, Any]) -> list[str]:
     return [
         f"scale (issue 10): drain to one busy endpoint (claim+record, batch "
         f"{scale['plan']['batch_size']}): {drains}, alone again {scale['alone_again']['per_s']}/s "
-        f"(the better of the two 'alone' figures is the base); {many['endpoints']:,} busy "
-        f"endpoints in {many['tenants']} tenants: "
+        f"(the better of the two 'alone' figures is the idle ratio's base); "
+        f"{many['endpoints']:,} busy endpoints in {many['tenants']} tenants: "
         + ", ".join(
             f"{pair['many']['per_s']}/s against {pair['alone']['per_s']}/s alone just before "
             f"({pair['ratio']:g})"
