@@ -245,22 +245,15 @@ async def measure(
     for index in range(plan.pairs):
         if progress:
             progress(f"scale: pair {index + 1} of {plan.pairs}: one busy endpoint alone")
-        url = cluster.database_url(cluster.new_database("scale_alone_again"))
-        engine = _engine(url)
-        add_due_deliveries(engine, add_busy_endpoints(engine, box, 1, 1), plan.deliveries)
-        engine.dispose()
-        alone = await drain(url, key_setting, plan, "alone")
+        alone = await _drain_busy(cluster, box, key_setting, plan, 1, 1, "alone")
         if progress:
             progress(
                 f"scale: pair {index + 1} of {plan.pairs}: {plan.busy_endpoints:,} busy "
                 "endpoints sharing the deliveries"
             )
-        url = cluster.database_url(cluster.new_database("scale_many_busy"))
-        engine = _engine(url)
-        busy = add_busy_endpoints(engine, box, plan.busy_endpoints, plan.busy_tenants)
-        add_due_deliveries(engine, busy, plan.deliveries)
-        engine.dispose()
-        many = await drain(url, key_setting, plan, "many")
+        many = await _drain_busy(
+            cluster, box, key_setting, plan, plan.busy_endpoints, plan.busy_tenants, "many"
+        )
         pairs.append(
             {"alone": alone, "many": many, "ratio": round(many["per_s"] / alone["per_s"], 2)}
         )
@@ -285,6 +278,25 @@ async def measure(
         ),
     }
     return results
+
+
+async def _drain_busy(
+    cluster: harness.Cluster,
+    box: SecretBox,
+    key_setting: str,
+    plan: ScalePlan,
+    endpoints: int,
+    tenants: int,
+    label: str,
+) -> dict[str, Any]:
+    """Drain `plan.deliveries` spread over `endpoints` busy endpoints in `tenants`, in a
+    fresh database with nothing else in it."""
+    url = cluster.database_url(cluster.new_database(f"scale_{label}"))
+    engine = _engine(url)
+    busy = add_busy_endpoints(engine, box, endpoints, tenants)
+    add_due_deliveries(engine, busy, plan.deliveries)
+    engine.dispose()
+    return await drain(url, key_setting, plan, label)
 
 
 def _scalar(engine: Engine, sql: str) -> Any:
