@@ -28,6 +28,7 @@ from delivery.policy import (
 from delivery.signing import SigningKey, signature_header
 from delivery.ssrf import AddressPolicy, build_guarded_transport
 from delivery.transport import AiohttpTransport
+from delivery.wire import WireTransport
 from outbox.clock import Clock
 
 USER_AGENT = "webhook-outbox/0.1"
@@ -86,7 +87,7 @@ class _Progress:
             self.sending = True
 
 
-TRANSPORTS = ("aiohttp", "httpx")
+TRANSPORTS = ("wire", "aiohttp", "httpx")
 
 
 def build_http_client(
@@ -101,16 +102,18 @@ def build_http_client(
 
     Every connection passes the SSRF guard (private, loopback and other special
     ranges refused unless listed in `allowed_networks`), redirects are never
-    followed and proxies from the environment are ignored. `transport="aiohttp"`
-    keeps httpx's API but sends through delivery.transport, several times faster
-    than httpcore's pool under load (see the README's Performance section); it
-    carries the same guard.
+    followed and proxies from the environment are ignored. `transport="wire"` (our
+    own HTTP/1.1 wire, delivery.wire) and `"aiohttp"` (delivery.transport) keep
+    httpx's API and are several times faster than httpcore's pool under load (see
+    the README's Performance section); both carry the same guard.
     """
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
     policy = AddressPolicy(allowed_networks)
     wire: httpx.AsyncBaseTransport
-    if transport == "aiohttp":
+    if transport == "wire":
+        wire = WireTransport(policy=policy, https_only=https_only, max_connections=max_connections)
+    elif transport == "aiohttp":
         wire = AiohttpTransport(
             policy=policy, https_only=https_only, max_connections=max_connections
         )
@@ -163,12 +166,12 @@ class _Response(Protocol):
     def aiter_raw(self) -> AsyncIterator[bytes]: ...
 
 
-def _direct_wire(client: httpx.AsyncClient) -> AiohttpTransport | None:
-    """The aiohttp transport when the client adds nothing of its own (no mounts, hooks,
-    auth): then the attempt posts through it directly (`AiohttpTransport.post`)."""
+def _direct_wire(client: httpx.AsyncClient) -> WireTransport | AiohttpTransport | None:
+    """The wire or aiohttp transport when the client adds nothing of its own (no mounts,
+    hooks, auth): then the attempt posts through it directly (their `post`)."""
     wire = client._transport  # httpx has no public accessor
     if (
-        type(wire) is not AiohttpTransport
+        not isinstance(wire, (WireTransport, AiohttpTransport))
         or client._mounts
         or client.auth is not None
         or any(client.event_hooks.values())

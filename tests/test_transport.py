@@ -25,13 +25,14 @@ from delivery.policy import Outcome
 from delivery.receiver import Receiver
 from delivery.ssrf import AddressPolicy
 from delivery.transport import AiohttpTransport
+from delivery.wire import WireTransport
 from outbox.clock import ManualClock
 from tests.helpers import LOOPBACK
 
 KEY = b"k" * 32
 
 
-@pytest.fixture(params=["aiohttp", "httpx"])
+@pytest.fixture(params=["wire", "aiohttp", "httpx"])
 async def http(request: pytest.FixtureRequest) -> AsyncIterator[httpx.AsyncClient]:
     async with build_http_client(
         max_connections=10, timeout=5, transport=request.param, allowed_networks=LOOPBACK
@@ -139,8 +140,11 @@ async def test_connection_dropped_after_sending_is_ambiguous(http: httpx.AsyncCl
     assert "may have arrived" in (result.error or "")
 
 
-async def test_transport_reconnects_after_being_closed(receiver: Receiver) -> None:
-    transport = AiohttpTransport(policy=AddressPolicy(LOOPBACK), max_connections=2)
+@pytest.mark.parametrize("wire", [WireTransport, AiohttpTransport])
+async def test_transport_reconnects_after_being_closed(
+    receiver: Receiver, wire: type[WireTransport | AiohttpTransport]
+) -> None:
+    transport = wire(policy=AddressPolicy(LOOPBACK), max_connections=2)
     async with httpx.AsyncClient(transport=transport) as client:
         assert (await client.post(receiver.route("/a"), content=b"1")).status_code == 200
         await transport.aclose()
@@ -149,11 +153,11 @@ async def test_transport_reconnects_after_being_closed(receiver: Receiver) -> No
 
 
 def test_unknown_transport_name_is_refused() -> None:
-    with pytest.raises(ValueError, match="aiohttp, httpx"):
+    with pytest.raises(ValueError, match="wire, aiohttp, httpx"):
         build_http_client(max_connections=1, timeout=1, transport="curl")
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("transport", ["wire", "aiohttp", "httpx"])
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::ffff:127.0.0.1]"])
 async def test_both_transports_carry_the_ssrf_guard(
     receiver: Receiver, transport: str, host: str
@@ -166,7 +170,7 @@ async def test_both_transports_carry_the_ssrf_guard(
     assert receiver.requests == []
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("transport", ["wire", "aiohttp", "httpx"])
 async def test_both_transports_honour_https_only(receiver: Receiver, transport: str) -> None:
     async with build_http_client(
         max_connections=2,
@@ -181,8 +185,11 @@ async def test_both_transports_honour_https_only(receiver: Receiver, transport: 
     assert receiver.requests == []
 
 
-async def test_direct_aiohttp_path_sends_what_the_httpx_path_sends(receiver: Receiver) -> None:
-    """The attempt skips httpx's request/response models on the aiohttp wire unless the
+@pytest.mark.parametrize("transport", ["wire", "aiohttp"])
+async def test_direct_path_sends_what_the_httpx_path_sends(
+    receiver: Receiver, transport: str
+) -> None:
+    """The attempt skips httpx's request/response models on the fast wires unless the
     client has something of its own (here an event hook); the wire sees the same request."""
     hooked: list[str] = []
 
@@ -191,12 +198,12 @@ async def test_direct_aiohttp_path_sends_what_the_httpx_path_sends(receiver: Rec
 
     url = receiver.route("/same", status=503, headers={"retry-after": "7"})
     async with build_http_client(
-        max_connections=2, timeout=5, transport="aiohttp", allowed_networks=LOOPBACK
+        max_connections=2, timeout=5, transport=transport, allowed_networks=LOOPBACK
     ) as direct:
         assert _direct_wire(direct) is not None
         first = await attempt(direct, url)
     async with build_http_client(
-        max_connections=2, timeout=5, transport="aiohttp", allowed_networks=LOOPBACK
+        max_connections=2, timeout=5, transport=transport, allowed_networks=LOOPBACK
     ) as full:
         full.event_hooks["request"] = [hook]
         assert _direct_wire(full) is None

@@ -62,7 +62,7 @@ class ProcessSpec:
     retention: RetentionConfig | None = None
     allowed_networks: tuple[str, ...] = ()
     https_only: bool = False
-    http_transport: str = "aiohttp"
+    http_transport: str = "wire"
     log_level: str = "WARNING"
     log_format: str = "text"
     summary_interval: float = 0.0

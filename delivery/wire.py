@@ -1,0 +1,670 @@
+"""Our own HTTP/1.1 wire for webhook POSTs: asyncio protocols and httptools' parser.
+
+Why: on a drain to an instant receiver, aiohttp's request path was a quarter to a
+third of the worker's CPU (README, performance: where the time goes), as much per
+request as the whole raw-ceiling client spends. A webhook POST needs little of a
+general client: one request per connection at a time, keep-alive, and none of
+redirects, cookies, proxies, compression, auth or streaming uploads. This wire
+writes each request as one buffer and parses the answer with httptools (llhttp,
+the parser of Node.js and uvicorn), in C.
+
+It keeps what the other wires guarantee (tests/test_transport.py runs every case
+through all three):
+
+- the SSRF guard: names are resolved once and every answer checked
+  (`GuardedResolver`), IP literals are checked as they are, and the checked address
+  is what is dialled; TLS still verifies and sends SNI for the URL's host;
+- the scheme rule (`https_only`);
+- the failure mapping, into the httpx classes `delivery.http.send_attempt` turns
+  into outcomes: connect failures are `ConnectError` / `ConnectTimeout` (nothing was
+  sent), a connection lost or a malformed answer after sending is
+  `RemoteProtocolError` / `ReadError` (it may have arrived);
+- the progress callback (`trace`) fires when the request starts going out, so
+  shutdown can tell queued attempts from started ones;
+- a response body not read to its end closes the connection instead of reusing it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import ssl
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any, cast
+
+import httptools
+import httpx
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from delivery.errors import InvalidEndpointURLError
+from delivery.ssrf import AddressPolicy, GuardedResolver, check_literal_host
+
+# Stop reading a body the caller is not consuming once this much is buffered.
+_READ_HIGH_WATER = 256 * 1024
+_SEND_STARTED = "http11.send_request_headers.started"
+# A name's checked addresses are reused this long for new connections (aiohttp's default).
+_DNS_TTL_SECONDS = 10.0
+_HTTP11 = b"HTTP/1.1"
+
+Trace = Callable[[str, Mapping[str, Any]], Awaitable[None]]
+
+
+class _Target:
+    """An endpoint URL, parsed and checked once: where to connect and what to send."""
+
+    __slots__ = ("host", "host_header", "key", "literal", "path", "port", "tls")
+
+    def __init__(self, url: URL) -> None:
+        self.host = url.raw_host or ""
+        self.port = url.port or (443 if url.scheme == "https" else 80)
+        self.tls = url.scheme == "https"
+        self.key = (self.tls, self.host, self.port)
+        self.literal = _is_ip_literal(self.host)
+        bracketed = f"[{self.host}]" if ":" in self.host else self.host
+        default_port = 443 if self.tls else 80
+        self.host_header = bracketed if self.port == default_port else f"{bracketed}:{self.port}"
+        self.path = (url.raw_path_qs or "/").encode("ascii")
+
+
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+class _Unexpected(Exception):
+    """Bytes after a complete response, or with no request waiting for them."""
+
+
+class WireResponse:
+    """One response as `send_attempt` reads it: status, reason, headers, raw body chunks.
+
+    The head is there when `WireTransport.post` returns; the body streams. `aclose`
+    hands the connection back to the pool only when the body was read to its end
+    and the server keeps the connection alive.
+    """
+
+    __slots__ = (
+        "_buffered",
+        "_chunks",
+        "_complete",
+        "_connection",
+        "_error",
+        "_head",
+        "_headers",
+        "_raw_headers",
+        "_waiter",
+        "closed",
+        "framed",
+        "keep_alive",
+        "reason",
+        "status_code",
+    )
+
+    def __init__(self, connection: _Connection, head: asyncio.Future[None]) -> None:
+        self._connection = connection
+        self._head = head
+        self.status_code = 0
+        self.reason = b""
+        self._raw_headers: list[tuple[bytes, bytes]] = []
+        self._headers: CIMultiDictProxy[str] | None = None
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._complete = False
+        self._error: httpx.TransportError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self.keep_alive = False
+        self.framed = False  # Content-Length or chunked: the body's end is known
+        self.closed = False
+
+    @property
+    def reason_phrase(self) -> str:
+        return self.reason.decode("latin-1")
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Case-insensitive, like httpx's (built on first use: most attempts never ask)."""
+        if self._headers is None:
+            self._headers = CIMultiDictProxy(
+                CIMultiDict(
+                    (name.decode("latin-1"), value.decode("latin-1"))
+                    for name, value in self._raw_headers
+                )
+            )
+        return self._headers
+
+    @property
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        return self._raw_headers
+
+    # -- fed by the connection ------------------------------------------------------
+
+    def head_received(self, status: int, keep_alive: bool) -> None:
+        self.status_code = status
+        self.keep_alive = keep_alive
+        self.framed = any(
+            name.lower() in (b"content-length", b"transfer-encoding")
+            for name, _ in self._raw_headers
+        )
+        if not self._head.done():
+            self._head.set_result(None)
+
+    def body_received(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._buffered += len(chunk)
+        if self._buffered > _READ_HIGH_WATER:
+            self._connection.pause_reading()
+        self._wake()
+
+    def finished(self) -> None:
+        self._complete = True
+        self._wake()
+
+    def failed(self, error: httpx.TransportError) -> None:
+        if self._complete:
+            return
+        self._error = error
+        if not self._head.done():
+            self._head.set_exception(error)
+            self._head.exception()  # retrieved here: the caller may be gone (cancelled)
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._complete:
+            return
+        if self._head.done() and not self.framed and exc is None:
+            self.finished()  # a body delimited by the connection's close ends here
+            return
+        if isinstance(exc, OSError):
+            self.failed(httpx.ReadError(f"connection lost: {exc}"))
+        elif self._head.done():
+            self.failed(httpx.RemoteProtocolError("the server closed the connection mid-body"))
+        else:
+            self.failed(
+                httpx.RemoteProtocolError(
+                    "the server closed the connection without sending a response"
+                )
+            )
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- read by the caller ---------------------------------------------------------
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        while True:
+            if self._chunks:
+                chunk = self._chunks.popleft()
+                self._buffered -= len(chunk)
+                if self._buffered <= _READ_HIGH_WATER // 2:
+                    self._connection.resume_reading()
+                yield chunk
+                continue
+            if self._error is not None:
+                raise self._error
+            if self._complete:
+                return
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    async def aclose(self) -> None:
+        """Back to the pool when read to the end and kept alive; otherwise closed."""
+        if self.closed:
+            return
+        self.closed = True
+        connection = self._connection
+        connection.response = None
+        if self._complete and self.keep_alive and self._error is None:
+            connection.release()
+        else:
+            connection.close()
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection; one request at a time."""
+
+    def __init__(self, pool: _Pool, key: tuple[bool, str, int]) -> None:
+        self._pool = pool
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.response: WireResponse | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._interim = False  # a 1xx answer before the real one
+        self._reading_paused = False
+        self.counted = False  # holds one of the pool's connections (set by the pool)
+        self.closed = False
+        self.idle_since = 0.0
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            if self.response is None or self.response._complete:
+                raise _Unexpected("bytes with no request waiting for them")
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(httpx.RemoteProtocolError("the server switched protocols"))
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__ or exc
+            self._fail(httpx.RemoteProtocolError(f"unexpected bytes from the server: {cause}"))
+        except (httptools.HttpParserError, _Unexpected) as exc:
+            self._fail(httpx.RemoteProtocolError(f"malformed response: {exc}"))
+
+    def eof_received(self) -> bool:
+        return False  # close our side too; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.response is not None:
+            self.response.connection_lost(exc)
+        self._pool.forget(self)
+
+    # httptools' callbacks
+
+    def on_status(self, status: bytes) -> None:
+        response = self._current()
+        response.reason = status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._current()._raw_headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        response = self._current()
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:
+            self._interim = True  # e.g. 100 Continue: the real answer follows
+            response._raw_headers.clear()
+            return
+        response.head_received(status, self._parser.should_keep_alive())
+
+    def on_body(self, body: bytes) -> None:
+        self._current().body_received(body)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        self._current().finished()
+
+    def _current(self) -> WireResponse:
+        response = self.response
+        if response is None or response._complete:
+            raise _Unexpected("a second response to one request")
+        return response
+
+    # used by the pool and the response
+
+    @property
+    def writable(self) -> bool:
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
+    def send(self, data: bytes, response: WireResponse) -> None:
+        self.response = response
+        if not self.writable:
+            response.failed(httpx.RemoteProtocolError("the connection closed while sending"))
+            return
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def usable(self, now: float, expiry: float) -> bool:
+        return self.writable and now - self.idle_since < expiry
+
+    def pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None and not self.closed:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def release(self) -> None:
+        if self.closed or self._reading_paused:
+            self.close()
+            return
+        self._pool.release(self)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+        self._pool.forget(self)
+
+    def _fail(self, error: httpx.TransportError) -> None:
+        if self.response is not None:
+            self.response.failed(error)
+        self.close()
+
+
+class _Pool:
+    """Keep-alive connections by (tls, host, port), at most `limit` open in all.
+
+    At the limit, an idle connection to another host is closed to make room; only
+    when every connection is busy does a request wait for one to come back.
+    """
+
+    def __init__(self, limit: int, keepalive_expiry: float) -> None:
+        self._limit = limit
+        self._expiry = keepalive_expiry
+        self._idle: dict[tuple[bool, str, int], list[_Connection]] = {}
+        self._open = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def take_idle(self, key: tuple[bool, str, int]) -> _Connection | None:
+        """A kept-alive connection to `key` that is still usable, or None."""
+        idle = self._idle.get(key)
+        if not idle:
+            return None
+        now = time.monotonic()
+        while idle:
+            connection = idle.pop()
+            if connection.usable(now, self._expiry):
+                return connection
+            connection.close()
+        del self._idle[key]
+        return None
+
+    async def acquire(
+        self, key: tuple[bool, str, int], connect: Callable[[], Awaitable[_Connection]]
+    ) -> _Connection:
+        while True:
+            found = self.take_idle(key)
+            if found is not None:
+                return found
+            if self._open >= self._limit:
+                self._close_one_idle()
+            if self._open < self._limit:
+                self._open += 1
+                try:
+                    connection = await connect()
+                except BaseException:
+                    self._open -= 1
+                    self._wake_one()
+                    raise
+                connection.counted = True
+                if connection.closed:  # lost before it could be used
+                    self.forget(connection)
+                    raise httpx.ConnectError("the connection closed as soon as it opened")
+                return connection
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # pass on the turn this waiter will not use
+                else:
+                    self._waiters.remove(waiter)
+                raise
+
+    def release(self, connection: _Connection) -> None:
+        connection.idle_since = time.monotonic()
+        self._idle.setdefault(connection.key, []).append(connection)
+        self._wake_one()
+
+    def forget(self, connection: _Connection) -> None:
+        """A connection closed: it no longer counts against the limit."""
+        if connection.counted:
+            connection.counted = False
+            self._open -= 1
+            idle = self._idle.get(connection.key)
+            if idle and connection in idle:
+                idle.remove(connection)
+            self._wake_one()
+
+    def _close_one_idle(self) -> None:
+        for key, idle in self._idle.items():
+            if idle:
+                idle.pop(0).close()
+                if not idle:
+                    del self._idle[key]
+                return
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def close(self) -> None:
+        for idle in list(self._idle.values()):
+            for connection in list(idle):
+                connection.close()
+        self._idle.clear()
+
+
+class WireTransport(httpx.AsyncBaseTransport):
+    """Webhook POSTs over our own HTTP/1.1 wire, and httpx's transport API on the same pool.
+
+    Never follows redirects, keeps no cookies, reads no proxy settings and does not
+    decompress: the caller sees the raw bytes, so the body cap counts what came over
+    the wire.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: AddressPolicy,
+        https_only: bool = False,
+        max_connections: int = 100,
+        keepalive_expiry: float = 15.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self._policy = policy
+        self._resolver = GuardedResolver(policy)
+        self._https_only = https_only
+        self._pool = _Pool(max_connections, keepalive_expiry)
+        self._ssl_context = ssl_context
+        self._targets: dict[str, _Target] = {}
+        self._addresses: dict[tuple[str, int], tuple[float, list[str]]] = {}
+
+    def _target(self, url: str) -> _Target:
+        """The URL parsed once, after the scheme rule and the guard's IP-literal check."""
+        found = self._targets.get(url)
+        if found is None:
+            parsed = URL(url)
+            allowed = ("https",) if self._https_only else ("http", "https")
+            if parsed.scheme not in allowed:
+                raise InvalidEndpointURLError(
+                    f"refusing to send to a {parsed.scheme!r} URL; only "
+                    f"{' or '.join(allowed)} is allowed, fix the endpoint URL"
+                )
+            if not parsed.raw_host:
+                raise InvalidEndpointURLError(f"the endpoint URL {url!r} has no host")
+            check_literal_host(self._policy, parsed.raw_host)
+            if len(self._targets) > 10_000:
+                self._targets.clear()
+            found = self._targets[url] = _Target(parsed)
+        return found
+
+    async def post(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        *,
+        deadline: float,
+        trace: Trace | None = None,
+    ) -> WireResponse:
+        """POST `body` with exactly `headers` (plus Host and Content-Length); returns once
+        the response head is in. The caller's own deadline bounds the whole exchange;
+        `deadline` bounds getting a connection, as a connect timeout."""
+        target = self._target(url)
+        lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+        if (
+            lines.count("\n") != len(headers)
+            or lines.count("\r") != len(headers)
+            or ("\x00" in lines)
+        ):
+            raise InvalidEndpointURLError(
+                "a request header contains a line break or NUL; fix the endpoint's headers"
+            )
+        head = (
+            b"POST "
+            + target.path
+            + f" HTTP/1.1\r\nHost: {target.host_header}\r\n{lines}"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+        )
+        return await self._exchange(target, head + body, trace, connect_timeout=deadline)
+
+    async def _exchange(
+        self,
+        target: _Target,
+        data: bytes,
+        trace: Trace | None,
+        *,
+        connect_timeout: float | None,
+        read_timeout: float | None = None,
+    ) -> WireResponse:
+        connection = self._pool.take_idle(target.key)
+        if connection is None:
+            try:
+                async with asyncio.timeout(connect_timeout):
+                    connection = await self._pool.acquire(target.key, lambda: self._connect(target))
+            except TimeoutError as exc:
+                raise httpx.ConnectTimeout(
+                    f"no connection to {target.host}:{target.port} within {connect_timeout:g}s"
+                ) from exc
+        response = WireResponse(connection, asyncio.get_running_loop().create_future())
+        try:
+            if trace is not None:
+                await trace(_SEND_STARTED, {})
+            connection.send(data, response)
+            if read_timeout is None:
+                await response._head  # the caller's deadline bounds it
+            else:
+                try:
+                    async with asyncio.timeout(read_timeout):
+                        await response._head
+                except TimeoutError as exc:
+                    raise httpx.ReadTimeout(f"no response within {read_timeout:g}s") from exc
+        except BaseException:
+            await response.aclose()
+            raise
+        return response
+
+    async def _connect(self, target: _Target) -> _Connection:
+        loop = asyncio.get_running_loop()
+        addresses = [target.host] if target.literal else await self._resolve(target)
+        tls = self._tls_context() if target.tls else None
+        failures = []
+        for address in addresses:
+            try:
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(self._pool, target.key),
+                    address,
+                    target.port,
+                    ssl=tls,
+                    server_hostname=target.host if tls is not None else None,
+                )
+                return connection
+            except (OSError, ssl.SSLError) as exc:
+                failures.append(f"{address}: {exc}")
+        raise httpx.ConnectError(
+            f"cannot connect to {target.host}:{target.port} ({'; '.join(failures)})"
+        )
+
+    async def _resolve(self, target: _Target) -> list[str]:
+        """The name's addresses, each checked by the SSRF guard (refused: AddressRefusedError)."""
+        key = (target.host, target.port)
+        cached = self._addresses.get(key)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < _DNS_TTL_SECONDS:
+            return cached[1]
+        try:
+            answers = await self._resolver.resolve(target.host, target.port)
+        except OSError as exc:
+            raise httpx.ConnectError(f"cannot resolve {target.host}: {exc}") from exc
+        addresses = [answer["host"] for answer in answers]
+        if len(self._addresses) > 10_000:
+            self._addresses.clear()
+        self._addresses[key] = (now, addresses)
+        return addresses
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._ssl_context is None:
+            self._ssl_context = ssl.create_default_context()
+        return self._ssl_context
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """httpx's transport API on the same pool (for clients with mounts, hooks or auth)."""
+        if request.method == "HEAD":
+            raise httpx.UnsupportedProtocol("this wire sends webhooks; HEAD is not supported")
+        target = self._target(str(request.url))
+        body = await request.aread()
+        lines = b"".join(name + b": " + value + b"\r\n" for name, value in request.headers.raw)
+        if lines.count(b"\n") != len(request.headers.raw):
+            raise InvalidEndpointURLError("a request header contains a line break")
+        method = request.method.encode("ascii")
+        data = method + b" " + target.path + b" HTTP/1.1\r\n" + lines + b"\r\n" + body
+        phases = request.extensions.get("timeout") or {}
+        connect, pool = phases.get("connect"), phases.get("pool")
+        waited = None if connect is None and pool is None else (connect or 0) + (pool or 0)
+        response = await self._exchange(
+            target,
+            data,
+            request.extensions.get("trace"),
+            connect_timeout=waited,
+            read_timeout=phases.get("read"),
+        )
+        return httpx.Response(
+            status_code=response.status_code,
+            headers=response.raw_headers,
+            stream=_ResponseStream(response, phases.get("read")),
+            extensions={"http_version": _HTTP11, "reason_phrase": response.reason},
+        )
+
+    async def aclose(self) -> None:
+        self._pool.close()
+        await asyncio.sleep(0)  # let the transports finish closing before the loop goes
+
+    async def __aenter__(self) -> WireTransport:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        await self.aclose()
+
+
+class _ResponseStream(httpx.AsyncByteStream):
+    """A wire response's body for httpx.Response, each read bounded by the read timeout."""
+
+    def __init__(self, response: WireResponse, read_timeout: float | None) -> None:
+        self._response = response
+        self._read_timeout = read_timeout
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        chunks = self._response.aiter_raw()
+        while True:
+            try:
+                async with asyncio.timeout(self._read_timeout):
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return
+            except TimeoutError as exc:
+                raise httpx.ReadTimeout(f"no body bytes within {self._read_timeout:g}s") from exc
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
