@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("secret")
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=200)
-    parser.add_argument("--transport", default="aiohttp")
+    parser.add_argument("--transport", default="wire")
     args = parser.parse_args()
     asyncio.run(work(args.url, args.secret, args.batch, args.concurrency, args.transport))
 

@@ -41,7 +41,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from delivery.errors import InvalidEndpointURLError
-from delivery.ssrf import AddressPolicy, GuardedResolver, check_literal_host
+from delivery.ssrf import AddressPolicy, GuardedResolver, Resolver, check_literal_host
 
 # Stop reading a body the caller is not consuming once this much is buffered.
 _READ_HIGH_WATER = 256 * 1024
@@ -466,9 +466,12 @@ class WireTransport(httpx.AsyncBaseTransport):
         max_connections: int = 100,
         keepalive_expiry: float = 15.0,
         ssl_context: ssl.SSLContext | None = None,
+        resolver: Resolver | None = None,
     ) -> None:
+        """`ssl_context` defaults to the system's trust store with verification on;
+        `resolver` (host, port -> addresses) to the system resolver."""
         self._policy = policy
-        self._resolver = GuardedResolver(policy)
+        self._resolver = GuardedResolver(policy, resolver)
         self._https_only = https_only
         self._pool = _Pool(max_connections, keepalive_expiry)
         self._ssl_context = ssl_context

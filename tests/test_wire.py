@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
 
+from delivery.errors import AddressRefusedError
 from delivery.http import AttemptResult, OutgoingRequest, build_http_client, send_attempt
 from delivery.policy import Outcome
 from delivery.ssrf import AddressPolicy
 from delivery.wire import WireTransport
 from outbox.clock import ManualClock
 from tests.helpers import LOOPBACK
+from tests.test_ssrf import StartReceiver, _tls_contexts, answers, start_receiver
+
+__all__ = ["start_receiver"]  # the fixture, shared with tests/test_ssrf.py
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 HANG_UP = b""  # an answer of nothing: close the connection after reading the request
@@ -83,8 +89,8 @@ class Scripted:
 
 
 @contextlib.asynccontextmanager
-async def scripted(*answers: bytes, **kwargs: object) -> AsyncIterator[Scripted]:
-    server = Scripted(list(answers), **kwargs)  # type: ignore[arg-type]
+async def scripted(*replies: bytes, **kwargs: object) -> AsyncIterator[Scripted]:
+    server = Scripted(list(replies), **kwargs)  # type: ignore[arg-type]
     listening = await asyncio.start_server(server.serve, "127.0.0.1", 0)
     server.port = listening.sockets[0].getsockname()[1]
     try:
@@ -290,3 +296,45 @@ def test_the_wire_runs_on_uvloop() -> None:
         return [r.outcome for r in results], server.connections
 
     assert uvloop.run(exchange()) == ([Outcome.SUCCEEDED] * 3, 1)
+
+
+async def test_tls_verifies_the_hostname_sends_sni_and_dials_the_checked_address(
+    start_receiver: StartReceiver, tmp_path: Path
+) -> None:
+    server_ctx, client_ctx = _tls_contexts("hook.test", tmp_path)
+    sni: list[str | None] = []
+
+    def record_sni(_obj: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
+        sni.append(name)
+
+    server_ctx.sni_callback = record_sni
+    receiver = await start_receiver("127.0.0.2", tls=server_ctx)
+    resolve, asked = answers(["127.0.0.2"])
+    wire = WireTransport(
+        policy=AddressPolicy(["127.0.0.2/32"]), ssl_context=client_ctx, resolver=resolve
+    )
+    url = f"https://hook.test:{receiver.port}/hook"
+    response = await wire.post(url, {}, b"{}", deadline=5.0)
+    assert response.status_code == 200
+    await response.aclose()
+    untrusted = WireTransport(policy=AddressPolicy(["127.0.0.2/32"]), resolver=resolve)
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        await untrusted.post(url, {}, b"{}", deadline=5.0)
+    await wire.aclose()
+    await untrusted.aclose()
+    assert sni == ["hook.test", "hook.test"]  # both handshakes name the host, not the IP
+    assert asked == ["hook.test", "hook.test"]
+    assert [r.headers["host"] for r in receiver.requests] == [f"hook.test:{receiver.port}"]
+
+
+async def test_a_name_with_any_refused_answer_is_never_dialled(
+    start_receiver: StartReceiver,
+) -> None:
+    receiver = await start_receiver("127.0.0.2")
+    resolve, _ = answers(["127.0.0.2", "10.0.0.5"])
+    wire = WireTransport(policy=AddressPolicy(["127.0.0.2/32"]), resolver=resolve)
+    with pytest.raises(AddressRefusedError) as caught:
+        await wire.post(f"http://hook.test:{receiver.port}/", {}, b"{}", deadline=5.0)
+    await wire.aclose()
+    assert caught.value.address == "10.0.0.5"
+    assert receiver.requests == []
