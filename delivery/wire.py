@@ -612,11 +612,25 @@ class WireTransport(httpx.AsyncBaseTransport):
             raise httpx.UnsupportedProtocol("this wire sends webhooks; HEAD is not supported")
         target = self._target(str(request.url))
         body = await request.aread()
-        lines = b"".join(name + b": " + value + b"\r\n" for name, value in request.headers.raw)
-        if lines.count(b"\n") != len(request.headers.raw):
+        # The body is read whole, so it goes out with a Content-Length, never chunked.
+        kept = [
+            (name, value)
+            for name, value in request.headers.raw
+            if name.lower() not in (b"content-length", b"transfer-encoding")
+        ]
+        lines = b"".join(name + b": " + value + b"\r\n" for name, value in kept)
+        if lines.count(b"\n") != len(kept) or lines.count(b"\r") != len(kept):
             raise InvalidEndpointURLError("a request header contains a line break")
         method = request.method.encode("ascii")
-        data = method + b" " + target.path + b" HTTP/1.1\r\n" + lines + b"\r\n" + body
+        data = (
+            method
+            + b" "
+            + target.path
+            + b" HTTP/1.1\r\n"
+            + lines
+            + b"Content-Length: %d\r\n\r\n" % len(body)
+            + body
+        )
         phases = request.extensions.get("timeout") or {}
         connect, pool = phases.get("connect"), phases.get("pool")
         waited = None if connect is None and pool is None else (connect or 0) + (pool or 0)

@@ -267,7 +267,14 @@ async def test_the_httpx_api_on_the_same_pool(http: httpx.AsyncClient) -> None:
         assert response.content == b"nope"
         again = await client.post(server.url, content=b"again")
         assert again.status_code == 200
-    assert server.bodies == [b"hello", b"again"]
+
+        async def streamed() -> AsyncIterator[bytes]:
+            yield b"str"
+            yield b"eamed"
+
+        # httpx would announce a stream as chunked; the wire sends it whole, with a length.
+        assert (await client.post(server.url, content=streamed())).status_code == 200
+    assert server.bodies == [b"hello", b"again", b"streamed"]
     assert server.connections == 1
 
 
