@@ -275,6 +275,9 @@ async def test_the_httpx_api_on_the_same_pool(http: httpx.AsyncClient) -> None:
         # httpx would announce a stream as chunked; the wire sends it whole, with a length.
         assert (await client.post(server.url, content=streamed())).status_code == 200
     assert server.bodies == [b"hello", b"again", b"streamed"]
+    streamed_head = server.heads[-1].lower()
+    assert b"transfer-encoding" not in streamed_head
+    assert streamed_head.count(b"content-length: 8\r\n") == 1
     assert server.connections == 1
 
 
