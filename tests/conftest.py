@@ -117,10 +117,11 @@ def box() -> SecretBox:
     return SecretBox.from_setting(generate_key("test"))
 
 
-@pytest.fixture(params=["httpx", "aiohttp"])
+@pytest.fixture(params=["httpx", "wire"])
 def transport(request: pytest.FixtureRequest) -> str:
-    """The HTTP wire under worker tests: httpx's own pool and the aiohttp transport
-    production runs with (OUTBOX_HTTP_TRANSPORT), so a rule holds on both."""
+    """The HTTP wire under worker tests: httpx's own pool and our own wire, which
+    production runs with (OUTBOX_HTTP_TRANSPORT), so a rule holds on both. The aiohttp
+    transport's outcome table is in tests/test_transport.py, with every wire's."""
     return str(request.param)
 
 
