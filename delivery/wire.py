@@ -45,6 +45,9 @@ from delivery.ssrf import AddressPolicy, GuardedResolver, Resolver, check_litera
 
 # Stop reading a body the caller is not consuming once this much is buffered.
 _READ_HIGH_WATER = 256 * 1024
+# A response head (status line and headers) larger than this is refused: the parser
+# would otherwise buffer a receiver's endless header for as long as the deadline allows.
+MAX_HEAD_BYTES = 64 * 1024
 _SEND_STARTED = "http11.send_request_headers.started"
 # A name's checked addresses are reused this long for new connections (aiohttp's default).
 _DNS_TTL_SECONDS = 10.0
@@ -241,6 +244,7 @@ class _Connection(asyncio.Protocol):
         self.response: WireResponse | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._interim = False  # a 1xx answer before the real one
+        self._head_bytes = 0  # bytes received before the response head was complete
         self._reading_paused = False
         self.counted = False  # holds one of the pool's connections (set by the pool)
         self.closed = False
@@ -254,9 +258,14 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            if self.response is None or self.response._complete:
+            response = self.response
+            if response is None or response._complete:
                 raise _Unexpected("bytes with no request waiting for them")
             self._parser.feed_data(data)
+            if not response._head.done():
+                self._head_bytes += len(data)
+                if self._head_bytes > MAX_HEAD_BYTES:
+                    raise _Unexpected(f"the response head is over {MAX_HEAD_BYTES} bytes")
         except httptools.HttpParserUpgrade:
             self._fail(httpx.RemoteProtocolError("the server switched protocols"))
         except httptools.HttpParserCallbackError as exc:
@@ -315,6 +324,7 @@ class _Connection(asyncio.Protocol):
 
     def send(self, data: bytes, response: WireResponse) -> None:
         self.response = response
+        self._head_bytes = 0
         if not self.writable:
             response.failed(httpx.RemoteProtocolError("the connection closed while sending"))
             return

@@ -21,7 +21,7 @@ from delivery.errors import AddressRefusedError
 from delivery.http import AttemptResult, OutgoingRequest, build_http_client, send_attempt
 from delivery.policy import Outcome
 from delivery.ssrf import AddressPolicy
-from delivery.wire import WireTransport
+from delivery.wire import MAX_HEAD_BYTES, WireTransport
 from outbox.clock import ManualClock
 from tests.helpers import LOOPBACK
 from tests.test_ssrf import StartReceiver, _tls_contexts, answers, start_receiver
@@ -173,6 +173,14 @@ async def test_a_malformed_answer_is_ambiguous(http: httpx.AsyncClient) -> None:
         result = await attempt(http, server.url)
     assert result.outcome is Outcome.AMBIGUOUS
     assert "malformed response" in (result.error or "")
+
+
+async def test_an_endless_response_head_is_cut_not_buffered(http: httpx.AsyncClient) -> None:
+    endless = b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"p" * (4 * MAX_HEAD_BYTES) + b"\r\n\r\n"
+    async with scripted(endless) as server:
+        result = await attempt(http, server.url)
+    assert result.outcome is Outcome.AMBIGUOUS
+    assert f"the response head is over {MAX_HEAD_BYTES} bytes" in (result.error or "")
 
 
 async def test_an_interim_100_continue_is_skipped(http: httpx.AsyncClient) -> None:
