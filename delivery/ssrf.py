@@ -39,6 +39,7 @@ import aiohttp
 import aiohttp.abc
 import httpcore
 import httpx
+from yarl import URL
 
 from delivery.errors import AddressRefusedError, DeliveryConfigurationError, InvalidEndpointURLError
 from outbox.urls import MAX_URL_LENGTH, validate_endpoint_url
@@ -50,6 +51,7 @@ __all__ = [
     "GuardedTransport",
     "Resolver",
     "build_guarded_transport",
+    "check_outgoing_url",
     "normalise_address",
     "system_resolver",
     "validate_endpoint_url",
@@ -415,6 +417,20 @@ class GuardedResolver(aiohttp.abc.AbstractResolver):
 
     async def close(self) -> None:
         return None
+
+
+def check_outgoing_url(policy: AddressPolicy, url: URL, *, https_only: bool) -> None:
+    """What the fast wires check before any connection: the scheme rule, and the guard
+    for a host that is an IP literal (no resolver sees those)."""
+    allowed = ("https",) if https_only else ("http", "https")
+    if url.scheme not in allowed:
+        raise InvalidEndpointURLError(
+            f"refusing to send to a {url.scheme!r} URL; only "
+            f"{' or '.join(allowed)} is allowed, fix the endpoint URL"
+        )
+    if not url.raw_host:
+        raise InvalidEndpointURLError(f"the endpoint URL {str(url)!r} has no host")
+    check_literal_host(policy, url.raw_host)
 
 
 def check_literal_host(policy: AddressPolicy, host: str) -> None:

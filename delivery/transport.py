@@ -33,7 +33,7 @@ import httpx
 from yarl import URL
 
 from delivery.errors import InvalidEndpointURLError
-from delivery.ssrf import AddressPolicy, GuardedResolver, check_literal_host
+from delivery.ssrf import AddressPolicy, GuardedResolver, check_literal_host, check_outgoing_url
 
 _HTTP11 = b"HTTP/1.1"
 
@@ -218,13 +218,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         found = self._checked.get(url)
         if found is None:
             parsed = URL(url)
-            allowed = ("https",) if self._https_only else ("http", "https")
-            if parsed.scheme not in allowed:
-                raise InvalidEndpointURLError(
-                    f"refusing to send to a {parsed.scheme!r} URL; only "
-                    f"{' or '.join(allowed)} is allowed, fix the endpoint URL"
-                )
-            check_literal_host(self._policy, parsed.host or "")
+            check_outgoing_url(self._policy, parsed, https_only=self._https_only)
             if len(self._checked) > 10_000:
                 self._checked.clear()
             found = self._checked[url] = parsed

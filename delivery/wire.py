@@ -32,7 +32,6 @@ import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from types import TracebackType
 from typing import Any, cast
 
 import httptools
@@ -41,7 +40,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from delivery.errors import InvalidEndpointURLError
-from delivery.ssrf import AddressPolicy, GuardedResolver, Resolver, check_literal_host
+from delivery.ssrf import AddressPolicy, GuardedResolver, Resolver, check_outgoing_url
 
 # Stop reading a body the caller is not consuming once this much is buffered.
 _READ_HIGH_WATER = 256 * 1024
@@ -493,15 +492,7 @@ class WireTransport(httpx.AsyncBaseTransport):
         found = self._targets.get(url)
         if found is None:
             parsed = URL(url)
-            allowed = ("https",) if self._https_only else ("http", "https")
-            if parsed.scheme not in allowed:
-                raise InvalidEndpointURLError(
-                    f"refusing to send to a {parsed.scheme!r} URL; only "
-                    f"{' or '.join(allowed)} is allowed, fix the endpoint URL"
-                )
-            if not parsed.raw_host:
-                raise InvalidEndpointURLError(f"the endpoint URL {url!r} has no host")
-            check_literal_host(self._policy, parsed.raw_host)
+            check_outgoing_url(self._policy, parsed, https_only=self._https_only)
             if len(self._targets) > 10_000:
                 self._targets.clear()
             found = self._targets[url] = _Target(parsed)
@@ -661,17 +652,6 @@ class WireTransport(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         self._pool.close()
         await asyncio.sleep(0)  # let the transports finish closing before the loop goes
-
-    async def __aenter__(self) -> WireTransport:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None = None,
-        exc_value: BaseException | None = None,
-        traceback: TracebackType | None = None,
-    ) -> None:
-        await self.aclose()
 
 
 class _ResponseStream(httpx.AsyncByteStream):

@@ -582,17 +582,25 @@ def _tls_contexts(hostname: str, directory: Path) -> tuple[ssl.SSLContext, ssl.S
     return server, client_ctx
 
 
-async def test_tls_verifies_and_sends_sni_for_the_hostname_not_the_dialled_ip(
-    start_receiver: StartReceiver, tmp_path: Path
-) -> None:
-    server_ctx, client_ctx = _tls_contexts("hook.test", tmp_path)
+async def tls_receiver_recording_sni(
+    start_receiver: StartReceiver, directory: Path
+) -> tuple[Receiver, ssl.SSLContext, list[str | None]]:
+    """A TLS receiver on 127.0.0.2 for `hook.test`, a client context trusting it, and the
+    server names (SNI) its handshakes were asked for."""
+    server_ctx, client_ctx = _tls_contexts("hook.test", directory)
     sni: list[str | None] = []
 
     def record_sni(_obj: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
         sni.append(name)
 
     server_ctx.sni_callback = record_sni
-    receiver = await start_receiver("127.0.0.2", tls=server_ctx)
+    return await start_receiver("127.0.0.2", tls=server_ctx), client_ctx, sni
+
+
+async def test_tls_verifies_and_sends_sni_for_the_hostname_not_the_dialled_ip(
+    start_receiver: StartReceiver, tmp_path: Path
+) -> None:
+    receiver, client_ctx, sni = await tls_receiver_recording_sni(start_receiver, tmp_path)
     resolve, _ = answers(["127.0.0.2"])
     http, backend = client(allowed=["127.0.0.2/32"], resolver=resolve, verify=client_ctx)
     async with http:

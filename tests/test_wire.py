@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ from delivery.ssrf import AddressPolicy
 from delivery.wire import MAX_HEAD_BYTES, WireTransport
 from outbox.clock import ManualClock
 from tests.helpers import LOOPBACK
-from tests.test_ssrf import StartReceiver, _tls_contexts, answers, start_receiver
+from tests.test_ssrf import StartReceiver, answers, start_receiver, tls_receiver_recording_sni
 
 __all__ = ["start_receiver"]  # the fixture, shared with tests/test_ssrf.py
 
@@ -319,14 +318,7 @@ def test_the_wire_runs_on_uvloop() -> None:
 async def test_tls_verifies_the_hostname_sends_sni_and_dials_the_checked_address(
     start_receiver: StartReceiver, tmp_path: Path
 ) -> None:
-    server_ctx, client_ctx = _tls_contexts("hook.test", tmp_path)
-    sni: list[str | None] = []
-
-    def record_sni(_obj: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
-        sni.append(name)
-
-    server_ctx.sni_callback = record_sni
-    receiver = await start_receiver("127.0.0.2", tls=server_ctx)
+    receiver, client_ctx, sni = await tls_receiver_recording_sni(start_receiver, tmp_path)
     resolve, asked = answers(["127.0.0.2"])
     wire = WireTransport(
         policy=AddressPolicy(["127.0.0.2/32"]), ssl_context=client_ctx, resolver=resolve
