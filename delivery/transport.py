@@ -32,8 +32,7 @@ import aiohttp
 import httpx
 from yarl import URL
 
-from delivery.errors import InvalidEndpointURLError
-from delivery.ssrf import AddressPolicy, GuardedResolver, check_literal_host, check_outgoing_url
+from delivery.ssrf import AddressPolicy, GuardedResolver, check_outgoing_url
 
 _HTTP11 = b"HTTP/1.1"
 
@@ -256,14 +255,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         return DirectResponse(response)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        allowed = ("https",) if self._https_only else ("http", "https")
-        if request.url.scheme not in allowed:
-            raise InvalidEndpointURLError(
-                f"refusing to send to a {request.url.scheme!r} URL; only "
-                f"{' or '.join(allowed)} is allowed, fix the endpoint URL"
-            )
-        # IP literals never reach the resolver, so the guard checks them here.
-        check_literal_host(self._policy, request.url.host)
+        # The scheme rule, and the guard for IP literals (they never reach the resolver).
+        self._checked_url(str(request.url))
         session = self._get_session()
         body = await request.aread()
         headers = [

@@ -22,7 +22,7 @@ import random
 import socket
 import types
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 # How long an endpoint whose visit found nothing claimable comes last in the claim order.
 BARREN_FOR = dt.timedelta(seconds=1)
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 
 def default_worker_id() -> str:
@@ -326,9 +327,6 @@ class Worker:
         return {endpoint_id: max(0, cap - held) for endpoint_id, held in self._slots_held.items()}
 
     def _key(self, stored: str, endpoint_uid: str) -> SigningKey:
-        found = self._keys.get(stored)
-        if found is not None:
-            return found
         return _memo(
             self._keys,
             stored,
@@ -340,71 +338,56 @@ class Worker:
     ) -> RetryPolicy:
         """The endpoint's schedule, else the event type's, else the global one. Max attempts
         were resolved the same way when the delivery was created (the relay)."""
-        key = (tuple(own) if own else None, "" if own else event_type, max_attempts)
-        found = self._policies.get(key)
-        if found is None:
-            schedule = own or matching_rule(self.config.retry_schedule_by_event_type, event_type)
-            found = RetryPolicy(
-                schedule=tuple(schedule or self.config.retry_schedule),
+        return _memo(
+            self._policies,
+            (tuple(own) if own else None, "" if own else event_type, max_attempts),
+            lambda: RetryPolicy(
+                schedule=tuple(
+                    own
+                    or matching_rule(self.config.retry_schedule_by_event_type, event_type)
+                    or self.config.retry_schedule
+                ),
                 max_attempts=max_attempts,
                 jitter=self.config.retry_jitter,
                 retry_after_max=self.config.retry_after_max,
-            )
-            if len(self._policies) > 10_000:
-                self._policies.clear()
-            self._policies[key] = found
-        return found
+            ),
+        )
 
     def _prepare(self, row: Any, now: dt.datetime) -> ClaimedDelivery:
-        (
-            delivery_id,
-            endpoint_uid,
-            event_type,
-            max_attempts,
-            previous_secret,
-            previous_expires_at,
-            overrides,
-            timeout_seconds,
-        ) = (
-            row.id,
-            row.endpoint_uid,
-            row.event_type,
-            row.max_attempts,
-            row.previous_signing_secret,
-            row.previous_secret_expires_at,
-            row.status_overrides,
-            row.timeout_seconds,
+        keys = [self._key(row.signing_secret, row.endpoint_uid)]
+        if row.previous_signing_secret and (
+            row.previous_secret_expires_at is None or row.previous_secret_expires_at > now
+        ):
+            keys.append(self._key(row.previous_signing_secret, row.endpoint_uid))
+        timeout = min(
+            row.timeout_seconds or self.config.request_timeout, self.config.longest_deadline
         )
-        keys = [self._key(row.signing_secret, endpoint_uid)]
-        if previous_secret and (previous_expires_at is None or previous_expires_at > now):
-            keys.append(self._key(previous_secret, endpoint_uid))
-        timeout = min(timeout_seconds or self.config.request_timeout, self.config.longest_deadline)
-        type_json = self._type_json.get(event_type)
-        if type_json is None:
-            if len(self._type_json) > 10_000:
-                self._type_json.clear()
-            type_json = self._type_json[event_type] = json.dumps(event_type)
+        type_json = _memo(self._type_json, row.event_type, lambda: json.dumps(row.event_type))
         return ClaimedDelivery(
-            id=delivery_id,
+            id=row.id,
             claim=row.claim,
             attempts=row.attempts,
-            max_attempts=max_attempts,
-            endpoint_uid=endpoint_uid,
+            max_attempts=row.max_attempts,
+            endpoint_uid=row.endpoint_uid,
             endpoint_id=row.endpoint_id,
             endpoint_spotless=row.endpoint_spotless,
-            event_type=event_type,
+            event_type=row.event_type,
             traceparent=row.traceparent,
-            policy=self._policy(row.retry_schedule, event_type, max_attempts),
+            policy=self._policy(row.retry_schedule, row.event_type, row.max_attempts),
             request=OutgoingRequest(
-                delivery_id=delivery_id,
+                delivery_id=row.id,
                 url=row.url,
                 message_id=row.message_id,
                 body=_envelope(type_json, row.event_created_at, row.payload_json),
                 keys=keys,
                 timeout=timeout,
-                status_overrides=parse_status_overrides(overrides) if overrides else _NO_OVERRIDES,
+                status_overrides=(
+                    parse_status_overrides(row.status_overrides)
+                    if row.status_overrides
+                    else _NO_OVERRIDES
+                ),
                 retry_after_max=self.config.retry_after_max,
-                extra_headers=self._custom_headers(row.custom_headers, endpoint_uid),
+                extra_headers=self._custom_headers(row.custom_headers, row.endpoint_uid),
             ),
         )
 
@@ -901,10 +884,11 @@ class Worker:
             return 0
 
 
-def _memo(cache: dict[str, T], key: str, compute: Callable[[], T]) -> T:
-    """Decrypted values by ciphertext: decrypting per claimed row would cost more than the
-    request. A ciphertext changes whenever its secret does, so entries never go stale;
-    the cache is only bounded."""
+def _memo(cache: dict[K, T], key: K, compute: Callable[[], T]) -> T:
+    """Values derived per claimed row but the same for every row with this key: decrypted
+    secrets and headers by ciphertext (decrypting per row would cost more than the
+    request), retry policies, event types' JSON. A key changes whenever what it derives
+    from does, so entries never go stale; the cache is only bounded."""
     found = cache.get(key)
     if found is None:
         if len(cache) > 10_000:

@@ -527,6 +527,39 @@ async def test_retry_policy_per_event_type_and_per_endpoint(
     assert found[("/own", "order.created")][0] == 5
 
 
+async def test_event_types_with_the_same_attempts_keep_their_own_retry_schedules(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+    http: httpx.AsyncClient,
+) -> None:
+    """The worker builds each retry policy once; two event types with the same maximum
+    attempts but different schedules must still get their own."""
+    add_endpoint(engine, box, receiver.route("/plain", status=500), "*")
+    publish_one(engine, "order.created")
+    publish_one(engine, "invoice.paid")
+    await Relay(async_engine, clock, RelayConfig()).run_until_idle()
+    worker = make_worker(
+        async_engine, http, box, clock, retry_schedule_by_event_type={"invoice.*": (100.0,)}
+    )
+    await worker.run_once()
+    delays = {
+        r["event_type"]: (r["max_attempts"], r["delay"])
+        for r in rows(
+            engine,
+            "SELECT ev.event_type, d.max_attempts,"
+            " extract(epoch FROM d.next_attempt_at - :now)::float AS delay"
+            " FROM deliveries d JOIN outbox_events ev ON ev.id = d.event_id",
+            now=clock.now(),
+        )
+    }
+    assert delays["order.created"][0] == delays["invoice.paid"][0] == 8
+    assert 4 <= delays["order.created"][1] <= 6  # the global first delay: 5 s
+    assert 80 <= delays["invoice.paid"][1] <= 120  # the event type's own schedule
+
+
 # -- identity -------------------------------------------------------------------------
 
 
