@@ -484,6 +484,21 @@ async def test_endpoint_can_declare_404_transient_and_410_not_fatal(
     assert scalar(engine, "SELECT enabled FROM endpoints WHERE uid = :u", u=soft_uid) is True
 
 
+def scheduled_retries(engine: Engine, now: dt.datetime) -> dict[tuple[str, str], tuple[int, float]]:
+    """(endpoint path, event type) -> (max attempts, seconds until the next attempt)."""
+    return {
+        (r["path"], r["event_type"]): (r["max_attempts"], r["delay"])
+        for r in rows(
+            engine,
+            "SELECT substring(e.url from '/[a-z]+$') AS path, ev.event_type, d.max_attempts,"
+            " extract(epoch FROM d.next_attempt_at - :now)::float AS delay"
+            " FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id"
+            " JOIN outbox_events ev ON ev.id = d.event_id",
+            now=now,
+        )
+    }
+
+
 async def test_retry_policy_per_event_type_and_per_endpoint(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -507,17 +522,7 @@ async def test_retry_policy_per_event_type_and_per_endpoint(
         async_engine, http, box, clock, retry_schedule_by_event_type={"invoice.*": (100.0,)}
     )
     await worker.run_once()
-    found = {
-        (r["path"], r["event_type"]): (r["max_attempts"], r["delay"])
-        for r in rows(
-            engine,
-            "SELECT substring(e.url from '/[a-z]+$') AS path, ev.event_type, d.max_attempts,"
-            " extract(epoch FROM d.next_attempt_at - :now)::float AS delay"
-            " FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id"
-            " JOIN outbox_events ev ON ev.id = d.event_id",
-            now=clock.now(),
-        )
-    }
+    found = scheduled_retries(engine, clock.now())
     assert found[("/plain", "invoice.paid")][0] == 2  # event type rule
     assert 80 <= found[("/plain", "invoice.paid")][1] <= 120
     assert found[("/plain", "order.created")][0] == 8  # global default
@@ -545,19 +550,10 @@ async def test_event_types_with_the_same_attempts_keep_their_own_retry_schedules
         async_engine, http, box, clock, retry_schedule_by_event_type={"invoice.*": (100.0,)}
     )
     await worker.run_once()
-    delays = {
-        r["event_type"]: (r["max_attempts"], r["delay"])
-        for r in rows(
-            engine,
-            "SELECT ev.event_type, d.max_attempts,"
-            " extract(epoch FROM d.next_attempt_at - :now)::float AS delay"
-            " FROM deliveries d JOIN outbox_events ev ON ev.id = d.event_id",
-            now=clock.now(),
-        )
-    }
-    assert delays["order.created"][0] == delays["invoice.paid"][0] == 8
-    assert 4 <= delays["order.created"][1] <= 6  # the global first delay: 5 s
-    assert 80 <= delays["invoice.paid"][1] <= 120  # the event type's own schedule
+    found = scheduled_retries(engine, clock.now())
+    assert found[("/plain", "order.created")][0] == found[("/plain", "invoice.paid")][0] == 8
+    assert 4 <= found[("/plain", "order.created")][1] <= 6  # the global first delay: 5 s
+    assert 80 <= found[("/plain", "invoice.paid")][1] <= 120  # the event type's own schedule
 
 
 # -- identity -------------------------------------------------------------------------
