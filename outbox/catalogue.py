@@ -22,7 +22,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -205,20 +205,25 @@ class SchemaCache:
 
     def load(self, conn: Connection, name: str) -> Entry:
         row = conn.execute(queries.SELECT_EVENT_TYPE_FOR_PUBLISH, {"name": name}).first()
+        return self.store(name, row)
+
+    def store(self, name: str, row: Sequence[Any] | None) -> Entry:
+        """Cache the type from a SELECT_EVENT_TYPE_FOR_PUBLISH row (None: not in the catalogue)."""
         if row is None:
             entry = Entry(name, ABSENT)
         else:
+            revision, status, version, schema = row
             old = self._entries.get(name)
             # A version's schema never changes: keep its compiled validator across revisions.
             validator = (
                 old.validator
                 if old is not None
-                and old.version == row.version
+                and old.version == version
                 and old.validator is not None
-                and old.validator.schema == row.schema
-                else compile_schema(row.schema)
+                and old.validator.schema == schema
+                else compile_schema(schema)
             )
-            entry = Entry(name, row.revision, row.status, row.version, validator)
+            entry = Entry(name, revision, status, version, validator)
         with self._lock:
             self._entries[name] = entry
         return entry

@@ -11,10 +11,14 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection
+import psycopg
+from psycopg.rows import tuple_row
+from sqlalchemy import Connection, TextClause
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
@@ -22,7 +26,11 @@ from outbox import tracing
 from outbox.catalogue import CACHE, OPERATIONAL_EVENT_TYPES, Entry, Mode, mode_from_environment
 from outbox.errors import PublishError
 from outbox.ids import new_message_id
-from outbox.queries import FIND_EVENT_BY_IDEMPOTENCY_KEY, INSERT_EVENT
+from outbox.queries import (
+    FIND_EVENT_BY_IDEMPOTENCY_KEY,
+    INSERT_EVENT,
+    SELECT_EVENT_TYPE_FOR_PUBLISH,
+)
 from outbox.tenants import DEFAULT_TENANT, validate_tenant_uid
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
@@ -208,8 +216,91 @@ def prepare_event(
     )
 
 
+Rows = Sequence[Sequence[Any]]
+
+# The statements publish() runs, as psycopg's own SQL: an application that holds a bare
+# psycopg connection publishes without SQLAlchemy's per-statement work.
+_PSYCOPG_SQL: dict[TextClause, str] = {
+    statement: str(statement.compile(dialect=PGDialect_psycopg()))  # type: ignore[no-untyped-call]
+    for statement in (INSERT_EVENT, FIND_EVENT_BY_IDEMPOTENCY_KEY, SELECT_EVENT_TYPE_FOR_PUBLISH)
+}
+
+SyncConnection = Connection | Session | psycopg.Connection[Any]
+AsyncAnyConnection = AsyncConnection | AsyncSession | psycopg.AsyncConnection[Any]
+
+
+def _sync_statements(
+    conn: SyncConnection,
+) -> tuple[Callable[[TextClause, dict[str, Any]], Rows], Callable[[str], Entry]]:
+    """(run a statement, load an event type) on the caller's connection."""
+    if isinstance(conn, psycopg.Connection):
+        pg = conn
+
+        def run_psycopg(statement: TextClause, params: dict[str, Any]) -> Rows:
+            # tuple rows whatever row factory the application set on its connection
+            with pg.cursor(row_factory=tuple_row) as cursor:
+                cursor.execute(_PSYCOPG_SQL[statement], params)
+                return cursor.fetchall()
+
+        def load_psycopg(name: str) -> Entry:
+            rows = run_psycopg(SELECT_EVENT_TYPE_FOR_PUBLISH, {"name": name})
+            return CACHE.store(name, rows[0] if rows else None)
+
+        return run_psycopg, load_psycopg
+    connection = conn.connection() if isinstance(conn, Session) else conn
+
+    def run(statement: TextClause, params: dict[str, Any]) -> Rows:
+        return connection.execute(statement, params).all()
+
+    def load(name: str) -> Entry:
+        return CACHE.load(connection, name)
+
+    return run, load
+
+
+async def _async_statements(
+    conn: AsyncAnyConnection,
+) -> tuple[
+    Callable[[TextClause, dict[str, Any]], Awaitable[Rows]], Callable[[str], Awaitable[Entry]]
+]:
+    """The asyncio twin of `_sync_statements`."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        pg = conn
+
+        async def run_psycopg(statement: TextClause, params: dict[str, Any]) -> Rows:
+            async with pg.cursor(row_factory=tuple_row) as cursor:
+                await cursor.execute(_PSYCOPG_SQL[statement], params)
+                return await cursor.fetchall()
+
+        async def load_psycopg(name: str) -> Entry:
+            rows = await run_psycopg(SELECT_EVENT_TYPE_FOR_PUBLISH, {"name": name})
+            return CACHE.store(name, rows[0] if rows else None)
+
+        return run_psycopg, load_psycopg
+    connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
+
+    async def run(statement: TextClause, params: dict[str, Any]) -> Rows:
+        return (await connection.execute(statement, params)).all()
+
+    async def load(name: str) -> Entry:
+        return await connection.run_sync(CACHE.load, name)
+
+    return run, load
+
+
+def _found(rows: Rows, event: PreparedEvent) -> Rows:
+    if not rows:
+        # Only a snapshot older than the other transaction's commit (REPEATABLE READ or
+        # SERIALIZABLE) can miss the row its insert conflicted with.
+        raise PublishError(
+            f"idempotency key {event.idempotency_key!r} was published by a transaction this "
+            "one's snapshot cannot see: retry the transaction"
+        )
+    return rows
+
+
 def publish(
-    conn: Connection | Session,
+    conn: SyncConnection,
     event_type: str,
     payload: Any,
     *,
@@ -223,11 +314,12 @@ def publish(
 ) -> str:
     """Add an event to the outbox inside the caller's transaction; returns its message id.
 
-    The event goes to `tenant`'s matching endpoints only (and to endpoints that take
-    every tenant's events); without one, to the default tenant's. An unknown tenant is
-    refused (`outbox tenants add` creates it). Publishing the same idempotency key twice
-    for one tenant returns the first event's id. Without a `priority`, the event type's
-    default applies (`outbox priorities set`), else 0.
+    `conn` is a SQLAlchemy Connection or Session, or a psycopg Connection; nothing is
+    committed on it. The event goes to `tenant`'s matching endpoints only (and to
+    endpoints that take every tenant's events); without one, to the default tenant's. An
+    unknown tenant is refused (`outbox tenants add` creates it). Publishing the same
+    idempotency key twice for one tenant returns the first event's id. Without a
+    `priority`, the event type's default applies (`outbox priorities set`), else 0.
 
     A type in the event-type catalogue must carry a payload its current JSON Schema
     accepts, and must not be archived. An unknown type is accepted unless `strict`
@@ -244,34 +336,33 @@ def publish(
         max_payload_depth=max_payload_depth,
     )
     mode = _mode(strict)
-    connection = conn.connection() if isinstance(conn, Session) else conn
+    run, load = _sync_statements(conn)
     name = event.event_type
     cached = CACHE.get(name)
-    entry = cached if cached is not None else CACHE.load(connection, name)
+    entry = cached if cached is not None else load(name)
     with tracing.publish_span(event.event_type, event.tenant) as (span, traceparent):
         for _ in range(_CATALOGUE_RETRIES):
             if not entry.allows(event.payload, mode=mode):
                 # A refusal is never made on a cached entry alone: read the type again
                 # first (refusals are rare, so this costs nothing on the happy path).
                 if entry is cached:
-                    entry = CACHE.load(connection, name)
+                    entry = load(name)
                 entry.check(event.payload, mode=mode)
-            rows = connection.execute(INSERT_EVENT, event.params(entry, traceparent)).all()
+            rows = run(INSERT_EVENT, event.params(entry, traceparent))
             if not any(row[0] == _STALE for row in rows):
                 break
-            entry = CACHE.load(connection, name)
+            entry = load(name)
         else:
             raise PublishError("the event-type catalogue kept changing during publish; retry")
         if not rows:
-            found = connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params())
-            rows = [found.one()]
+            rows = _found(run(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params()), event)
         message_id = _message_id(rows[0][0], event)
         tracing.set_message_id(span, message_id)
     return message_id
 
 
 async def publish_async(
-    conn: AsyncConnection | AsyncSession,
+    conn: AsyncAnyConnection,
     event_type: str,
     payload: Any,
     *,
@@ -283,7 +374,8 @@ async def publish_async(
     strict: bool | None = None,
     max_payload_depth: int = DEFAULT_MAX_PAYLOAD_DEPTH,
 ) -> str:
-    """The asyncio twin of `publish`; same rules, never commits."""
+    """The asyncio twin of `publish` (an AsyncConnection, AsyncSession or psycopg
+    AsyncConnection); same rules, never commits."""
     event = prepare_event(
         event_type,
         payload,
@@ -295,26 +387,24 @@ async def publish_async(
         max_payload_depth=max_payload_depth,
     )
     mode = _mode(strict)
-    connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
+    run, load = await _async_statements(conn)
     name = event.event_type
     cached = CACHE.get(name)
-    entry = cached if cached is not None else await connection.run_sync(CACHE.load, name)
+    entry = cached if cached is not None else await load(name)
     with tracing.publish_span(event.event_type, event.tenant) as (span, traceparent):
         for _ in range(_CATALOGUE_RETRIES):
             if not entry.allows(event.payload, mode=mode):
                 if entry is cached:
-                    entry = await connection.run_sync(CACHE.load, name)
+                    entry = await load(name)
                 entry.check(event.payload, mode=mode)
-            result = await connection.execute(INSERT_EVENT, event.params(entry, traceparent))
-            rows = result.all()
+            rows = await run(INSERT_EVENT, event.params(entry, traceparent))
             if not any(row[0] == _STALE for row in rows):
                 break
-            entry = await connection.run_sync(CACHE.load, name)
+            entry = await load(name)
         else:
             raise PublishError("the event-type catalogue kept changing during publish; retry")
         if not rows:
-            found = await connection.execute(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params())
-            rows = [found.one()]
+            rows = _found(await run(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params()), event)
         message_id = _message_id(rows[0][0], event)
         tracing.set_message_id(span, message_id)
     return message_id

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 from click.testing import CliRunner, Result
 from openapi_spec_validator import validate
@@ -20,7 +21,7 @@ from outbox import PublishError, publish, publish_async
 from outbox.catalogue import CACHE, OPERATIONAL_EVENT_TYPES, update_event_type
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox, generate_key
-from outbox.db import make_engine
+from outbox.db import libpq_url, make_engine
 from outbox.tokens import create_token
 from tests.helpers import rows, scalar
 
@@ -323,3 +324,49 @@ def test_cli_publish_follows_the_setting_and_names_the_rule(
     unknown = invoke(cli, "publish", "invoice.paid", "{}")
     assert unknown.exit_code == 1 and "not in the catalogue" in unknown.output
     assert scalar(engine, "SELECT count(*) FROM outbox_events") == 0
+
+
+def test_psycopg_connections_validate_and_see_a_schema_change_made_elsewhere(
+    cli: CliRunner, engine: Engine, database_url: str, tmp_path: Path
+) -> None:
+    """A bare psycopg connection loads the type itself (nothing cached), refuses by the
+    schema, and re-reads a type changed elsewhere when its insert finds the revision stale."""
+    add_order_type(cli, tmp_path)
+    CACHE.clear()
+    with psycopg.connect(libpq_url(database_url)) as conn:
+        with pytest.raises(PublishError, match="'total' is a required property"):
+            publish(conn, "order.created", {"id": "x"})
+        assert publish(conn, "order.created", EXAMPLE).startswith("msg_")
+    stricter = {**ORDER_SCHEMA, "required": ["id", "total", "currency"]}
+    with engine.begin() as conn:
+        update_event_type(
+            conn, "order.created", schema=stricter, example={**EXAMPLE, "currency": "X"},
+            actor="elsewhere",
+        )  # fmt: skip
+    with psycopg.connect(libpq_url(database_url)) as conn:
+        with pytest.raises(PublishError, match="'currency' is a required"):
+            publish(conn, "order.created", EXAMPLE)
+        conn.rollback()
+        publish(conn, "order.created", {**EXAMPLE, "currency": "EUR"})
+    assert scalar(engine, "SELECT count(*) FROM outbox_events") == 2
+
+
+async def test_psycopg_async_connection_validates_and_sees_a_change(
+    cli: CliRunner, engine: Engine, database_url: str, tmp_path: Path
+) -> None:
+    add_order_type(cli, tmp_path)
+    CACHE.clear()
+    async with await psycopg.AsyncConnection.connect(libpq_url(database_url)) as conn:
+        with pytest.raises(PublishError, match="rule 'type'"):
+            await publish_async(conn, "order.created", {"id": 5, "total": 1})
+        assert (await publish_async(conn, "order.created", EXAMPLE)).startswith("msg_")
+    stricter = {**ORDER_SCHEMA, "required": ["id", "total", "currency"]}
+    with engine.begin() as conn:
+        update_event_type(
+            conn, "order.created", schema=stricter, example={**EXAMPLE, "currency": "X"},
+            actor="elsewhere",
+        )  # fmt: skip
+    async with await psycopg.AsyncConnection.connect(libpq_url(database_url)) as conn:
+        with pytest.raises(PublishError, match="'currency' is a required"):
+            await publish_async(conn, "order.created", EXAMPLE)
+    assert scalar(engine, "SELECT count(*) FROM outbox_events") == 1

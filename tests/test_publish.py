@@ -5,12 +5,15 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 
+import psycopg
 import pytest
+from psycopg.rows import dict_row
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox import PublishError, publish, publish_async
+from outbox.db import libpq_url
 
 
 def _event_count(engine: Engine) -> int:
@@ -79,6 +82,49 @@ async def test_async_connection_and_session(async_engine: AsyncEngine, engine: E
     assert _event_count(engine) == 2
 
 
+def test_a_psycopg_connection_publishes_in_its_own_transaction(
+    engine: Engine, database_url: str
+) -> None:
+    """Applications without SQLAlchemy pass their psycopg connection; whatever row factory
+    they set on it, publish reads its own rows."""
+    with psycopg.connect(libpq_url(database_url), row_factory=dict_row) as conn:
+        publish(conn, "order.created", {"id": 1})
+        conn.rollback()
+        first = publish(conn, "order.created", {"id": 2}, idempotency_key="k", priority=5)
+        assert publish(conn, "order.created", {"id": 3}, idempotency_key="k") == first
+        with pytest.raises(PublishError, match="unknown tenant 'nobody'"):
+            publish(conn, "order.created", {"id": 4}, tenant="nobody")
+        with pytest.raises(PublishError, match="JSON object"):
+            publish(conn, "order.created", ["no"])
+        conn.commit()
+        publish(conn, "order.created", {"id": 5})
+        # closing without commit (the block ends in rollback here): publish did not commit
+        conn.rollback()
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT message_id, payload, priority FROM outbox_events"))
+        assert [tuple(row) for row in stored] == [(first, {"id": 2}, 5)]
+
+
+async def test_a_psycopg_async_connection_publishes_in_its_own_transaction(
+    engine: Engine, database_url: str
+) -> None:
+    async with await psycopg.AsyncConnection.connect(
+        libpq_url(database_url), row_factory=dict_row
+    ) as conn:
+        await publish_async(conn, "order.created", {"id": 1})
+        await conn.rollback()
+        first = await publish_async(conn, "order.created", {"id": 2}, idempotency_key="k")
+        assert await publish_async(conn, "order.created", {"id": 3}, idempotency_key="k") == first
+        with pytest.raises(PublishError, match="unknown tenant 'nobody'"):
+            await publish_async(conn, "order.created", {"id": 4}, tenant="nobody")
+        await conn.commit()
+        await publish_async(conn, "order.created", {"id": 5})
+        await conn.rollback()
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT message_id, payload FROM outbox_events"))
+        assert [tuple(row) for row in stored] == [(first, {"id": 2})]
+
+
 @pytest.mark.parametrize(
     ("event_type", "payload", "message"),
     [
@@ -128,10 +174,6 @@ def test_only_an_event_that_finds_no_backlog_wakes_the_relay(
     engine: Engine, database_url: str
 ) -> None:
     """Debounced NOTIFY: notifying commits are serialised by PostgreSQL, so send few."""
-    import psycopg
-
-    from outbox.db import libpq_url
-
     with psycopg.connect(libpq_url(database_url), autocommit=True) as listener:
         listener.execute('LISTEN "outbox_events"')
 
