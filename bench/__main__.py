@@ -68,7 +68,13 @@ def targets(results: dict[str, Any]) -> list[list[str]]:
             ),
             default=0,
         )
-        fanout_1 = [r for r in ours if r["fanout"] == 1 and r["publish_batch"] == 1]
+        fanout_1 = [
+            r
+            for r in ours
+            if r["fanout"] == 1
+            and r["publish_batch"] == 1
+            and r.get("application", "psycopg") == "psycopg"
+        ]
         baseline = fanout_1[0] if fanout_1 else None
         p99_1000 = [p for r in fanout_1 if r["processes"] == 1 if (p := _p99_at(r, 1000))]
         ratios = results["ratios"]

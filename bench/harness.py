@@ -364,41 +364,81 @@ class Producer:
         return None
 
 
-class OursProducer(Producer):
-    """`publish_async` in the application's own SQLAlchemy transaction, as users write it."""
+class _PsycopgPool:
+    """A fixed set of the application's psycopg connections, one per producer task."""
 
-    def __init__(self, url: str, connections: int) -> None:
-        self._engine: AsyncEngine = make_async_engine(
-            url, pool_size=connections, max_overflow=0, pool_pre_ping=False
-        )
+    def __init__(self, url: str, size: int, *, autocommit: bool) -> None:
+        self._dsn = libpq_url(url)
+        self._size = size
+        self._autocommit = autocommit
+        self.free: asyncio.Queue[psycopg.AsyncConnection[Any]] = asyncio.Queue()
+        self._all: list[psycopg.AsyncConnection[Any]] = []
 
-    async def publish(self, n: int) -> list[str]:
-        async with self._engine.begin() as conn:
-            return [await publish_async(conn, EVENT_TYPE, PAYLOAD) for _ in range(n)]
+    async def start(self) -> None:
+        for _ in range(self._size):
+            conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=self._autocommit)
+            self._all.append(conn)
+            self.free.put_nowait(conn)
 
     async def close(self) -> None:
-        await self._engine.dispose()
+        for conn in self._all:
+            await conn.close()
+
+
+class OursProducer(Producer):
+    """`publish_async` in the application's own transaction, as users write it: on a psycopg
+    connection (the peer's producer uses one too), or through SQLAlchemy's async engine."""
+
+    def __init__(self, url: str, connections: int, application: str = "psycopg") -> None:
+        self._engine: AsyncEngine | None = None
+        self._pool: _PsycopgPool | None = None
+        if application == "sqlalchemy":
+            self._engine = make_async_engine(
+                url, pool_size=connections, max_overflow=0, pool_pre_ping=False
+            )
+        else:
+            self._pool = _PsycopgPool(url, connections, autocommit=False)
+
+    async def start(self) -> None:
+        if self._pool is not None:
+            await self._pool.start()
+
+    async def publish(self, n: int) -> list[str]:
+        if self._engine is not None:
+            async with self._engine.begin() as conn:
+                return [await publish_async(conn, EVENT_TYPE, PAYLOAD) for _ in range(n)]
+        assert self._pool is not None
+        pg = await self._pool.free.get()
+        try:
+            async with pg.transaction():
+                return [await publish_async(pg, EVENT_TYPE, PAYLOAD) for _ in range(n)]
+        finally:
+            self._pool.free.put_nowait(pg)
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            await self._engine.dispose()
+        if self._pool is not None:
+            await self._pool.close()
 
 
 class PeerProducer(Producer):
     """One pgqueuer job per (event, endpoint), enqueued in the application's transaction."""
 
     def __init__(self, url: str, connections: int, endpoint_urls: list[str]) -> None:
-        self._dsn = libpq_url(url)
-        self._size = connections
+        self._pool = _PsycopgPool(url, connections, autocommit=True)
         self._urls = endpoint_urls
-        self._free: asyncio.Queue[tuple[psycopg.AsyncConnection[Any], Queries]] = asyncio.Queue()
-        self._all: list[psycopg.AsyncConnection[Any]] = []
+        self._queries: dict[int, Queries] = {}
 
     async def start(self) -> None:
-        for _ in range(self._size):
-            conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
-            self._all.append(conn)
-            self._free.put_nowait((conn, Queries(PsycopgDriver(conn))))
+        await self._pool.start()
 
     async def publish(self, n: int) -> list[str]:
-        conn, queries = await self._free.get()
+        conn = await self._pool.free.get()
         try:
+            queries = self._queries.get(id(conn))
+            if queries is None:
+                queries = self._queries[id(conn)] = Queries(PsycopgDriver(conn))
             ids = [new_message_id() for _ in range(n)]
             now = SystemClock().now()
             payload_json = json.dumps(PAYLOAD, separators=(",", ":"))
@@ -412,11 +452,10 @@ class PeerProducer(Producer):
                 await queries.enqueue([ENTRYPOINT] * len(jobs), list(jobs), [0] * len(jobs))
             return ids
         finally:
-            self._free.put_nowait((conn, queries))
+            self._pool.free.put_nowait(conn)
 
     async def close(self) -> None:
-        for conn in self._all:
-            await conn.close()
+        await self._pool.close()
 
 
 # -- end to end ------------------------------------------------------------------------
@@ -524,6 +563,8 @@ class EndToEnd:
     processes: int
     publish_batch: int
     transport: str
+    # how the application holds its connection: "psycopg" (both systems) or "sqlalchemy"
+    application: str = "psycopg"
     steps: list[StepResult] = field(default_factory=list)
     sustained_deliveries_per_s: int = 0
     deliveries: int = 0
@@ -550,12 +591,15 @@ async def end_to_end(
     processes: int,
     publish_batch: int = 1,
     transport: str = "wire",
+    application: str = "psycopg",
 ) -> EndToEnd:
     began = time.perf_counter()
     name = f"{system} fan-out {fanout}, {processes} proc, {publish_batch}/tx"
     if transport != "wire":
         name += f", {transport}"
-    result = EndToEnd(name, system, fanout, processes, publish_batch, transport)
+    if application != "psycopg":
+        name += f", {application} app"
+    result = EndToEnd(name, system, fanout, processes, publish_batch, transport, application)
     database = cluster.new_database(system)
     url = cluster.database_url(database)
     paths = [f"/{system}/{database}/e{i}" for i in range(fanout)]
@@ -583,7 +627,7 @@ async def end_to_end(
             },
             logs / f"{database}.log",
         )
-        producer = OursProducer(url, plan.producer_connections)
+        producer = OursProducer(url, plan.producer_connections, application)
         rates = plan.ours_rates
     else:
         workers = WorkerProcesses(
@@ -1008,7 +1052,8 @@ async def _run(
             if p > 1
         ]
         batched = [
-            {"system": "ours", "fanout": 1, "processes": 1, "publish_batch": plan.publish_batch}
+            {"system": "ours", "fanout": 1, "processes": 1, "publish_batch": plan.publish_batch},
+            {"system": "ours", "fanout": 1, "processes": 1, "application": "sqlalchemy"},
         ]
         runs = (paired + scaling) * plan.repeat + batched
         for spec in runs:
@@ -1022,12 +1067,15 @@ async def _run(
 
 
 def sustained_median(runs: list[dict[str, Any]], **match: Any) -> float | None:
-    """The median sustained rate of the repetitions of one configuration."""
+    """The median sustained rate of the repetitions of one configuration (by default one
+    event per transaction on a psycopg connection; runs from before the application was
+    recorded match either)."""
     match.setdefault("publish_batch", 1)
+    match.setdefault("application", "psycopg")
     found = [
         r["sustained_deliveries_per_s"]
         for r in runs
-        if all(r[key] == value for key, value in match.items())
+        if all(r.get(key, value) == value for key, value in match.items())
     ]
     return statistics.median(found) if found else None
 

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 from bench.__main__ import report
-from bench.harness import Plan, run
+from bench.harness import Plan, ratios, run
 from bench.stats import percentiles
 
 
@@ -26,6 +26,30 @@ def test_percentiles_use_nearest_rank() -> None:
     assert found["max"] == 1000
     assert found["count"] == 1000
     assert percentiles([]) == {}
+
+
+def test_ratios_compare_producers_on_the_same_kind_of_connection() -> None:
+    """Ours over pgqueuer uses the psycopg-application runs on both sides; the SQLAlchemy
+    application's run is reported beside them, not mixed into the ratio."""
+
+    def run_(system: str, rate: int, application: str | None) -> dict[str, object]:
+        found: dict[str, object] = {
+            "system": system, "fanout": 1, "processes": 1, "publish_batch": 1,
+            "sustained_deliveries_per_s": rate,
+        }  # fmt: skip
+        if application is not None:
+            found["application"] = application
+        return found
+
+    runs = [
+        run_("ours", 1500, "psycopg"),
+        run_("ours", 1000, "psycopg"),
+        run_("ours", 250, "sqlalchemy"),
+        run_("pgqueuer", 500, "psycopg"),
+    ]
+    assert ratios(runs) == {"fanout_1": 2.5}  # median 1250 over 500
+    # a run recorded before the application was: counted whatever its producer was
+    assert ratios([run_("ours", 1000, None), run_("pgqueuer", 500, None)]) == {"fanout_1": 2.0}
 
 
 @pytest.mark.slow
@@ -64,17 +88,18 @@ def test_quick_benchmark_measures_every_figure() -> None:
     assert results["rss"]["worker_peak_rss_mb"] > 0
 
     runs = {
-        (r["system"], r["fanout"], r["processes"], r["publish_batch"])
+        (r["system"], r["fanout"], r["processes"], r["publish_batch"], r["application"])
         for r in results["end_to_end"]
     }
     assert runs == {
-        ("ours", 1, 1, 1),
-        ("ours", 1, 2, 1),
-        ("ours", 1, 1, 4),
-        ("ours", 2, 1, 1),
-        ("ours", 2, 2, 1),
-        ("pgqueuer", 1, 1, 1),
-        ("pgqueuer", 2, 1, 1),
+        ("ours", 1, 1, 1, "psycopg"),
+        ("ours", 1, 2, 1, "psycopg"),
+        ("ours", 1, 1, 4, "psycopg"),
+        ("ours", 1, 1, 1, "sqlalchemy"),
+        ("ours", 2, 1, 1, "psycopg"),
+        ("ours", 2, 2, 1, "psycopg"),
+        ("pgqueuer", 1, 1, 1, "psycopg"),
+        ("pgqueuer", 2, 1, 1, "psycopg"),
     }
     for outcome in results["end_to_end"]:
         [step] = outcome["steps"]
