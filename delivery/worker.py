@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -102,6 +103,10 @@ class WorkerConfig:
     # Take fresh deliveries straight from the relay of this process (outbox.relay.Handoff)
     # while this worker has free slots and its last claim found nothing more due.
     take_from_relay: bool = True
+    # The relay's next pass waits at most this long for a claim that is running or about
+    # to run (Worker.settle), instead of scheduling its deliveries and notifying for one
+    # more claim.
+    relay_settle: float = 0.02
 
     @property
     def refill(self) -> int:
@@ -224,6 +229,8 @@ class Worker:
         self._caught_up = False
         self._wake: asyncio.Event | None = None
         self._reserved = 0
+        self._claiming = False
+        self._claim_waiters: list[asyncio.Future[None]] = []
         self.handed_off = 0  # deliveries taken from the relay without a claim (tests)
 
     # -- claiming -------------------------------------------------------------------
@@ -685,6 +692,7 @@ class Worker:
                     want = min(self.config.batch_size, free)
                     self._finished_while_claiming = []
                     self._caught_up = False
+                    self._claiming = True
                     try:
                         claimed = await self.claim(want)
                         OUTAGE.succeeded()
@@ -700,6 +708,8 @@ class Worker:
                             self._finished_while_claiming,
                             None,
                         )
+                        self._claiming = False
+                        self._claim_settled()
                     self._start(claimed)
                     self._waiting = self._gated | self._capped
                     # Slots freed while the claim ran, of endpoints it has just found wanting.
@@ -735,6 +745,31 @@ class Worker:
     def taking_from_relay(self) -> bool:
         """`run` runs and its last claim found nothing more due (see `reserve`)."""
         return self._accepting and self._caught_up
+
+    async def settle(self) -> None:
+        """Before the relay reserves: let a claim that runs, or that a pending wake-up is
+        about to start, finish first (at most `relay_settle`).
+
+        Its verdict then decides the handoff. Otherwise a relay pass that overlaps a claim
+        schedules its deliveries and notifies, which starts another claim, which the next
+        pass overlaps: at a steady trickle most deliveries would take a claim transaction.
+        """
+        if not (self.config.take_from_relay and self._accepting):
+            return
+        pending = self._wake is not None and self._wake.is_set()
+        free = self.config.max_in_flight - len(self._in_flight) - self._reserved
+        if not (self._claiming or (pending and free > 0)):
+            return
+        settled = asyncio.get_running_loop().create_future()
+        self._claim_waiters.append(settled)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(settled, self.config.relay_settle)
+
+    def _claim_settled(self) -> None:
+        waiters, self._claim_waiters = self._claim_waiters, []
+        for settled in waiters:
+            if not settled.done():
+                settled.set_result(None)
 
     def reserve(self) -> Capacity | None:
         """Free slots the relay of this process may fill with deliveries it inserts

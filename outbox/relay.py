@@ -66,10 +66,13 @@ class Handoff(Protocol):
 
     Fresh deliveries that a claim would take at once anyway go to it in the relay's own
     transaction (queries.RELAY_BATCH_HANDOFF) instead of being scheduled, notified,
-    and claimed in another transaction. `reserve` is asked before each pass; every
-    reservation is answered by exactly one `take` of it, with the rows the pass handed
-    off (none when it failed).
+    and claimed in another transaction. `reserve` is asked before each pass, after
+    `settle` lets a claim of the worker's that is under way finish; every reservation is
+    answered by exactly one `take` of it, with the rows the pass handed off (none when
+    it failed).
     """
+
+    async def settle(self) -> None: ...
 
     def reserve(self) -> Capacity | None: ...
 
@@ -102,8 +105,11 @@ class Relay:
         has free slots, the deliveries it may take at once are inserted already claimed
         for it and given to it after the commit (queries.RELAY_BATCH_HANDOFF).
         """
+        capacity = None
+        if self._handoff is not None:
+            await self._handoff.settle()
+            capacity = self._handoff.reserve()
         now = self._clock.now()
-        capacity = self._handoff.reserve() if self._handoff is not None else None
         handed: list[Any] = []
         try:
             result, handed = await self._pass(now, capacity)

@@ -54,6 +54,9 @@ class Recorder:
         )
         self.taken: list[list[Any]] = []
 
+    async def settle(self) -> None:
+        return None
+
     def reserve(self) -> Capacity | None:
         return self.capacity
 
@@ -212,6 +215,9 @@ class Declining:
     def __init__(self) -> None:
         self.taken: list[tuple[Capacity, list[Any]]] = []
 
+    async def settle(self) -> None:
+        return None
+
     def reserve(self) -> Capacity | None:
         return None
 
@@ -356,6 +362,64 @@ async def test_the_worker_takes_from_the_relay_only_while_caught_up(
             await running
 
 
+async def test_a_pass_waits_for_the_claim_a_wake_up_is_about_to_start(
+    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
+) -> None:
+    """A NOTIFY is pending: without waiting, the pass would schedule its deliveries and
+    notify for one more claim (a cascade of claims at a steady trickle)."""
+    add_endpoint(engine, box, "https://plain.example/h")
+    notified: list[int] = []
+    stop, wake = asyncio.Event(), asyncio.Event()
+    async with build_http_client(max_connections=10, timeout=5, allowed_networks=LOOPBACK) as http:
+        config = WorkerConfig(poll_interval=POLL, relay_settle=30.0)  # the claim ends it
+        worker = Worker(async_engine, http, box, clock, config)
+        relay = Relay(async_engine, clock, on_deliveries=lambda: notified.append(1), handoff=worker)
+        running = asyncio.create_task(worker.run(stop, wake))
+        try:
+            await until(lambda: worker.taking_from_relay)
+            claims = worker.claims
+            publish_many(engine, 1)
+            wake.set()  # the worker has not run since: its claim is still to come
+            result = await relay.run_once()
+            assert worker.claims == claims + 1  # the claim ran first and found nothing
+            assert (result.deliveries, result.handed_off) == (1, 1)
+        finally:
+            stop.set()
+            await running
+    assert notified == []
+
+
+async def test_a_pass_waits_for_a_claim_under_way(
+    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
+) -> None:
+    add_endpoint(engine, box, "https://plain.example/h")
+    notified: list[int] = []
+    stop, wake = asyncio.Event(), asyncio.Event()
+    async with build_http_client(max_connections=10, timeout=5, allowed_networks=LOOPBACK) as http:
+        config = WorkerConfig(poll_interval=POLL, relay_settle=30.0)
+        worker = Worker(async_engine, http, box, clock, config)
+        relay = Relay(async_engine, clock, on_deliveries=lambda: notified.append(1), handoff=worker)
+        running = asyncio.create_task(worker.run(stop, wake))
+        try:
+            await until(lambda: worker.taking_from_relay)
+            claims = worker.claims
+            publish_many(engine, 1)
+            with engine.connect() as blocker:
+                blocker.execute(text("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE"))
+                wake.set()
+                await until(lambda: worker.claims == claims + 1)  # started, held by the lock
+                passing = asyncio.create_task(relay.run_once())
+                await asyncio.sleep(0.2)
+                assert not passing.done()
+                blocker.rollback()
+            result = await passing
+            assert (result.deliveries, result.handed_off) == (1, 1)
+        finally:
+            stop.set()
+            await running
+    assert notified == []
+
+
 async def test_deliveries_handed_to_a_stopped_worker_go_back_at_once(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -387,6 +451,9 @@ class _Reserved:
     def __init__(self, worker: Worker, capacity: Capacity) -> None:
         self._worker = worker
         self._capacity = capacity
+
+    async def settle(self) -> None:
+        await self._worker.settle()
 
     def reserve(self) -> Capacity | None:
         return self._capacity
