@@ -73,8 +73,9 @@ class Plan:
     """What to measure and how hard; `quick()` is the smoke test's tiny version."""
 
     step_seconds: float = 4.0
-    ours_rates: tuple[int, ...] = (500, 1000, 1500, 2000, 2500, 3000, 4000, 5000)
-    peer_rates: tuple[int, ...] = (250, 500, 750, 1000, 1500, 2000, 2500, 3000)
+    # One ladder for both systems, so that neither ratio side gains from finer steps.
+    ours_rates: tuple[int, ...] = (250, 500, 750, 1000, 1250, 1500, 2000, 2500, 3000, 4000, 5000)
+    peer_rates: tuple[int, ...] = (250, 500, 750, 1000, 1250, 1500, 2000, 2500, 3000, 4000, 5000)
     fanouts: tuple[int, ...] = (1, 10)
     processes: tuple[int, ...] = (1, 2)
     publish_batch: int = 10
