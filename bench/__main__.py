@@ -220,6 +220,41 @@ def flat_report(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def end_to_end_report(results: dict[str, Any]) -> list[str]:
+    """Each end-to-end run: sustained rate, latencies, and what a delivery cost."""
+    rows = [
+        [
+            r["name"],
+            str(r["sustained_deliveries_per_s"]),
+            _lat(_step_at(r, 500)),
+            _lat(_best_step(r)),
+            f"{r['commits_per_delivery']:.2f}",
+            f"{r['wal_bytes_per_delivery']:.0f}",
+            f"{r['worker_peak_rss_mb']:.0f}",
+            f"{r['worker_cpu_ms_per_delivery']:.2f}",
+            f"{r['producer_cpu_ms_per_event']:.2f}",
+        ]
+        for r in results["end_to_end"]
+    ]
+    headers = [
+        "run",
+        "sustained/s",
+        "lat @500",
+        "lat @top",
+        "commits/deliv",
+        "WAL B/deliv",
+        "peak RSS MB",
+        "worker CPU ms/deliv",
+        "producer CPU ms/event",
+    ]
+    return [
+        "end to end (latency ms p50/p99/p99.9 from scheduled publish to receipt; "
+        "'@500' is the 500 deliveries/s step, 'top' the highest sustained step)",
+        "",
+        _table(rows, headers),
+    ]
+
+
 def report(results: dict[str, Any]) -> str:
     if not results["end_to_end"]:  # --only drain / flat / scale
         parts = [*drain_report(results["drain"]), ""] if "drain" in results else []
@@ -232,21 +267,6 @@ def report(results: dict[str, Any]) -> str:
                 "",
             ]
         return "\n".join([*parts, *flat_report(results), target_table(results)])
-    e2e_rows = []
-    for r in results["end_to_end"]:
-        e2e_rows.append(
-            [
-                r["name"],
-                str(r["sustained_deliveries_per_s"]),
-                _lat(_step_at(r, 500)),
-                _lat(_best_step(r)),
-                f"{r['commits_per_delivery']:.2f}",
-                f"{r['wal_bytes_per_delivery']:.0f}",
-                f"{r['worker_peak_rss_mb']:.0f}",
-                f"{r['worker_cpu_ms_per_delivery']:.2f}",
-                f"{r['producer_cpu_ms_per_event']:.2f}",
-            ]
-        )
     relay = results["relay"]
     claim = results["claim_complete"]
     transports = results["transports"]
@@ -258,22 +278,7 @@ def report(results: dict[str, Any]) -> str:
         f"PostgreSQL {pg['server_version']} (synchronous_commit={pg['synchronous_commit']}, "
         f"fsync={pg['fsync']})",
         "",
-        "end to end (latency ms p50/p99/p99.9 from scheduled publish to receipt; "
-        "'@500' is the 500 deliveries/s step, 'top' the highest sustained step)",
-        _table(
-            e2e_rows,
-            [
-                "run",
-                "sustained/s",
-                "lat @500",
-                "lat @top",
-                "commits/deliv",
-                "WAL B/deliv",
-                "peak RSS MB",
-                "worker CPU ms/deliv",
-                "producer CPU ms/event",
-            ],
-        ),
+        *end_to_end_report(results),
         "",
         f"ours / pgqueuer (median sustained rates, 1 process each): {results['ratios']}",
         f"relay alone: {relay['events']} events -> {relay['deliveries']} rows (fan-out "

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import scale
-from bench.__main__ import _table, drain_report, target_table
+from bench.__main__ import _table, drain_report, end_to_end_report, target_table
 
 BEGIN = "<!-- bench: {path} -->"
 END = "<!-- /bench -->"
@@ -31,6 +31,8 @@ def render(path: str, results: dict[str, Any]) -> str:
         "",
         target_table(results),
     ]
+    if results.get("end_to_end"):
+        lines += ["", *end_to_end_report(results)]
     if "drain" in results:
         lines += ["", *drain_report(results["drain"])]
     if "scale" in results:

@@ -192,6 +192,16 @@ def test_strict_mode_refuses_unknown_types_default_accepts(
     assert scalar(engine, "SELECT count(*) FROM outbox_events") == 2
 
 
+def require_currency(engine: Engine) -> None:
+    """Someone else makes 'currency' required: a new revision of order.created."""
+    stricter = {**ORDER_SCHEMA, "required": ["id", "total", "currency"]}
+    with engine.begin() as conn:
+        update_event_type(
+            conn, "order.created", schema=stricter, example={**EXAMPLE, "currency": "X"},
+            actor="elsewhere",
+        )  # fmt: skip
+
+
 def test_a_schema_change_made_elsewhere_is_seen_without_a_query_per_publish(
     cli: CliRunner, engine: Engine, database_url: str, tmp_path: Path
 ) -> None:
@@ -214,12 +224,7 @@ def test_a_schema_change_made_elsewhere_is_seen_without_a_query_per_publish(
 
     other = make_engine(database_url)
     try:
-        stricter = {**ORDER_SCHEMA, "required": ["id", "total", "currency"]}
-        with other.begin() as conn:
-            update_event_type(
-                conn, "order.created", schema=stricter, example={**EXAMPLE, "currency": "X"},
-                actor="elsewhere",
-            )  # fmt: skip
+        require_currency(other)
     finally:
         other.dispose()
     with engine.begin() as conn, pytest.raises(PublishError, match="'currency' is a required"):
@@ -337,12 +342,7 @@ def test_psycopg_connections_validate_and_see_a_schema_change_made_elsewhere(
         with pytest.raises(PublishError, match="'total' is a required property"):
             publish(conn, "order.created", {"id": "x"})
         assert publish(conn, "order.created", EXAMPLE).startswith("msg_")
-    stricter = {**ORDER_SCHEMA, "required": ["id", "total", "currency"]}
-    with engine.begin() as conn:
-        update_event_type(
-            conn, "order.created", schema=stricter, example={**EXAMPLE, "currency": "X"},
-            actor="elsewhere",
-        )  # fmt: skip
+    require_currency(engine)
     with psycopg.connect(libpq_url(database_url)) as conn:
         with pytest.raises(PublishError, match="'currency' is a required"):
             publish(conn, "order.created", EXAMPLE)
@@ -360,12 +360,7 @@ async def test_psycopg_async_connection_validates_and_sees_a_change(
         with pytest.raises(PublishError, match="rule 'type'"):
             await publish_async(conn, "order.created", {"id": 5, "total": 1})
         assert (await publish_async(conn, "order.created", EXAMPLE)).startswith("msg_")
-    stricter = {**ORDER_SCHEMA, "required": ["id", "total", "currency"]}
-    with engine.begin() as conn:
-        update_event_type(
-            conn, "order.created", schema=stricter, example={**EXAMPLE, "currency": "X"},
-            actor="elsewhere",
-        )  # fmt: skip
+    require_currency(engine)
     async with await psycopg.AsyncConnection.connect(libpq_url(database_url)) as conn:
         with pytest.raises(PublishError, match="'currency' is a required"):
             await publish_async(conn, "order.created", EXAMPLE)

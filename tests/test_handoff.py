@@ -10,9 +10,10 @@ loses nothing and a late outcome never overwrites a rescue.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -362,38 +363,12 @@ async def test_the_worker_takes_from_the_relay_only_while_caught_up(
             await running
 
 
-async def test_a_pass_waits_for_the_claim_a_wake_up_is_about_to_start(
-    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
-) -> None:
-    """A NOTIFY is pending: without waiting, the pass would schedule its deliveries and
-    notify for one more claim (a cascade of claims at a steady trickle)."""
-    add_endpoint(engine, box, "https://plain.example/h")
-    notified: list[int] = []
-    stop, wake = asyncio.Event(), asyncio.Event()
-    async with build_http_client(max_connections=10, timeout=5, allowed_networks=LOOPBACK) as http:
-        config = WorkerConfig(poll_interval=POLL, relay_settle=30.0)  # the claim ends it
-        worker = Worker(async_engine, http, box, clock, config)
-        relay = Relay(async_engine, clock, on_deliveries=lambda: notified.append(1), handoff=worker)
-        running = asyncio.create_task(worker.run(stop, wake))
-        try:
-            await until(lambda: worker.taking_from_relay)
-            claims = worker.claims
-            publish_many(engine, 1)
-            wake.set()  # the worker has not run since: its claim is still to come
-            result = await relay.run_once()
-            assert worker.claims == claims + 1  # the claim ran first and found nothing
-            assert (result.deliveries, result.handed_off) == (1, 1)
-        finally:
-            stop.set()
-            await running
-    assert notified == []
-
-
-async def test_a_pass_waits_for_a_claim_under_way(
-    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
-) -> None:
-    add_endpoint(engine, box, "https://plain.example/h")
-    notified: list[int] = []
+@contextlib.asynccontextmanager
+async def settling_worker(
+    async_engine: AsyncEngine, clock: ManualClock, box: SecretBox, notified: list[int]
+) -> AsyncIterator[tuple[Worker, Relay, asyncio.Event]]:
+    """A running, caught-up worker that waits for its claims as long as they take (the
+    claim, not the clock, ends the relay's wait), its relay, and its wake-up event."""
     stop, wake = asyncio.Event(), asyncio.Event()
     async with build_http_client(max_connections=10, timeout=5, allowed_networks=LOOPBACK) as http:
         config = WorkerConfig(poll_interval=POLL, relay_settle=30.0)
@@ -402,21 +377,47 @@ async def test_a_pass_waits_for_a_claim_under_way(
         running = asyncio.create_task(worker.run(stop, wake))
         try:
             await until(lambda: worker.taking_from_relay)
-            claims = worker.claims
-            publish_many(engine, 1)
-            with engine.connect() as blocker:
-                blocker.execute(text("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE"))
-                wake.set()
-                await until(lambda: worker.claims == claims + 1)  # started, held by the lock
-                passing = asyncio.create_task(relay.run_once())
-                await asyncio.sleep(0.2)
-                assert not passing.done()
-                blocker.rollback()
-            result = await passing
-            assert (result.deliveries, result.handed_off) == (1, 1)
+            yield worker, relay, wake
         finally:
             stop.set()
             await running
+
+
+async def test_a_pass_waits_for_the_claim_a_wake_up_is_about_to_start(
+    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
+) -> None:
+    """A NOTIFY is pending: without waiting, the pass would schedule its deliveries and
+    notify for one more claim (a cascade of claims at a steady trickle)."""
+    add_endpoint(engine, box, "https://plain.example/h")
+    notified: list[int] = []
+    async with settling_worker(async_engine, clock, box, notified) as (worker, relay, wake):
+        claims = worker.claims
+        publish_many(engine, 1)
+        wake.set()  # the worker has not run since: its claim is still to come
+        result = await relay.run_once()
+        assert worker.claims == claims + 1  # the claim ran first and found nothing
+        assert (result.deliveries, result.handed_off) == (1, 1)
+    assert notified == []
+
+
+async def test_a_pass_waits_for_a_claim_under_way(
+    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
+) -> None:
+    add_endpoint(engine, box, "https://plain.example/h")
+    notified: list[int] = []
+    async with settling_worker(async_engine, clock, box, notified) as (worker, relay, wake):
+        claims = worker.claims
+        publish_many(engine, 1)
+        with engine.connect() as blocker:
+            blocker.execute(text("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE"))
+            wake.set()
+            await until(lambda: worker.claims == claims + 1)  # started, held by the lock
+            passing = asyncio.create_task(relay.run_once())
+            await asyncio.sleep(0.2)
+            assert not passing.done()
+            blocker.rollback()
+        result = await passing
+        assert (result.deliveries, result.handed_off) == (1, 1)
     assert notified == []
 
 
