@@ -33,7 +33,7 @@ import ipaddress
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 import aiohttp
 import aiohttp.abc
@@ -47,6 +47,7 @@ from outbox.urls import MAX_URL_LENGTH, validate_endpoint_url
 __all__ = [
     "MAX_URL_LENGTH",
     "AddressPolicy",
+    "CheckedURLs",
     "GuardedNetworkBackend",
     "GuardedTransport",
     "Resolver",
@@ -431,6 +432,33 @@ def check_outgoing_url(policy: AddressPolicy, url: URL, *, https_only: bool) -> 
     if not url.raw_host:
         raise InvalidEndpointURLError(f"the endpoint URL {str(url)!r} has no host")
     check_literal_host(policy, url.raw_host)
+
+
+T = TypeVar("T")
+
+
+class CheckedURLs(Generic[T]):
+    """Outgoing URLs parsed and checked (`check_outgoing_url`) once each, kept as `build`
+    makes them from the parsed URL. Bounded: a worker sends to few distinct URLs, but
+    nothing stops a caller from sending to many."""
+
+    def __init__(
+        self, policy: AddressPolicy, *, https_only: bool, build: Callable[[URL], T]
+    ) -> None:
+        self._policy = policy
+        self._https_only = https_only
+        self._build = build
+        self._found: dict[str, T] = {}
+
+    def get(self, url: str) -> T:
+        found = self._found.get(url)
+        if found is None:
+            parsed = URL(url)
+            check_outgoing_url(self._policy, parsed, https_only=self._https_only)
+            if len(self._found) > 10_000:
+                self._found.clear()
+            found = self._found[url] = self._build(parsed)
+        return found
 
 
 def check_literal_host(policy: AddressPolicy, host: str) -> None:

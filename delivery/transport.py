@@ -30,9 +30,8 @@ from typing import Any
 
 import aiohttp
 import httpx
-from yarl import URL
 
-from delivery.ssrf import AddressPolicy, GuardedResolver, check_outgoing_url
+from delivery.ssrf import AddressPolicy, CheckedURLs, GuardedResolver
 
 _HTTP11 = b"HTTP/1.1"
 
@@ -183,12 +182,11 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         ssl: bool = True,
     ) -> None:
         self._policy = policy
-        self._https_only = https_only
         self._max_connections = max_connections
         self._keepalive_expiry = keepalive_expiry
         self._ssl = ssl
         self._session: aiohttp.ClientSession | None = None
-        self._checked: dict[str, URL] = {}  # endpoint URLs that passed the scheme/literal checks
+        self._checked = CheckedURLs(policy, https_only=https_only, build=lambda url: url)
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -212,17 +210,6 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             )
         return self._session
 
-    def _checked_url(self, url: str) -> URL:
-        """The URL parsed once, after the scheme rule and the guard's IP-literal check."""
-        found = self._checked.get(url)
-        if found is None:
-            parsed = URL(url)
-            check_outgoing_url(self._policy, parsed, https_only=self._https_only)
-            if len(self._checked) > 10_000:
-                self._checked.clear()
-            found = self._checked[url] = parsed
-        return found
-
     async def post(
         self,
         url: str,
@@ -234,7 +221,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     ) -> DirectResponse:
         """POST `body` with exactly `headers`; the same guard, timeouts and errors as
         `handle_async_request`, without the httpx request and response models."""
-        target = self._checked_url(url)
+        target = self._checked.get(url)
         session = self._get_session()
         token = _PROGRESS.set(trace)
         try:
@@ -256,7 +243,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         # The scheme rule, and the guard for IP literals (they never reach the resolver).
-        self._checked_url(str(request.url))
+        self._checked.get(str(request.url))
         session = self._get_session()
         body = await request.aread()
         headers = [

@@ -40,7 +40,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from delivery.errors import InvalidEndpointURLError
-from delivery.ssrf import AddressPolicy, GuardedResolver, Resolver, check_outgoing_url
+from delivery.ssrf import AddressPolicy, CheckedURLs, GuardedResolver, Resolver
 
 # Stop reading a body the caller is not consuming once this much is buffered.
 _READ_HIGH_WATER = 256 * 1024
@@ -479,24 +479,11 @@ class WireTransport(httpx.AsyncBaseTransport):
     ) -> None:
         """`ssl_context` defaults to the system's trust store with verification on;
         `resolver` (host, port -> addresses) to the system resolver."""
-        self._policy = policy
         self._resolver = GuardedResolver(policy, resolver)
-        self._https_only = https_only
         self._pool = _Pool(max_connections, keepalive_expiry)
         self._ssl_context = ssl_context
-        self._targets: dict[str, _Target] = {}
+        self._targets = CheckedURLs(policy, https_only=https_only, build=_Target)
         self._addresses: dict[tuple[str, int], tuple[float, list[str]]] = {}
-
-    def _target(self, url: str) -> _Target:
-        """The URL parsed once, after the scheme rule and the guard's IP-literal check."""
-        found = self._targets.get(url)
-        if found is None:
-            parsed = URL(url)
-            check_outgoing_url(self._policy, parsed, https_only=self._https_only)
-            if len(self._targets) > 10_000:
-                self._targets.clear()
-            found = self._targets[url] = _Target(parsed)
-        return found
 
     async def post(
         self,
@@ -510,7 +497,7 @@ class WireTransport(httpx.AsyncBaseTransport):
         """POST `body` with exactly `headers` (plus Host and Content-Length); returns once
         the response head is in. The caller's own deadline bounds the whole exchange;
         `deadline` bounds getting a connection, as a connect timeout."""
-        target = self._target(url)
+        target = self._targets.get(url)
         lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
         if (
             lines.count("\n") != len(headers)
@@ -611,7 +598,7 @@ class WireTransport(httpx.AsyncBaseTransport):
         """httpx's transport API on the same pool (for clients with mounts, hooks or auth)."""
         if request.method == "HEAD":
             raise httpx.UnsupportedProtocol("this wire sends webhooks; HEAD is not supported")
-        target = self._target(str(request.url))
+        target = self._targets.get(str(request.url))
         body = await request.aread()
         # The body is read whole, so it goes out with a Content-Length, never chunked.
         kept = [
