@@ -499,6 +499,26 @@ def scheduled_retries(engine: Engine, now: dt.datetime) -> dict[tuple[str, str],
     }
 
 
+async def first_retries(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    http: httpx.AsyncClient,
+    box: SecretBox,
+    clock: ManualClock,
+    relay_config: RelayConfig,
+) -> dict[tuple[str, str], tuple[int, float]]:
+    """Publish an invoice.paid and an order.created, relay them, fail each first attempt
+    with a worker whose invoice.* retries wait 100 s; `scheduled_retries` after that."""
+    publish_one(engine, "invoice.paid")
+    publish_one(engine, "order.created")
+    await Relay(async_engine, clock, relay_config).run_until_idle()
+    worker = make_worker(
+        async_engine, http, box, clock, retry_schedule_by_event_type={"invoice.*": (100.0,)}
+    )
+    await worker.run_once()
+    return scheduled_retries(engine, clock.now())
+
+
 async def test_retry_policy_per_event_type_and_per_endpoint(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -514,15 +534,8 @@ async def test_retry_policy_per_event_type_and_per_endpoint(
         receiver.route("/own", status=500),
         DeliveryRules(max_attempts=5, retry_schedule=(30.0,)),
     )
-    publish_one(engine, "invoice.paid")
-    publish_one(engine, "order.created")
-    relay = Relay(async_engine, clock, RelayConfig(max_attempts_by_event_type={"invoice.*": 2}))
-    await relay.run_until_idle()
-    worker = make_worker(
-        async_engine, http, box, clock, retry_schedule_by_event_type={"invoice.*": (100.0,)}
-    )
-    await worker.run_once()
-    found = scheduled_retries(engine, clock.now())
+    relay_config = RelayConfig(max_attempts_by_event_type={"invoice.*": 2})
+    found = await first_retries(engine, async_engine, http, box, clock, relay_config)
     assert found[("/plain", "invoice.paid")][0] == 2  # event type rule
     assert 80 <= found[("/plain", "invoice.paid")][1] <= 120
     assert found[("/plain", "order.created")][0] == 8  # global default
@@ -543,14 +556,7 @@ async def test_event_types_with_the_same_attempts_keep_their_own_retry_schedules
     """The worker builds each retry policy once; two event types with the same maximum
     attempts but different schedules must still get their own."""
     add_endpoint(engine, box, receiver.route("/plain", status=500), "*")
-    publish_one(engine, "order.created")
-    publish_one(engine, "invoice.paid")
-    await Relay(async_engine, clock, RelayConfig()).run_until_idle()
-    worker = make_worker(
-        async_engine, http, box, clock, retry_schedule_by_event_type={"invoice.*": (100.0,)}
-    )
-    await worker.run_once()
-    found = scheduled_retries(engine, clock.now())
+    found = await first_retries(engine, async_engine, http, box, clock, RelayConfig())
     assert found[("/plain", "order.created")][0] == found[("/plain", "invoice.paid")][0] == 8
     assert 4 <= found[("/plain", "order.created")][1] <= 6  # the global first delay: 5 s
     assert 80 <= found[("/plain", "invoice.paid")][1] <= 120  # the event type's own schedule
