@@ -11,20 +11,25 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
 import re
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from delivery.operator.api import AdminConfig
 from delivery.operator.cli import main
+from delivery.operator.console.sessions import load_session, redeem_portal_link
 from delivery.operator.console.web import LINK_REFUSED, SIGN_IN_REFUSED
 from delivery.receiver import Behaviour
 from outbox import publish
+from outbox.db import make_engine
+from outbox.migrate import upgrade
 from outbox.tokens import create_token
 from tests.browser import Site
 from tests.helpers import add_endpoint, rows, scalar
@@ -369,3 +374,62 @@ def test_a_peer_outside_the_trusted_proxies_is_itself_the_client(site: Site) -> 
         answer = http.get("/v1/deliveries", headers={"x-forwarded-for": "192.0.2.44"})
     assert answer.status_code == 401
     assert [r["details"]["client"] for r in _refused(site.engine)] == ["127.0.0.1"]
+
+
+# -- the upgrade ---------------------------------------------------------------------------
+
+
+def test_sessions_and_links_stored_before_the_upgrade_open_nothing_after_it(
+    empty_database_url: str,
+) -> None:
+    """Migration 0022 cannot know which token opened an old session: sign in again."""
+    engine = make_engine(empty_database_url)
+    now = dt.datetime.now(dt.UTC)
+    cookies = {kind: secrets.token_urlsafe(32) for kind in ("console", "portal")}
+    link = "obxl_" + secrets.token_urlsafe(32)
+    try:
+        upgrade(engine, "0019")
+        with engine.begin() as conn:
+            # The rows as the code before 0022 wrote them.
+            conn.execute(text("INSERT INTO tenants (uid) VALUES ('acme')"))
+            for kind, cookie in cookies.items():
+                conn.execute(
+                    text(
+                        "INSERT INTO console_sessions (id_hash, kind, actor, role, tenant_uid,"
+                        " csrf_token, expires_at) VALUES (:h, :kind, 'token:admin', 'operator',"
+                        " :tenant, 'csrf', :until)"
+                    ),
+                    {
+                        "h": hashlib.sha256(cookie.encode()).hexdigest(),
+                        "kind": kind,
+                        "tenant": "acme" if kind == "portal" else None,
+                        "until": now + dt.timedelta(hours=8),
+                    },
+                )
+            conn.execute(
+                text(
+                    "INSERT INTO portal_links (id_hash, tenant_uid, created_by, expires_at)"
+                    " VALUES (:h, 'acme', 'test', :until)"
+                ),
+                {
+                    "h": hashlib.sha256(link.encode()).hexdigest(),
+                    "until": now + dt.timedelta(hours=1),
+                },
+            )
+        upgrade(engine)
+        with engine.begin() as conn:
+            for kind, cookie in cookies.items():
+                assert load_session(conn, cookie, kind=kind, now=now) is None, kind
+            assert redeem_portal_link(conn, link, now=now) is None
+            # Nothing was rewritten: the old rows are there, with no token or tenant id.
+            assert (
+                conn.execute(
+                    text(
+                        "SELECT count(*) FROM console_sessions"
+                        " WHERE token_row IS NULL AND tenant_id IS NULL"
+                    )
+                ).scalar()
+                == 2
+            )
+    finally:
+        engine.dispose()
