@@ -7,6 +7,8 @@ A token reads `obx_<token_id>_<secret>`. The token id is public and finds the ro
 only a SHA-256 of the secret is stored, and the presented secret's hash is compared
 with `hmac.compare_digest`, so neither the database nor response timing reveals it.
 The secret has 256 bits of entropy, so a fast hash is enough (no password stretching).
+A token may expire (`expires_at`); revoked or expired, it is refused, and so are the
+console sessions it opened (delivery/operator/console/sessions.py).
 """
 
 from __future__ import annotations

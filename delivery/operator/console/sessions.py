@@ -3,6 +3,11 @@
 A session id is 32 random bytes in an HttpOnly cookie; the database keeps only its SHA-256,
 so a database dump opens no session. Each session carries its own CSRF token, which every
 state-changing request must echo (a form field or the X-CSRF-Token header).
+
+A session is checked on every request against what opened it (one primary-key lookup
+with two joins): a console session against its token (revoked or expired: signed out),
+console and portal sessions and portal links against the tenant's internal id (deleted:
+the rows cascade away; a new tenant with the same uid is not the same tenant).
 """
 
 from __future__ import annotations
