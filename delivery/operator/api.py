@@ -28,7 +28,7 @@ import logging
 import re
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -1445,6 +1445,16 @@ def create_app(
     return app
 
 
+def forwarded_options(trusted_proxies: Sequence[str]) -> dict[str, Any]:
+    """uvicorn's proxy options for OUTBOX_TRUSTED_PROXIES, always explicit.
+
+    Left out, uvicorn believes X-Forwarded-For from 127.0.0.1 and ::1 (or whatever
+    FORWARDED_ALLOW_IPS says); with no trusted proxy it reads no forwarded header at all.
+    """
+    trusted = list(trusted_proxies)
+    return {"proxy_headers": bool(trusted), "forwarded_allow_ips": trusted}
+
+
 def _admin_config(app: Starlette) -> AdminConfig:
     api = getattr(app.state, "api", None)
     return api.config if isinstance(api, AdminApi) else AdminConfig()
@@ -1478,15 +1488,13 @@ async def serve(
     loopback peer (its default), letting a local client pick the address it is rate
     limited and audited under.
     """
-    trusted = list(_admin_config(app).trusted_proxies)
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level="warning",
         lifespan="off",
-        proxy_headers=bool(trusted),
-        forwarded_allow_ips=trusted,
+        **forwarded_options(_admin_config(app).trusted_proxies),
     )
     server = _EmbeddedServer(config)
     task = asyncio.create_task(server.serve(sockets=None if sock is None else [sock]))
