@@ -128,6 +128,26 @@ def test_revoking_a_token_ends_its_console_sessions_replays_included(
     assert [r["replay_of"] for r in replayed_from] == [dead]
 
 
+def test_in_a_browser_a_revoked_token_sends_its_session_back_to_sign_in(
+    site: Site, page: Any
+) -> None:
+    token = site.token("operator", "bob")
+    page.goto(f"{site.base_url}/console/login")
+    page.fill("input[name=token]", token)
+    with page.expect_navigation():
+        page.click("button[type=submit]")
+    assert page.url == f"{site.base_url}/console/"
+    admin = site.token("operator", "admin")
+    revoked = httpx.delete(
+        f"{site.base_url}/v1/tokens/bob", headers={"authorization": f"Bearer {admin}"}
+    )
+    assert revoked.status_code == 200, revoked.text
+    page.goto(f"{site.base_url}/console/deliveries")
+    assert page.url == f"{site.base_url}/console/login"
+    assert page.locator("input[name=token]").count() == 1
+    assert page.problems == []
+
+
 def test_an_expired_token_ends_its_console_session_and_cannot_sign_in(site: Site) -> None:
     with site.engine.begin() as conn:
         _, token = create_token(
