@@ -773,17 +773,18 @@ INSERT_REFUSAL = text(
 # Admin API tokens.
 INSERT_TOKEN = text(
     """
-    INSERT INTO admin_tokens (token_id, name, role, secret_hash, created_by, tenant_uid)
-    VALUES (:token_id, :name, :role, :secret_hash, :created_by, :tenant_uid)
+    INSERT INTO admin_tokens (token_id, name, role, secret_hash, created_by, tenant_uid,
+                              expires_at)
+    VALUES (:token_id, :name, :role, :secret_hash, :created_by, :tenant_uid, :expires_at)
     RETURNING id, token_id, name, role, created_by, created_at, last_used_at, revoked_at,
-              tenant_uid AS tenant
+              tenant_uid AS tenant, expires_at
     """
 )
 
 SELECT_TOKENS = text(
     """
     SELECT id, token_id, name, role, created_by, created_at, last_used_at, revoked_at,
-           tenant_uid AS tenant
+           tenant_uid AS tenant, expires_at
     FROM admin_tokens
     WHERE (CAST(:include_revoked AS boolean) OR revoked_at IS NULL)
       AND (CAST(:scope AS text) IS NULL OR tenant_uid = :scope)
@@ -794,7 +795,7 @@ SELECT_TOKENS = text(
 # Revoked rows too, so a token revoked because its tenant was deleted can say so.
 SELECT_TOKEN_FOR_AUTH = text(
     """
-    SELECT k.id, k.name, k.role, k.secret_hash, k.revoked_at, k.tenant_uid,
+    SELECT k.id, k.name, k.role, k.secret_hash, k.revoked_at, k.tenant_uid, k.expires_at,
            (k.tenant_uid IS NULL OR EXISTS (SELECT 1 FROM tenants t WHERE t.uid = k.tenant_uid))
                AS tenant_exists
     FROM admin_tokens k

@@ -374,6 +374,9 @@ admin_tokens = Table(
     # NULL: sees everything. Else the tenant uid the token is confined to. Text, not a key,
     # so a token whose tenant was deleted is refused by name (deleting revokes it too).
     Column("tenant_uid", Text),
+    # NULL: never expires. Past it the token is refused, and so are the console sessions
+    # it opened (migration 0022).
+    Column("expires_at", DateTime(timezone=True)),
     CheckConstraint("role IN ('viewer', 'operator')", name="known_role"),
     # Active names are unique among unscoped tokens, and per tenant among scoped ones, so
     # a tenant's names reveal nothing of another tenant's tokens (migration 0013).
@@ -568,6 +571,10 @@ operational_event_marks = Table(
 # Sessions of the web console and the tenant portal (migration 0011). The cookie holds a
 # random id; only its SHA-256 is stored. `tenant_uid` confines a session to one tenant
 # (every portal session, and console sessions opened with a tenant-scoped token).
+# Migration 0022 binds a session to what opened it: `token_row` (the console's token; a
+# revoked or expired token ends the session) and `tenant_id` (the tenant's internal id, so
+# a deleted tenant's sessions go with it and a re-created uid does not revive them). Rows
+# from before 0022 have neither and count as no session.
 console_sessions = Table(
     "console_sessions",
     metadata,
@@ -577,6 +584,8 @@ console_sessions = Table(
     Column("role", Text, nullable=False),
     Column("tenant_uid", Text),
     Column("csrf_token", Text, nullable=False),
+    Column("token_row", BigInteger, ForeignKey("admin_tokens.id", ondelete="CASCADE")),
+    Column("tenant_id", BigInteger, ForeignKey("tenants.id", ondelete="CASCADE")),
     _now_column("created_at"),
     Column("expires_at", DateTime(timezone=True), nullable=False),
     CheckConstraint("kind IN ('console', 'portal')", name="known_kind"),
@@ -586,12 +595,14 @@ console_sessions = Table(
 )
 
 # Single-use, short-lived links into the tenant portal, issued by an operator. Only the
-# SHA-256 of the link's secret is stored; `used_at` makes a second use fail.
+# SHA-256 of the link's secret is stored; `used_at` makes a second use fail. `tenant_id`
+# (migration 0022) ties a link to the tenant it was issued for, not to its uid.
 portal_links = Table(
     "portal_links",
     metadata,
     Column("id_hash", Text, primary_key=True),
     Column("tenant_uid", Text, nullable=False),
+    Column("tenant_id", BigInteger, ForeignKey("tenants.id", ondelete="CASCADE")),
     Column("created_by", Text, nullable=False),
     _now_column("created_at"),
     Column("expires_at", DateTime(timezone=True), nullable=False),

@@ -7,6 +7,7 @@ never see this class: the CLI turns it into the plain config objects they take.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
@@ -246,6 +247,14 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Origins that may embed the portal in an iframe, e.g. https://app.example.",
     )
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description=(
+            "Addresses or CIDRs of reverse proxies in front of the admin server, e.g. "
+            "'10.0.0.5,192.168.1.0/24'. Only their X-Forwarded-For names the client; "
+            "empty: every client is its TCP peer."
+        ),
+    )
 
     @field_validator("log_level")
     @classmethod
@@ -255,7 +264,13 @@ class Settings(BaseSettings):
             raise ValueError("is not a log level; use DEBUG, INFO, WARNING, ERROR or CRITICAL")
         return name
 
-    @field_validator("retry_schedule", "allowed_networks", "portal_frame_origins", mode="before")
+    @field_validator(
+        "retry_schedule",
+        "allowed_networks",
+        "portal_frame_origins",
+        "trusted_proxies",
+        mode="before",
+    )
     @classmethod
     def _csv(cls, value: Any) -> Any:
         return _split_csv(value)
@@ -329,6 +344,20 @@ class Settings(BaseSettings):
                     "https://app.example.com"
                 )
         return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_networks(cls, value: list[str]) -> list[str]:
+        networks = []
+        for item in value:
+            try:
+                networks.append(str(ipaddress.ip_network(item, strict=True)))
+            except ValueError as exc:
+                raise ValueError(
+                    f"{item!r} is not an IP address or network ({exc}); list proxies as "
+                    "addresses or CIDRs like '10.0.0.5,192.168.1.0/24' (no host names)"
+                ) from exc
+        return networks
 
     @model_validator(mode="after")
     def _lease_outlasts_deadline(self) -> Settings:

@@ -417,6 +417,10 @@ def delete_tenant(
 ) -> dict[str, Any]:
     """Delete a tenant with its endpoints, events and delivery history; revoke its tokens.
 
+    Its console and portal sessions and portal links go with the row (foreign keys on
+    the tenant's id, migration 0022), so a tenant created again with the same uid
+    inherits none of them.
+
     Refused while anything of it is pending (deliveries on its endpoints, deliveries of
     its events elsewhere, unrelayed events) unless `force`: those would be lost
     silently. Disabling is the reversible alternative. The default tenant stays.

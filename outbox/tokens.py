@@ -7,6 +7,8 @@ A token reads `obx_<token_id>_<secret>`. The token id is public and finds the ro
 only a SHA-256 of the secret is stored, and the presented secret's hash is compared
 with `hmac.compare_digest`, so neither the database nor response timing reveals it.
 The secret has 256 bits of entropy, so a fast hash is enough (no password stretching).
+A token may expire (`expires_at`); revoked or expired, it is refused, and so are the
+console sessions it opened (delivery/operator/console/sessions.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from outbox.tenants import require_tenant
 Role = Literal["viewer", "operator"]
 ROLES: tuple[Role, ...] = ("viewer", "operator")
 PREFIX = "obx_"
+# Longer than this is a typo (and would overflow a timedelta sooner or later).
+MAX_TOKEN_LIFETIME = dt.timedelta(days=3650)
 _TOKEN = re.compile(r"^obx_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
 
 
@@ -55,6 +59,10 @@ class TokenInfo:
     last_used_at: dt.datetime | None
     revoked_at: dt.datetime | None
     tenant: str | None
+    expires_at: dt.datetime | None = None
+
+    def expired(self, now: dt.datetime) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +74,7 @@ class TokenInfo:
             "created_at": self.created_at.isoformat(),
             "last_used_at": self.last_used_at.isoformat() if self.last_used_at else None,
             "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
+            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
         }
 
 
@@ -96,12 +105,25 @@ def create_token(
     tenant: str | None = None,
     scope: str | None = None,
     request_id: str | None = None,
+    expires_in: dt.timedelta | None = None,
+    now: dt.datetime | None = None,
 ) -> tuple[TokenInfo, str]:
     """Store a new token and return it in clear text: the only time it is ever shown.
 
     `tenant` confines the token to that tenant. A caller itself confined (`scope`) can
-    only create tokens of its own tenant: another tenant is not found.
+    only create tokens of its own tenant: another tenant is not found. `expires_in`
+    (from `now`) makes the token stop working then, and the console sessions it opened.
     """
+    expires_at = None
+    if expires_in is not None:
+        if now is None:
+            raise ValueError("an expiring token needs `now`")
+        if not dt.timedelta(0) < expires_in <= MAX_TOKEN_LIFETIME:
+            raise OperationError(
+                "a token's lifetime must be above 0 and at most 3650 days; "
+                "leave it out for a token that does not expire"
+            )
+        expires_at = now + expires_in
     if role not in ROLES:
         raise OperationError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
     name = name.strip()
@@ -126,6 +148,7 @@ def create_token(
                 "secret_hash": _hash(secret),
                 "created_by": actor,
                 "tenant_uid": tenant,
+                "expires_at": expires_at,
             },
         )
         .mappings()
@@ -137,7 +160,12 @@ def create_token(
         action="token.create",
         target_type="token",
         target_id=token_id,
-        details={"name": name, "role": role, "tenant": tenant},
+        details={
+            "name": name,
+            "role": role,
+            "tenant": tenant,
+            "expires_at": expires_at.isoformat() if expires_at else None,
+        },
         request_id=request_id,
         tenant=tenant,
     )
@@ -185,9 +213,9 @@ def revoke_token(
 def authenticate(conn: Connection, presented: str, *, now: dt.datetime) -> Principal | None:
     """The principal of a presented token, or None when it is malformed, unknown or revoked.
 
-    A genuine token confined to a tenant that no longer exists raises TokenRefusedError
-    saying so (deleting a tenant revokes its tokens; the name check also covers a tenant
-    row removed by other means).
+    A genuine token confined to a tenant that no longer exists, or past its expiry, raises
+    TokenRefusedError saying so (deleting a tenant revokes its tokens; the name check also
+    covers a tenant row removed by other means).
     """
     match = _TOKEN.match(presented.strip())
     if match is None:
@@ -203,6 +231,11 @@ def authenticate(conn: Connection, presented: str, *, now: dt.datetime) -> Princ
         )
     if row.revoked_at is not None:
         return None
+    if row.expires_at is not None and row.expires_at <= now:
+        raise TokenRefusedError(
+            f"this token expired at {row.expires_at.isoformat(timespec='seconds')}: "
+            "create a new one (`outbox tokens create NAME --role ... --expires-in ...`)"
+        )
     conn.execute(queries.TOUCH_TOKEN, {"id": row.id, "now": now})
     return Principal(
         token_row=int(row.id), name=str(row.name), role=str(row.role), tenant=row.tenant_uid

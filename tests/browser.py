@@ -97,12 +97,18 @@ def console_config() -> ConsoleConfig:
 
 
 @pytest.fixture
+def admin_config(console_config: ConsoleConfig) -> AdminConfig:
+    """The admin server's settings; a test parametrizes this name to change them."""
+    return AdminConfig(console=console_config)
+
+
+@pytest.fixture
 def site(
     engine: Engine,
     database_url: str,
     box: SecretBox,
     clock: ManualClock,
-    console_config: ConsoleConfig,
+    admin_config: AdminConfig,
 ) -> Iterator[Site]:
     loop = BackgroundLoop()
     stop = asyncio.Event()
@@ -115,7 +121,7 @@ def site(
         return async_engine, receiver
 
     async_engine, receiver = loop.run(start())
-    app = create_app(async_engine, box, clock=clock, config=AdminConfig(console=console_config))
+    app = create_app(async_engine, box, clock=clock, config=admin_config)
 
     def started(port: int) -> None:
         bound.append(port)

@@ -110,3 +110,37 @@ def test_bad_console_settings_are_one_clear_line(
     with pytest.raises(ConfigurationError, match=name) as raised:
         load_settings()
     assert "must" in str(raised.value)
+
+
+def test_trusted_proxies_are_networks_and_reach_the_admin_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from delivery.operator.app import admin_config
+
+    assert load_settings().trusted_proxies == []  # by default nobody's X-Forwarded-For counts
+    assert admin_config(load_settings()).trusted_proxies == ()
+    monkeypatch.setenv("OUTBOX_TRUSTED_PROXIES", " 10.0.0.5, 192.168.1.0/24 ,::1,")
+    assert admin_config(load_settings()).trusted_proxies == (
+        "10.0.0.5/32",
+        "192.168.1.0/24",
+        "::1/128",
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("proxy.internal", "not an IP address or network"),
+        ("*", "not an IP address or network"),
+        ("10.0.0.1/8", "has host bits set"),
+        ("10.0.0.5/33", "not an IP address or network"),
+    ],
+)
+def test_a_bad_trusted_proxy_is_one_clear_line(
+    monkeypatch: pytest.MonkeyPatch, value: str, why: str
+) -> None:
+    monkeypatch.setenv("OUTBOX_TRUSTED_PROXIES", value)
+    with pytest.raises(ConfigurationError, match="OUTBOX_TRUSTED_PROXIES") as raised:
+        load_settings()
+    message = str(raised.value)
+    assert why in message and "CIDRs like" in message and "\n" not in message

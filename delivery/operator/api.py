@@ -28,7 +28,7 @@ import logging
 import re
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -45,7 +45,12 @@ from starlette.routing import Route
 from delivery.operator.console.sessions import issue_portal_link, portal_link
 from delivery.operator.console.web import Console, ConsoleConfig
 from delivery.operator.metrics import render_metrics
-from delivery.operator.refusals import RATE_LIMITED, UnauthenticatedLimiter, record_refusal
+from delivery.operator.refusals import (
+    RATE_LIMITED,
+    UnauthenticatedLimiter,
+    client_address,
+    record_refusal,
+)
 from delivery.operator.validation import (
     AuditQuery,
     DeliveryRef,
@@ -80,6 +85,7 @@ from outbox.migrate import VERSION_TABLE, head_revision
 from outbox.stats import AlertThresholds, EndpointHealth, collect_stats, read_totals
 from outbox.tenants import DEFAULT_TENANT, require_tenant
 from outbox.tokens import (
+    MAX_TOKEN_LIFETIME,
     Principal,
     Role,
     TokenRefusedError,
@@ -110,6 +116,8 @@ class AdminConfig:
     allowed_networks: tuple[str, ...] = ()  # the SSRF guard's, for warnings on save
     refused_interval: dt.timedelta = dt.timedelta(minutes=1)
     unauthenticated_per_minute: float = 60.0
+    # OUTBOX_TRUSTED_PROXIES: peers whose X-Forwarded-For names the client (see serve).
+    trusted_proxies: tuple[str, ...] = ()
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
 
 
@@ -744,6 +752,17 @@ async def create_token_route(call: Call) -> Any:
     """A scoped operator may create tokens of its own tenant only (and no unscoped ones)."""
     data = await call.body()
     tenant = data.get("tenant")
+    seconds = data.get("expires_in_seconds")
+    if seconds is not None and (
+        isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0
+    ):
+        raise ApiError(400, "expires_in_seconds must be a number of seconds above 0")
+    expires_in = None
+    if seconds is not None:
+        if seconds > MAX_TOKEN_LIFETIME.total_seconds():
+            raise ApiError(400, "expires_in_seconds must be at most 3650 days (315360000)")
+        expires_in = dt.timedelta(seconds=seconds)
+    now = call.api.clock.now()
 
     def create(conn: Connection) -> dict[str, Any]:
         info, secret = create_token(
@@ -754,6 +773,8 @@ async def create_token_route(call: Call) -> Any:
             tenant=tenant,
             scope=call.scope,
             request_id=call.request_id,
+            expires_in=expires_in,
+            now=now,
         )
         return {**info.as_json(), "token": secret}
 
@@ -1153,6 +1174,7 @@ ROUTES: tuple[Operation, ...] = (
                 "name": {"type": "string"},
                 "role": {"type": "string", "enum": ["viewer", "operator"]},
                 "tenant": {"type": "string"},
+                "expires_in_seconds": {"type": "number", "exclusiveMinimum": 0},
             },
         },
     ),
@@ -1160,7 +1182,8 @@ ROUTES: tuple[Operation, ...] = (
         "DELETE",
         "/v1/tokens/{token}",
         "operator",
-        "Revoke a token by name or token id; it stops working at once.",
+        "Revoke a token by name or token id; it stops working at once, and so do the "
+        "console sessions it opened.",
         revoke_token_route,
         (Param("token", "Token name or token id.", where="path"),),
     ),
@@ -1279,8 +1302,7 @@ class AdminApi:
                     {"error": str(exc)}, 401, headers={"www-authenticate": "Bearer"}
                 )
         if principal is None:
-            client = call.request.client.host if call.request.client else "unknown"
-            wait = self.limiter.take(client, now)
+            wait = self.limiter.take(client_address(call.request) or "unknown", now)
             if wait is not None:
                 return JSONResponse(
                     {"error": f"{RATE_LIMITED}; try again in {wait:.0f}s with a valid token"},
@@ -1305,10 +1327,33 @@ class AdminApi:
     async def _refuse(
         self, call: Call, status: int, why: str, actor: str, tenant: str | None = None
     ) -> None:
-        request = call.request
-        client = request.client.host if request.client else None
+        client = client_address(call.request)
         # The client's 429s so far ride along with its next written 401.
         limited = self.limiter.limited_since_written(client or "unknown") if status == 401 else 0
+        await self.record_refused(
+            call.request,
+            request_id=call.request_id,
+            status=status,
+            why=why,
+            actor=actor,
+            tenant=tenant,
+            limited=limited,
+        )
+
+    async def record_refused(
+        self,
+        request: Request,
+        *,
+        request_id: str,
+        status: int,
+        why: str,
+        actor: str,
+        tenant: str | None = None,
+        limited: int = 0,
+    ) -> None:
+        """Audit one refused request, plus `limited` earlier 429s of the same client, in the
+        aggregated rows of delivery.operator.refusals (the API's and the console's sign-in)."""
+        client = client_address(request)
         now = self.clock.now()
 
         def audit(conn: Connection) -> None:
@@ -1325,7 +1370,7 @@ class AdminApi:
                         method=request.method,
                         path=request.url.path,
                         user_agent=request.headers.get("user-agent"),
-                        request_id=call.request_id,
+                        request_id=request_id,
                         count=count,
                         tenant=tenant,
                     )
@@ -1400,6 +1445,21 @@ def create_app(
     return app
 
 
+def forwarded_options(trusted_proxies: Sequence[str]) -> dict[str, Any]:
+    """uvicorn's proxy options for OUTBOX_TRUSTED_PROXIES, always explicit.
+
+    Left out, uvicorn believes X-Forwarded-For from 127.0.0.1 and ::1 (or whatever
+    FORWARDED_ALLOW_IPS says); with no trusted proxy it reads no forwarded header at all.
+    """
+    trusted = list(trusted_proxies)
+    return {"proxy_headers": bool(trusted), "forwarded_allow_ips": trusted}
+
+
+def _admin_config(app: Starlette) -> AdminConfig:
+    api = getattr(app.state, "api", None)
+    return api.config if isinstance(api, AdminApi) else AdminConfig()
+
+
 class _EmbeddedServer(uvicorn.Server):
     """uvicorn without its own signal handling: the host process owns SIGINT/SIGTERM."""
 
@@ -1421,8 +1481,21 @@ async def serve(
 
     `sock`, already bound, is served instead of binding host:port here: the CLI binds
     it before anything else starts, so a busy port is reported first.
+
+    X-Forwarded-For and X-Forwarded-Proto are honoured only from the app's trusted
+    proxies (AdminConfig.trusted_proxies), and then the client is the rightmost address
+    that is not itself a trusted proxy. uvicorn would otherwise trust them from any
+    loopback peer (its default), letting a local client pick the address it is rate
+    limited and audited under.
     """
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        **forwarded_options(_admin_config(app).trusted_proxies),
+    )
     server = _EmbeddedServer(config)
     task = asyncio.create_task(server.serve(sockets=None if sock is None else [sock]))
     try:

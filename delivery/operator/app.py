@@ -174,6 +174,7 @@ def admin_config(settings: Settings) -> AdminConfig:
         max_body_bytes=settings.admin_max_body_bytes,
         refused_interval=dt.timedelta(seconds=settings.admin_refused_interval_seconds),
         unauthenticated_per_minute=settings.admin_unauthenticated_per_minute,
+        trusted_proxies=tuple(settings.trusted_proxies),
         console=ConsoleConfig(
             app_name=settings.console_app_name,
             brand_color=settings.console_brand_color,

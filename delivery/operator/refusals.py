@@ -29,11 +29,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from sqlalchemy import Connection
+from starlette.requests import Request
 
 from outbox import queries
 
 MAX_PATH = 200
 MAX_USER_AGENT = 120
+MAX_CLIENT = 64  # an IPv6 address with a zone fits
 MAX_CLIENTS = 10_000
 RATE_LIMITED = "rate limited: too many calls without a valid token"
 
@@ -42,6 +44,17 @@ def bounded(text: str, limit: int) -> str:
     """`text` without control characters, at most `limit` characters (marked when cut)."""
     clean = "".join("?" if unicodedata.category(ch) in ("Cc", "Cs") else ch for ch in text)
     return clean if len(clean) <= limit else clean[: limit - 1] + "…"
+
+
+def client_address(request: Request) -> str | None:
+    """The caller's address for limits and the audit log: the TCP peer.
+
+    Only when that peer is one of OUTBOX_TRUSTED_PROXIES has the server (uvicorn, set
+    up by delivery.operator.api.serve) replaced it with the address the proxy forwarded
+    in X-Forwarded-For; any other peer's X-Forwarded-For is ignored, so a client cannot
+    pick the address it is limited and audited under. Bounded: a forwarded value is text.
+    """
+    return bounded(request.client.host, MAX_CLIENT) if request.client else None
 
 
 @dataclass(slots=True)

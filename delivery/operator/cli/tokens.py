@@ -11,6 +11,7 @@ from delivery.operator.cli.common import (
     echo_json,
     friendly_errors,
     json_option,
+    parse_duration,
     print_table,
 )
 from outbox.clock import SystemClock
@@ -30,22 +31,41 @@ def tokens() -> None:
     default=None,
     help="Confine the token to this tenant: it sees and acts on that tenant's objects only.",
 )
+@click.option(
+    "--expires-in",
+    default=None,
+    help="Stop working after this long (90s, 15m, 24h, 30d); default: never.",
+)
 @actor_option
 @json_option
 @friendly_errors
 def tokens_create(
-    name: str, role: str, tenant: str | None, actor: str | None, as_json: bool
+    name: str,
+    role: str,
+    tenant: str | None,
+    expires_in: str | None,
+    actor: str | None,
+    as_json: bool,
 ) -> None:
     """Create a token; it is printed once and stored only as a hash."""
+    lifetime = None if expires_in is None else parse_duration(expires_in)
     with database() as (_, db), db.engine.begin() as conn:
         info, secret = create_token(
-            conn, name=name, role=role, actor=actor or default_actor(), tenant=tenant
+            conn,
+            name=name,
+            role=role,
+            actor=actor or default_actor(),
+            tenant=tenant,
+            expires_in=lifetime,
+            now=SystemClock().now(),
         )
     if as_json:
         echo_json({**info.as_json(), "token": secret})
     else:
         click.echo(f"token: {secret}")
         scope = f", confined to tenant {info.tenant}" if info.tenant else ", every tenant"
+        if info.expires_at is not None:
+            scope += f", expires {info.expires_at.isoformat(timespec='seconds')}"
         click.echo(f"role {info.role}{scope}; store it now, it is not shown again")
 
 
@@ -55,6 +75,7 @@ def tokens_create(
 @friendly_errors
 def tokens_list(include_revoked: bool, as_json: bool) -> None:
     """List tokens (never their secrets)."""
+    now = SystemClock().now()
     with database() as (_, db), db.engine.connect() as conn:
         items = list_tokens(conn, include_revoked=include_revoked)
     if as_json:
@@ -69,7 +90,7 @@ def tokens_list(include_revoked: bool, as_json: bool) -> None:
                 t.token_id,
                 t.created_by,
                 t.last_used_at.isoformat(timespec="seconds") if t.last_used_at else "never",
-                "revoked" if t.revoked_at else "active",
+                "revoked" if t.revoked_at else ("expired" if t.expired(now) else "active"),
             ]
             for t in items
         ],
@@ -83,7 +104,7 @@ def tokens_list(include_revoked: bool, as_json: bool) -> None:
 @json_option
 @friendly_errors
 def tokens_revoke(name: str, actor: str | None, as_json: bool) -> None:
-    """Revoke a token by name or token id; it stops working at once."""
+    """Revoke a token by name or token id; it and its console sessions stop working at once."""
     with database() as (_, db), db.engine.begin() as conn:
         token_id = revoke_token(conn, name, actor=actor or default_actor(), now=SystemClock().now())
     if as_json:

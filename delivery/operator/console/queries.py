@@ -6,23 +6,37 @@ from sqlalchemy import text
 
 from outbox.testevents import PING_EVENT_TYPE
 
+# The tenant's internal id is looked up here, so a session names the tenant that exists
+# now; a uid that does not exist inserts nothing (the caller says so).
 INSERT_SESSION = text(
     """
-    INSERT INTO console_sessions (id_hash, kind, actor, role, tenant_uid, csrf_token,
-                                  created_at, expires_at)
-    VALUES (:id_hash, :kind, :actor, :role, :tenant_uid, :csrf_token, :now, :expires_at)
+    INSERT INTO console_sessions (id_hash, kind, actor, role, tenant_uid, tenant_id, token_row,
+                                  csrf_token, created_at, expires_at)
+    SELECT :id_hash, :kind, :actor, :role, t.uid, t.id, :token_row, :csrf_token, :now,
+           :expires_at
+    FROM (SELECT 1) one
+    LEFT JOIN tenants t ON t.uid = CAST(:tenant_uid AS text)
+    WHERE CAST(:tenant_uid AS text) IS NULL OR t.id IS NOT NULL
+    RETURNING id_hash
     """
 )
 
-# A session whose tenant was deleted (or disabled, for the portal) is no session at all.
+# A session is only as good as what opened it: the tenant it was opened for, by internal
+# id (deleted: no session, and a new tenant with the same uid is another tenant; disabled:
+# no portal), and for the console the token (revoked or expired: no session). Sessions
+# from before migration 0022 have neither id and are no session either.
 SELECT_SESSION = text(
     """
-    SELECT s.kind, s.actor, s.role, s.tenant_uid, s.csrf_token, s.expires_at
+    SELECT s.kind, s.actor, s.role, t.uid AS tenant_uid, s.csrf_token, s.expires_at
     FROM console_sessions s
+    LEFT JOIN tenants t ON t.id = s.tenant_id
+    LEFT JOIN admin_tokens k ON k.id = s.token_row
     WHERE s.id_hash = :id_hash AND s.expires_at > :now
-      AND (s.tenant_uid IS NULL OR EXISTS (
-          SELECT 1 FROM tenants t
-          WHERE t.uid = s.tenant_uid AND (t.enabled OR s.kind = 'console')))
+      AND (CASE WHEN s.tenant_uid IS NULL THEN s.tenant_id IS NULL
+                ELSE t.uid = s.tenant_uid AND (t.enabled OR s.kind = 'console') END)
+      AND (s.kind = 'portal'
+           OR (k.revoked_at IS NULL AND k.id IS NOT NULL
+               AND (k.expires_at IS NULL OR k.expires_at > :now)))
     """
 )
 
@@ -32,19 +46,23 @@ DELETE_EXPIRED_SESSIONS = text("DELETE FROM console_sessions WHERE expires_at < 
 
 INSERT_PORTAL_LINK = text(
     """
-    INSERT INTO portal_links (id_hash, tenant_uid, created_by, created_at, expires_at)
-    SELECT :id_hash, t.uid, :actor, :now, :expires_at
+    INSERT INTO portal_links (id_hash, tenant_uid, tenant_id, created_by, created_at, expires_at)
+    SELECT :id_hash, t.uid, t.id, :actor, :now, :expires_at
     FROM tenants t WHERE t.uid = :tenant_uid AND t.enabled
     RETURNING tenant_uid
     """
 )
 
-# Single use: the first redeemer's UPDATE wins; a second finds used_at set.
+# Single use: the first redeemer's UPDATE wins; a second finds used_at set. The link opens
+# the tenant it was issued for (by internal id), only while that tenant is enabled; links
+# from before migration 0022 have no tenant id and open nothing.
 REDEEM_PORTAL_LINK = text(
     """
-    UPDATE portal_links SET used_at = :now
-    WHERE id_hash = :id_hash AND used_at IS NULL AND expires_at > :now
-    RETURNING tenant_uid
+    UPDATE portal_links l SET used_at = :now
+    FROM tenants t
+    WHERE l.id_hash = :id_hash AND l.used_at IS NULL AND l.expires_at > :now
+      AND t.id = l.tenant_id AND t.enabled
+    RETURNING t.uid AS tenant_uid
     """
 )
 

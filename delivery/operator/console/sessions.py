@@ -3,6 +3,11 @@
 A session id is 32 random bytes in an HttpOnly cookie; the database keeps only its SHA-256,
 so a database dump opens no session. Each session carries its own CSRF token, which every
 state-changing request must echo (a form field or the X-CSRF-Token header).
+
+A session is checked on every request against what opened it (one primary-key lookup
+with two joins): a console session against its token (revoked or expired: signed out),
+console and portal sessions and portal links against the tenant's internal id (deleted:
+the rows cascade away; a new tenant with the same uid is not the same tenant).
 """
 
 from __future__ import annotations
@@ -51,8 +56,16 @@ def open_session(
     tenant_uid: str | None,
     now: dt.datetime,
     ttl: dt.timedelta,
-) -> tuple[str, WebSession]:
-    """Store a new session; returns the cookie value (shown to nobody else) and the session."""
+    token_row: int | None = None,
+) -> tuple[str, WebSession] | None:
+    """Store a new session; returns the cookie value (shown to nobody else) and the session.
+
+    The session is bound to the tenant's internal id (None when `tenant_uid` no longer
+    exists) and, for the console, to the token that opened it (`token_row`): it ends
+    when that tenant is deleted or that token is revoked or expires.
+    """
+    if kind == "console" and token_row is None:
+        raise ValueError("a console session needs the token that opens it")
     cookie = secrets.token_urlsafe(32)
     session = WebSession(
         kind=kind,
@@ -62,7 +75,7 @@ def open_session(
         csrf_token=secrets.token_urlsafe(24),
     )
     conn.execute(queries.DELETE_EXPIRED_SESSIONS, {"now": now})
-    conn.execute(
+    stored = conn.execute(
         queries.INSERT_SESSION,
         {
             "id_hash": _hash(cookie),
@@ -70,12 +83,13 @@ def open_session(
             "actor": actor,
             "role": role,
             "tenant_uid": tenant_uid,
+            "token_row": token_row,
             "csrf_token": session.csrf_token,
             "now": now,
             "expires_at": now + ttl,
         },
-    )
-    return cookie, session
+    ).first()
+    return None if stored is None else (cookie, session)
 
 
 def load_session(

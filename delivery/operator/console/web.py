@@ -15,6 +15,7 @@ import datetime as dt
 import hmac
 import json
 import re
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from delivery.operator.console.sessions import (
     portal_link,
     redeem_portal_link,
 )
-from delivery.operator.refusals import UnauthenticatedLimiter
+from delivery.operator.refusals import UnauthenticatedLimiter, client_address
 from outbox import operations as ops
 from outbox.errors import NotFoundError, OutboxError
 from outbox.tokens import TokenRefusedError, authenticate
@@ -51,6 +52,9 @@ CONSOLE_COOKIE = "obx_console"
 PORTAL_COOKIE = "obx_portal"
 _COLOR = re.compile(r"^#[0-9a-fA-F]{6}$")
 _ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
+# Reasons of refused sign-ins in the audit log (never what was presented).
+SIGN_IN_REFUSED = "console sign-in: unknown or revoked token"
+LINK_REFUSED = "portal sign-in: unknown, used or expired link"
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +157,20 @@ class Console:
         )
 
     def _client(self, request: Request) -> str:
-        return request.client.host if request.client else "unknown"
+        return client_address(request) or "unknown"
+
+    async def _refused_sign_in(self, request: Request, key: str, why: str) -> None:
+        """Audit a failed sign-in like a refused API call: aggregated per client and reason
+        (with the client's 429s since its last written refusal), so a flood of guesses
+        costs a bounded number of rows (see delivery.operator.refusals)."""
+        await self.api.record_refused(
+            request,
+            request_id=uuid.uuid4().hex,
+            status=401,
+            why=why,
+            actor="anonymous",
+            limited=self.limiter.limited_since_written(key),
+        )
 
     async def _session(self, request: Request, kind: str) -> WebSession | None:
         cookie = request.cookies.get(CONSOLE_COOKIE if kind == "console" else PORTAL_COOKIE, "")
@@ -211,7 +228,8 @@ class Console:
 
     async def login(self, request: Request) -> Response:
         now = self.api.clock.now()
-        wait = self.limiter.take(f"login:{self._client(request)}", now)
+        key = f"login:{self._client(request)}"
+        wait = self.limiter.take(key, now)
         if wait is not None:
             return self.render(
                 request,
@@ -223,11 +241,16 @@ class Console:
         form = await request.form()
         presented = str(form.get("token") or "")
 
+        refused = SIGN_IN_REFUSED
+
         def sign_in(conn: Connection) -> tuple[str, WebSession] | None:
+            nonlocal refused
             try:
                 principal = authenticate(conn, presented, now=now)
-            except TokenRefusedError:
-                return None  # its tenant was deleted: unknown, as far as signing in goes
+            except TokenRefusedError as exc:
+                # its tenant was deleted or it expired: unknown, as far as signing in goes
+                refused = f"console sign-in: {exc}"
+                return None
             if principal is None:
                 return None
             return open_session(
@@ -238,10 +261,12 @@ class Console:
                 tenant_uid=principal.tenant,
                 now=now,
                 ttl=self.config.session_ttl,
+                token_row=principal.token_row,
             )
 
         opened = await self.api.write(sign_in)
         if opened is None:
+            await self._refused_sign_in(request, key, refused)
             return self.render(
                 request,
                 "login.html",
@@ -675,7 +700,8 @@ class Console:
     async def portal_enter(self, request: Request) -> Response:
         """Exchange a single-use link for a session; the link leaves the address bar."""
         now = self.api.clock.now()
-        wait = self.limiter.take(f"link:{self._client(request)}", now)
+        key = f"link:{self._client(request)}"
+        wait = self.limiter.take(key, now)
         if wait is not None:
             return self.render(
                 request,
@@ -701,6 +727,7 @@ class Console:
 
         opened = await self.api.write(exchange)
         if opened is None:
+            await self._refused_sign_in(request, key, LINK_REFUSED)
             return self.render(
                 request,
                 "portal/expired.html",
