@@ -27,12 +27,14 @@ through all three):
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
+import re
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, cast
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import httptools
 import httpx
@@ -40,7 +42,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from delivery.errors import InvalidEndpointURLError
-from delivery.ssrf import AddressPolicy, CheckedURLs, GuardedResolver, Resolver
+from delivery.ssrf import AddressPolicy, CheckedURLs, GuardedResolver, Resolver, system_resolver
+from outbox.urls import ProxyURL, parse_proxy_url
 
 # Stop reading a body the caller is not consuming once this much is buffered.
 _READ_HIGH_WATER = 256 * 1024
@@ -51,16 +54,42 @@ _SEND_STARTED = "http11.send_request_headers.started"
 # A name's checked addresses are reused this long for new connections (aiohttp's default).
 _DNS_TTL_SECONDS = 10.0
 _HTTP11 = b"HTTP/1.1"
+# Happy Eyeballs (RFC 8305): the next address is tried this long after the previous one
+# started, while that one keeps trying; the first connection up wins.
+CONNECT_STAGGER_SECONDS = 0.25
+# A proxy's answer to CONNECT larger than this is refused (it is a status line and a few
+# headers).
+_MAX_PROXY_HEAD = 16 * 1024
+_PROXY_STATUS = re.compile(rb"^HTTP/1\.[01] ([0-9]{3})(?: ([^\r\n]*))?\r\n")
+T = TypeVar("T")
+# The httpx request extension carrying a request's own proxy URL (an endpoint's).
+PROXY_EXTENSION = "outbox_proxy"
 
 Trace = Callable[[str, Mapping[str, Any]], Awaitable[None]]
 
 
 class _Target:
-    """An endpoint URL, parsed and checked once: where to connect and what to send."""
+    """An endpoint URL, parsed and checked once: where to connect and what to send.
 
-    __slots__ = ("host", "host_header", "key", "literal", "path", "port", "tls")
+    Through a proxy (`proxy` set) it pools apart from direct connections (`key` names
+    the proxy and a digest of its credentials); a plain-HTTP request goes to the proxy in
+    absolute form (`at` an address the guard checked) with `proxy_lines` in its head.
+    """
 
-    def __init__(self, url: URL) -> None:
+    __slots__ = (
+        "_at",
+        "host",
+        "host_header",
+        "key",
+        "literal",
+        "path",
+        "port",
+        "proxy",
+        "proxy_lines",
+        "tls",
+    )
+
+    def __init__(self, url: URL, proxy: ProxyURL | None = None) -> None:
         self.host = url.raw_host or ""
         self.port = url.port or (443 if url.scheme == "https" else 80)
         self.tls = url.scheme == "https"
@@ -70,6 +99,81 @@ class _Target:
         default_port = 443 if self.tls else 80
         self.host_header = bracketed if self.port == default_port else f"{bracketed}:{self.port}"
         self.path = (url.raw_path_qs or "/").encode("ascii")
+        self.proxy = proxy
+        self.proxy_lines = ""
+        self._at: dict[str, _Target] = {}
+        if proxy is not None:
+            credentials = f"{proxy.username}:{proxy.password}".encode()
+            via = f"{proxy.display}#{hashlib.sha256(credentials).hexdigest()[:16]}"
+            self.key = (self.tls, f"{self.host} via {via}", self.port)
+            if not self.tls and proxy.authorization is not None:
+                self.proxy_lines = f"Proxy-Authorization: {proxy.authorization}\r\n"
+            if not self.tls and self.literal:
+                self.path = _absolute(self.host, self.port, self.path)
+
+    def at(self, address: str) -> _Target:
+        """This plain-HTTP target through its proxy, addressed to a checked `address`: the
+        proxy connects where the guard said, not where its own DNS says."""
+        found = self._at.get(address)
+        if found is None:
+            if len(self._at) > 64:
+                self._at.clear()
+            found = self._at[address] = _copy_target(self)
+            found.path = _absolute(address, self.port, self.path)
+        return found
+
+
+def _copy_target(target: _Target) -> _Target:
+    copied = object.__new__(_Target)
+    for name in _Target.__slots__:
+        setattr(copied, name, getattr(target, name))
+    copied._at = {}
+    return copied
+
+
+def _absolute(address: str, port: int, path: bytes) -> bytes:
+    """The absolute-form request target (RFC 9112 3.2.2) a proxy forwards."""
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{port}".encode("ascii") + path
+
+
+class _TunnelHandshake(asyncio.Protocol):
+    """Reads a proxy's answer to CONNECT (a status line and headers), nothing more."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.head: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._buffer = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.head.done():
+            return
+        self._buffer += data
+        end = self._buffer.find(b"\r\n\r\n")
+        if end >= 0:
+            if end + 4 != len(self._buffer):
+                self.head.set_exception(
+                    ConnectionError("the proxy sent bytes after its answer to CONNECT")
+                )
+            else:
+                self.head.set_result(bytes(self._buffer))
+            self.transport.pause_reading()  # type: ignore[union-attr]
+        elif len(self._buffer) > _MAX_PROXY_HEAD:
+            self.head.set_exception(
+                ConnectionError(f"the proxy's answer to CONNECT is over {_MAX_PROXY_HEAD} bytes")
+            )
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.head.done():
+            self.head.set_exception(
+                ConnectionError(f"the proxy closed the connection during CONNECT ({exc})")
+            )
 
 
 def _is_ip_literal(host: str) -> bool:
@@ -462,9 +566,14 @@ class _Pool:
 class WireTransport(httpx.AsyncBaseTransport):
     """Webhook POSTs over our own HTTP/1.1 wire, and httpx's transport API on the same pool.
 
-    Never follows redirects, keeps no cookies, reads no proxy settings and does not
-    decompress: the caller sees the raw bytes, so the body cap counts what came over
-    the wire.
+    Never follows redirects, keeps no cookies, reads no proxy settings from the
+    environment and does not decompress: the caller sees the raw bytes, so the body cap
+    counts what came over the wire.
+
+    An egress proxy (`proxy`, or one per request) changes where bytes go, never what the
+    guard allows: the target's name is still resolved and checked here, HTTPS goes
+    through `CONNECT` to the checked address (TLS verified for the URL's host, end to
+    end) and plain HTTP to the proxy in absolute form naming the checked address.
     """
 
     def __init__(
@@ -476,14 +585,50 @@ class WireTransport(httpx.AsyncBaseTransport):
         keepalive_expiry: float = 15.0,
         ssl_context: ssl.SSLContext | None = None,
         resolver: Resolver | None = None,
+        proxy: str | None = None,
+        connect_stagger: float = CONNECT_STAGGER_SECONDS,
+        proxy_resolver: Resolver | None = None,
     ) -> None:
         """`ssl_context` defaults to the system's trust store with verification on;
-        `resolver` (host, port -> addresses) to the system resolver."""
+        `resolver` (host, port -> addresses) to the system resolver. `proxy` is the
+        egress proxy for every request (`http://user:password@host:port`, trusted
+        configuration: its own address is not checked by the guard, and
+        `proxy_resolver` resolves its name); a request's own proxy overrides it.
+        `connect_stagger` is the Happy Eyeballs delay between addresses."""
         self._resolver = GuardedResolver(policy, resolver)
         self._pool = _Pool(max_connections, keepalive_expiry)
         self._ssl_context = ssl_context
+        self._https_only = https_only
+        self._policy = policy
         self._targets = CheckedURLs(policy, https_only=https_only, build=_Target)
         self._addresses: dict[tuple[str, int], tuple[float, list[str]]] = {}
+        self._proxy = None if proxy is None else parse_proxy_url(proxy, what="OUTBOX_HTTP_PROXY")
+        self._proxy_resolver = proxy_resolver or system_resolver
+        self._proxied: dict[tuple[str, str], _Target] = {}
+        self._stagger = connect_stagger
+
+    @property
+    def proxy(self) -> str | None:
+        """The default proxy as `host:port` (never its credentials), or None."""
+        return None if self._proxy is None else self._proxy.display
+
+    async def _target(self, url: str, proxy: str | None) -> _Target:
+        """The checked target for `url`, through `proxy` (else the default proxy), if any."""
+        if proxy is None and self._proxy is None:
+            return self._targets.get(url)
+        direct = self._targets.get(url)  # the scheme rule, and the guard for literals
+        key = (url, proxy or "")
+        target = self._proxied.get(key)
+        if target is None:
+            via = self._proxy if proxy is None else parse_proxy_url(proxy, what="the proxy URL")
+            if len(self._proxied) > 10_000:
+                self._proxied.clear()
+            target = self._proxied[key] = _Target(URL(url), via)
+        if target.tls or direct.literal:
+            return target
+        # Plain HTTP names the checked address to the proxy, so it is resolved (and checked)
+        # here, before the request is written.
+        return target.at((await self._resolve(target))[0])
 
     async def post(
         self,
@@ -493,11 +638,13 @@ class WireTransport(httpx.AsyncBaseTransport):
         *,
         deadline: float,
         trace: Trace | None = None,
+        proxy: str | None = None,
     ) -> WireResponse:
         """POST `body` with exactly `headers` (plus Host and Content-Length); returns once
         the response head is in. The caller's own deadline bounds the whole exchange;
-        `deadline` bounds getting a connection, as a connect timeout."""
-        target = self._targets.get(url)
+        `deadline` bounds getting a connection, as a connect timeout. `proxy` overrides
+        the default proxy for this request (an endpoint's own)."""
+        target = await self._target(url, proxy)
         lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
         if (
             lines.count("\n") != len(headers)
@@ -510,7 +657,7 @@ class WireTransport(httpx.AsyncBaseTransport):
         head = (
             b"POST "
             + target.path
-            + f" HTTP/1.1\r\nHost: {target.host_header}\r\n{lines}"
+            + f" HTTP/1.1\r\nHost: {target.host_header}\r\n{target.proxy_lines}{lines}"
             f"Content-Length: {len(body)}\r\n\r\n".encode()
         )
         return await self._exchange(target, head + body, trace, connect_timeout=deadline)
@@ -552,25 +699,170 @@ class WireTransport(httpx.AsyncBaseTransport):
         return response
 
     async def _connect(self, target: _Target) -> _Connection:
+        if target.proxy is not None:
+            return await self._connect_through_proxy(target, target.proxy)
         loop = asyncio.get_running_loop()
         addresses = [target.host] if target.literal else await self._resolve(target)
         tls = self._tls_context() if target.tls else None
-        failures = []
-        for address in addresses:
+
+        async def open_one(address: str) -> _Connection:
+            _, connection = await loop.create_connection(
+                lambda: _Connection(self._pool, target.key),
+                address,
+                target.port,
+                ssl=tls,
+                server_hostname=target.host if tls is not None else None,
+            )
+            return connection
+
+        return await self._first_to_connect(
+            addresses, open_one, f"{target.host}:{target.port}", _close_connection
+        )
+
+    async def _first_to_connect(
+        self,
+        addresses: Sequence[str],
+        open_one: Callable[[str], Coroutine[Any, Any, T]],
+        what: str,
+        discard: Callable[[T], None],
+    ) -> T:
+        """Happy Eyeballs (RFC 8305 section 5): the first address gets `self._stagger`
+        seconds before the next one starts beside it (at once when it fails), and so on;
+        the first connection up (TCP and TLS) wins and the others are cancelled. A
+        blackholed first address costs a stagger, not the whole deadline.
+
+        Only OSError and TLS failures move on to the next address; anything else (the
+        guard's refusal, a proxy's answer) propagates. Losers that connected anyway are
+        handed to `discard`."""
+        failures: list[str] = []
+        running: dict[asyncio.Task[T], str] = {}
+        remaining = list(addresses)
+        try:
+            while remaining or running:
+                if remaining:
+                    address = remaining.pop(0)
+                    running[asyncio.create_task(open_one(address))] = address
+                done, _ = await asyncio.wait(
+                    running,
+                    timeout=self._stagger if remaining else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                for task in done:
+                    address = running.pop(task)
+                    error = task.exception()
+                    if error is None:
+                        return task.result()
+                    if not isinstance(error, (OSError, ssl.SSLError)):
+                        raise error
+                    failures.append(f"{address}: {error}")
+        finally:
+            for task in running:
+                task.cancel()
+            for outcome in await asyncio.gather(*running, return_exceptions=True):
+                if not isinstance(outcome, BaseException):
+                    discard(outcome)  # a loser that connected anyway
+        raise httpx.ConnectError(f"cannot connect to {what} ({'; '.join(failures)})")
+
+    async def _connect_through_proxy(self, target: _Target, proxy: ProxyURL) -> _Connection:
+        """A connection to the proxy; for HTTPS, a `CONNECT` tunnel to an address the guard
+        checked, with TLS for the URL's host on top."""
+        loop = asyncio.get_running_loop()
+        if _is_ip_literal(proxy.host):
+            proxy_addresses: Sequence[str] = [proxy.host]
+        else:
             try:
+                proxy_addresses = await self._proxy_resolver(proxy.host, proxy.port)
+            except OSError as exc:
+                raise httpx.ConnectError(
+                    f"cannot resolve the proxy {proxy.display}: {exc}"
+                ) from exc
+        where = f"the proxy {proxy.display}"
+        if not target.tls:
+
+            async def open_plain(address: str) -> _Connection:
                 _, connection = await loop.create_connection(
-                    lambda: _Connection(self._pool, target.key),
-                    address,
-                    target.port,
-                    ssl=tls,
-                    server_hostname=target.host if tls is not None else None,
+                    lambda: _Connection(self._pool, target.key), address, proxy.port
                 )
                 return connection
+
+            return await self._first_to_connect(
+                proxy_addresses, open_plain, where, _close_connection
+            )
+        checked = [target.host] if target.literal else await self._resolve(target)
+        failures = []
+        for address in checked:
+
+            async def open_tunnel(proxy_address: str) -> _TunnelHandshake:
+                _, handshake = await loop.create_connection(
+                    _TunnelHandshake, proxy_address, proxy.port
+                )
+                return handshake
+
+            handshake = await self._first_to_connect(
+                proxy_addresses, open_tunnel, where, _close_handshake
+            )
+            try:
+                status, reason = await self._tunnel(handshake, proxy, address, target.port)
+            except BaseException:
+                _close_handshake(handshake)
+                raise
+            if status != 200:
+                _close_handshake(handshake)
+                if status == 407:
+                    raise httpx.ConnectError(_proxy_auth_refused(proxy))
+                failures.append(f"CONNECT to {address}: {status} {reason}".strip())
+                continue
+            connection = _Connection(self._pool, target.key)
+            assert handshake.transport is not None
+            try:
+                tls = await loop.start_tls(
+                    handshake.transport,
+                    connection,
+                    self._tls_context(),
+                    server_hostname=target.host,
+                )
             except (OSError, ssl.SSLError) as exc:
-                failures.append(f"{address}: {exc}")
+                _close_handshake(handshake)
+                raise httpx.ConnectError(
+                    f"TLS with {target.host} through {where} failed: {exc}"
+                ) from exc
+            except BaseException:
+                _close_handshake(handshake)
+                raise
+            if tls is None:  # pragma: no cover - only a server-side start_tls returns None
+                _close_handshake(handshake)
+                raise httpx.ConnectError(f"TLS through {where} did not start")
+            connection.connection_made(tls)
+            return connection
         raise httpx.ConnectError(
-            f"cannot connect to {target.host}:{target.port} ({'; '.join(failures)})"
+            f"{where} refused to open a tunnel to {target.host}:{target.port} "
+            f"({'; '.join(failures)}); check the proxy's allowed ports (e.g. ConnectPort)"
         )
+
+    async def _tunnel(
+        self, handshake: _TunnelHandshake, proxy: ProxyURL, address: str, port: int
+    ) -> tuple[int, str]:
+        """Ask the proxy to `CONNECT` to `address` (checked by the guard); its status."""
+        authority = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+        authorization = proxy.authorization
+        request = f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n" + (
+            f"Proxy-Authorization: {authorization}\r\n" if authorization else ""
+        )
+        assert handshake.transport is not None
+        handshake.transport.write(request.encode("latin-1") + b"\r\n")
+        try:
+            head = await handshake.head
+        except ConnectionError as exc:
+            handshake.transport.abort()
+            raise httpx.ConnectError(f"{exc} (the proxy {proxy.display})") from exc
+        matched = _PROXY_STATUS.match(head)
+        if matched is None:
+            handshake.transport.abort()
+            raise httpx.ConnectError(
+                f"the proxy {proxy.display} answered CONNECT with something that is not HTTP/1.1"
+            )
+        reason = (matched.group(2) or b"").decode("latin-1")[:100]
+        return int(matched.group(1)), " ".join(reason.split())
 
     async def _resolve(self, target: _Target) -> list[str]:
         """The name's addresses, each checked by the SSRF guard (refused: AddressRefusedError)."""
@@ -583,13 +875,14 @@ class WireTransport(httpx.AsyncBaseTransport):
             answers = await self._resolver.resolve(target.host, target.port)
         except OSError as exc:
             raise httpx.ConnectError(f"cannot resolve {target.host}: {exc}") from exc
-        addresses = [answer["host"] for answer in answers]
+        addresses = list(answers)
         if len(self._addresses) > 10_000:
             self._addresses.clear()
         self._addresses[key] = (now, addresses)
         return addresses
 
     def _tls_context(self) -> ssl.SSLContext:
+        """The client TLS context, built on first use (most workers send to few hosts)."""
         if self._ssl_context is None:
             self._ssl_context = ssl.create_default_context()
         return self._ssl_context
@@ -598,7 +891,7 @@ class WireTransport(httpx.AsyncBaseTransport):
         """httpx's transport API on the same pool (for clients with mounts, hooks or auth)."""
         if request.method == "HEAD":
             raise httpx.UnsupportedProtocol("this wire sends webhooks; HEAD is not supported")
-        target = self._targets.get(str(request.url))
+        target = await self._target(str(request.url), request.extensions.get(PROXY_EXTENSION))
         body = await request.aread()
         # The body is read whole, so it goes out with a Content-Length, never chunked.
         kept = [
@@ -615,6 +908,7 @@ class WireTransport(httpx.AsyncBaseTransport):
             + b" "
             + target.path
             + b" HTTP/1.1\r\n"
+            + target.proxy_lines.encode("latin-1")
             + lines
             + b"Content-Length: %d\r\n\r\n" % len(body)
             + body
@@ -662,3 +956,25 @@ class _ResponseStream(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self._response.aclose()
+
+
+def _close_connection(connection: _Connection) -> None:
+    connection.close()
+
+
+def _close_handshake(handshake: _TunnelHandshake) -> None:
+    if handshake.transport is not None:
+        handshake.transport.abort()
+
+
+def _proxy_auth_refused(proxy: ProxyURL) -> str:
+    """What a 407 from the proxy means here, without the credentials."""
+    if proxy.authorization is None:
+        return (
+            f"the proxy {proxy.display} requires credentials (407 Proxy Authentication "
+            "Required); put them in the proxy URL: http://user:password@host:port"
+        )
+    return (
+        f"the proxy {proxy.display} refused the credentials in the proxy URL (407 Proxy "
+        "Authentication Required); fix the user name or password"
+    )
