@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -74,7 +75,7 @@ from outbox import operations as ops
 from outbox import tenants as tenant_ops
 from outbox.clock import Clock, SystemClock
 from outbox.crypto import SecretBox
-from outbox.endpoints import get_endpoint, list_endpoints, set_enabled
+from outbox.endpoints import Endpoint, get_endpoint, list_endpoints, set_enabled, set_proxy
 from outbox.errors import NotFoundError, OutboxError, TenantError
 from outbox.migrate import VERSION_TABLE, head_revision
 from outbox.stats import AlertThresholds, EndpointHealth, collect_stats, read_totals
@@ -427,6 +428,16 @@ async def create_endpoint_route(call: Call) -> Any:
             tenant=owner,
             all_tenants=all_tenants,
         )
+        if data.proxy is not None:
+            endpoint = set_proxy(
+                conn,
+                call.api.box,
+                created.endpoint.uid,
+                data.proxy,
+                actor=call.actor,
+                request_id=call.request_id,
+            )
+            created = dataclasses.replace(created, endpoint=endpoint)
         # An ed25519 endpoint's answer holds its whpk_ public key (in the endpoint), no secret.
         secret = (
             {} if created.endpoint.signature_scheme == "ed25519" else {"secret": created.secret}
@@ -439,22 +450,38 @@ async def create_endpoint_route(call: Call) -> Any:
 
 async def update_endpoint_route(call: Call) -> Any:
     uid, data = call.path_uid(), await call.body_as(EndpointUpdate)
-    updated = await call.api.write(
-        lambda c: ops.update_endpoint(
-            c,
-            uid,
-            actor=call.actor,
-            url=data.url,
-            description=data.description,
-            event_types=data.event_types,
-            timeout_seconds=data.timeout_seconds,
-            max_attempts=data.max_attempts,
-            reason=data.reason,
-            request_id=call.request_id,
-            https_only=call.api.config.https_only,
-            scope=call.scope,
-        )
-    )
+
+    def update(c: Connection) -> Endpoint:
+        proxy_given = "proxy" in data.model_fields_set
+        if data.changes_fields or not proxy_given:
+            item = ops.update_endpoint(
+                c,
+                uid,
+                actor=call.actor,
+                url=data.url,
+                description=data.description,
+                event_types=data.event_types,
+                timeout_seconds=data.timeout_seconds,
+                max_attempts=data.max_attempts,
+                reason=data.reason,
+                request_id=call.request_id,
+                https_only=call.api.config.https_only,
+                scope=call.scope,
+            )
+        if proxy_given:
+            item = set_proxy(
+                c,
+                call.api.box,
+                uid,
+                data.proxy,
+                actor=call.actor,
+                reason=data.reason,
+                request_id=call.request_id,
+                scope=call.scope,
+            )
+        return item
+
+    updated = await call.api.write(update)
     warnings = await call.api.address_warnings(updated.url) if data.url is not None else []
     return {**updated.as_json(), "warnings": warnings}
 
