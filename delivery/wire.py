@@ -144,6 +144,7 @@ class _TunnelHandshake(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.head: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._buffer = bytearray()
+        self.early = False  # bytes came after the head
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -154,12 +155,10 @@ class _TunnelHandshake(asyncio.Protocol):
         self._buffer += data
         end = self._buffer.find(b"\r\n\r\n")
         if end >= 0:
-            if end + 4 != len(self._buffer):
-                self.head.set_exception(
-                    ConnectionError("the proxy sent bytes after its answer to CONNECT")
-                )
-            else:
-                self.head.set_result(bytes(self._buffer))
+            # A refusal may carry a body; after a 200, the tunnel's first bytes are the
+            # server's, and a server speaks only after our TLS hello.
+            self.early = len(self._buffer) > end + 4
+            self.head.set_result(bytes(self._buffer[: end + 4]))
             self.transport.pause_reading()  # type: ignore[union-attr]
         elif len(self._buffer) > _MAX_PROXY_HEAD:
             self.head.set_exception(
@@ -862,7 +861,13 @@ class WireTransport(httpx.AsyncBaseTransport):
                 f"the proxy {proxy.display} answered CONNECT with something that is not HTTP/1.1"
             )
         reason = (matched.group(2) or b"").decode("latin-1")[:100]
-        return int(matched.group(1)), " ".join(reason.split())
+        status = int(matched.group(1))
+        if status == 200 and handshake.early:
+            handshake.transport.abort()
+            raise httpx.ConnectError(
+                f"the proxy {proxy.display} sent bytes into the tunnel before TLS started"
+            )
+        return status, " ".join(reason.split())
 
     async def _resolve(self, target: _Target) -> list[str]:
         """The name's addresses, each checked by the SSRF guard (refused: AddressRefusedError)."""
