@@ -33,6 +33,7 @@ from delivery.signing import SigningKey, signature_header
 from delivery.ssrf import AddressPolicy, build_guarded_transport
 from delivery.wire import PROXY_EXTENSION, WireTransport
 from outbox.clock import Clock
+from outbox.urls import parse_proxy_url
 
 USER_AGENT = "webhook-outbox/0.1"
 
@@ -277,6 +278,20 @@ def _through_proxy(client: httpx.AsyncClient, request: OutgoingRequest) -> bool:
     return request.proxy is not None or (isinstance(client, DeliveryClient) and bool(client.proxy))
 
 
+def _via(client: httpx.AsyncClient, request: OutgoingRequest) -> str:
+    """' through the proxy host:port' when the attempt went through one (never its
+    credentials): a proxy that refuses a plain-HTTP request without reading its body
+    resets the connection, and the operator must see where that happened."""
+    if request.proxy is not None:
+        try:
+            return f" through the proxy {parse_proxy_url(request.proxy).display}"
+        except InvalidEndpointURLError:
+            return " through the endpoint's proxy"
+    if isinstance(client, DeliveryClient) and client.proxy:
+        return f" through the proxy {client.proxy}"
+    return ""
+
+
 def _sends_through_wire(client: httpx.AsyncClient) -> bool:
     return isinstance(client, DeliveryClient) and isinstance(
         client.delivery_transport, WireTransport
@@ -396,7 +411,9 @@ async def send_attempt(
     except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
         if progress.sending:
             result.outcome = Outcome.AMBIGUOUS
-            result.error = "failed after sending, may have arrived: " + _describe(exc)
+            result.error = (
+                f"failed after sending{_via(client, request)}, may have arrived: " + _describe(exc)
+            )
         else:
             result.outcome = Outcome.RETRYABLE
             result.error = "failed before sending: " + _describe(exc)

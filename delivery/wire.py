@@ -807,8 +807,8 @@ class WireTransport(httpx.AsyncBaseTransport):
                 raise
             if status != 200:
                 _close_handshake(handshake)
-                if status == 407:
-                    raise httpx.ConnectError(_proxy_auth_refused(proxy))
+                if status in (401, 407):  # tinyproxy answers wrong credentials with 401
+                    raise httpx.ConnectError(_proxy_auth_refused(proxy, status, reason))
                 failures.append(f"CONNECT to {address}: {status} {reason}".strip())
                 continue
             connection = _Connection(self._pool, target.key)
@@ -972,14 +972,15 @@ def _close_handshake(handshake: _TunnelHandshake) -> None:
         handshake.transport.abort()
 
 
-def _proxy_auth_refused(proxy: ProxyURL) -> str:
-    """What a 407 from the proxy means here, without the credentials."""
+def _proxy_auth_refused(proxy: ProxyURL, status: int, reason: str) -> str:
+    """What a 407 (or 401) from the proxy means here, without the credentials."""
+    answer = f"{status} {reason}".strip()
     if proxy.authorization is None:
         return (
-            f"the proxy {proxy.display} requires credentials (407 Proxy Authentication "
-            "Required); put them in the proxy URL: http://user:password@host:port"
+            f"the proxy {proxy.display} requires credentials ({answer}); put them in the "
+            "proxy URL: http://user:password@host:port"
         )
     return (
-        f"the proxy {proxy.display} refused the credentials in the proxy URL (407 Proxy "
-        "Authentication Required); fix the user name or password"
+        f"the proxy {proxy.display} refused the credentials in the proxy URL ({answer}); "
+        "fix the user name or password"
     )

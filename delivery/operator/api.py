@@ -832,6 +832,13 @@ _TENANT_FILTER = Param(
     "tenant", "Only this tenant's (a tenant-scoped token is always confined to its own)."
 )
 _UID = Param("uid", "Endpoint id (ep_...).", where="path")
+_PROXY = {
+    "type": "string",
+    "description": (
+        "The endpoint's own egress proxy, http://user:password@host:port; stored encrypted, "
+        "shown as host:port only (null removes it)."
+    ),
+}
 _REASON = {"reason": {"type": "string", "description": "Why; goes in the audit log."}}
 _FILTER_PARAMS = (
     Param("state", "Comma-separated states: scheduled, in_flight, succeeded, dead, discarded."),
@@ -971,6 +978,7 @@ ROUTES: tuple[Operation, ...] = (
                 "signature": {"enum": ["hmac", "ed25519"]},
                 "tenant": {"type": "string", "description": "Owner (default: the default)."},
                 "all_tenants": {"type": "boolean", "description": "Receive every tenant's."},
+                "proxy": _PROXY,
             },
         },
     ),
@@ -990,6 +998,7 @@ ROUTES: tuple[Operation, ...] = (
                 "description": {"type": "string"},
                 "timeout_seconds": {"type": "number"},
                 "max_attempts": {"type": "integer"},
+                "proxy": {**_PROXY, "type": ["string", "null"]},
             },
         },
     ),
