@@ -208,6 +208,22 @@ async def test_an_endpoints_own_proxy_overrides_the_default_one(
         Webhook(created.secret).verify(request.body, request.headers)
 
 
+async def test_plain_http_names_the_checked_address_not_the_host(
+    receiver: Receiver, tinyproxy: StartProxy
+) -> None:
+    """A name is resolved and checked here; the proxy is handed the checked address in
+    absolute form, so its own DNS can never point the request somewhere else."""
+    proxy = tinyproxy()
+    resolve, asked = answers(["127.0.0.1"])
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK), resolver=resolve, proxy=proxy.url())
+    async with DeliveryClient(transport=wire, proxy=wire.proxy) as client:
+        result = await attempt(client, f"http://hook.test:{receiver.port}/named")
+    assert result.outcome is Outcome.SUCCEEDED, result.error
+    assert asked == ["hook.test"]
+    assert proxy.requests() == [f"POST http://127.0.0.1:{receiver.port}/named HTTP/1.1"]
+    assert len(receiver.received("/named")) == 1
+
+
 # -- HTTPS through CONNECT ---------------------------------------------------------------
 
 
