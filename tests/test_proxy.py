@@ -549,3 +549,25 @@ def test_the_setting_is_validated_kept_secret_and_needs_the_wire(
         load_settings()
     client = build_http_client(max_connections=1, timeout=1, proxy=f"http://u:{PASSWORD}@p:1")
     assert isinstance(client, DeliveryClient) and client.proxy == "p:1"
+
+
+def test_key_rotation_re_encrypts_the_proxy_and_start_up_checks_its_key(engine: Engine) -> None:
+    from outbox.endpoints import check_keys_cover_stored_secrets, decrypt_proxy, reencrypt_secrets
+    from outbox.errors import SecretKeyError
+
+    old, new = generate_key("old"), generate_key("new")
+    url = f"http://outbox:{PASSWORD}@127.0.0.1:3128"
+    new_only = SecretBox.from_setting(new)
+    uid = add_endpoint(engine, new_only, "https://partner.example/h").endpoint.uid
+    with engine.begin() as conn:
+        # The proxy is the only secret under the old key: start-up must still notice.
+        set_proxy(conn, SecretBox.from_setting(old), uid, url, actor="t")
+    with engine.begin() as conn, pytest.raises(SecretKeyError, match="'old'"):
+        check_keys_cover_stored_secrets(conn, new_only)
+    with engine.begin() as conn:
+        reencrypt_secrets(conn, SecretBox.from_setting(f"{new},{old}"), actor="t")
+    stored = scalar(engine, "SELECT proxy_url FROM endpoints")
+    assert stored.startswith("v1:new:") and PASSWORD not in stored
+    assert decrypt_proxy(new_only, uid, stored) == url
+    with engine.begin() as conn:
+        check_keys_cover_stored_secrets(conn, new_only)
