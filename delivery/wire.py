@@ -3,17 +3,21 @@
 Why: on a drain to an instant receiver, aiohttp's request path was a quarter to a
 third of the worker's CPU (README, performance: where the time goes), as much per
 request as the whole raw-ceiling client spends. A webhook POST needs little of a
-general client: one request per connection at a time, keep-alive, and none of
-redirects, cookies, proxies, compression, auth or streaming uploads. This wire
+general client: one request per connection at a time, keep-alive, an egress proxy,
+and none of redirects, cookies, compression, auth or streaming uploads. This wire
 writes each request as one buffer and parses the answer with httptools (llhttp,
 the parser of Node.js and uvicorn), in C.
 
-It keeps what the other wires guarantee (tests/test_transport.py runs every case
-through all three):
+It keeps what httpx's own pool guarantees (tests/test_transport.py runs every case
+through both):
 
 - the SSRF guard: names are resolved once and every answer checked
   (`GuardedResolver`), IP literals are checked as they are, and the checked address
   is what is dialled; TLS still verifies and sends SNI for the URL's host;
+- a name's addresses are raced (Happy Eyeballs, RFC 8305), so one that drops
+  packets costs a 250 ms stagger, not the attempt's whole deadline;
+- through a proxy, the same guard first: HTTPS tunnels (`CONNECT`) to the checked
+  address, plain HTTP names it in absolute form;
 - the scheme rule (`https_only`);
 - the failure mapping, into the httpx classes `delivery.http.send_attempt` turns
   into outcomes: connect failures are `ConnectError` / `ConnectTimeout` (nothing was
