@@ -615,10 +615,9 @@ class WireTransport(httpx.AsyncBaseTransport):
         """The default proxy as `host:port` (never its credentials), or None."""
         return None if self._proxy is None else self._proxy.display
 
-    async def _target(self, url: str, proxy: str | None) -> _Target:
-        """The checked target for `url`, through `proxy` (else the default proxy), if any."""
-        if proxy is None and self._proxy is None:
-            return self._targets.get(url)
+    async def _proxied_target(self, url: str, proxy: str | None) -> _Target:
+        """The checked target for `url` through `proxy`, else through the default proxy
+        (callers go to `self._targets` directly when there is neither: the hot path)."""
         direct = self._targets.get(url)  # the scheme rule, and the guard for literals
         key = (url, proxy or "")
         target = self._proxied.get(key)
@@ -647,7 +646,11 @@ class WireTransport(httpx.AsyncBaseTransport):
         the response head is in. The caller's own deadline bounds the whole exchange;
         `deadline` bounds getting a connection, as a connect timeout. `proxy` overrides
         the default proxy for this request (an endpoint's own)."""
-        target = await self._target(url, proxy)
+        target = (
+            self._targets.get(url)
+            if proxy is None and self._proxy is None
+            else await self._proxied_target(url, proxy)
+        )
         lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
         if (
             lines.count("\n") != len(headers)
@@ -900,7 +903,12 @@ class WireTransport(httpx.AsyncBaseTransport):
         """httpx's transport API on the same pool (for clients with mounts, hooks or auth)."""
         if request.method == "HEAD":
             raise httpx.UnsupportedProtocol("this wire sends webhooks; HEAD is not supported")
-        target = await self._target(str(request.url), request.extensions.get(PROXY_EXTENSION))
+        proxy = request.extensions.get(PROXY_EXTENSION)
+        target = (
+            self._targets.get(str(request.url))
+            if proxy is None and self._proxy is None
+            else await self._proxied_target(str(request.url), proxy)
+        )
         body = await request.aread()
         # The body is read whole, so it goes out with a Content-Length, never chunked.
         kept = [

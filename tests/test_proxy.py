@@ -10,6 +10,7 @@ secret: never logged, never in attempt rows, audit rows or API answers.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import shutil
@@ -275,6 +276,69 @@ async def test_direct_and_proxied_connections_pool_apart(
     assert first.requests() == [target, target]
     assert second.requests() == [target]
     assert len(receiver.requests) == 6
+
+
+async def test_an_endpoint_proxy_holds_on_every_path_or_fails_clearly(
+    receiver: Receiver, tinyproxy: StartProxy
+) -> None:
+    """Through a client with an event hook (httpx's full path, the wire's transport API)
+    the endpoint's proxy is still used; on the httpx transport, which has no proxy
+    support, the attempt fails as retryable and says so instead of going direct."""
+    proxy = tinyproxy()
+    url = receiver.route("/hooked")
+    seen: list[str] = []
+
+    async def hook(request: httpx.Request) -> None:
+        seen.append(request.url.path)
+
+    async with build_http_client(max_connections=2, timeout=5, allowed_networks=LOOPBACK) as http:
+        http.event_hooks["request"] = [hook]
+        hooked = await attempt(http, url, proxy.url())
+    assert hooked.outcome is Outcome.SUCCEEDED, hooked.error
+    assert seen == ["/hooked"]
+    assert proxy.requests() == [f"POST http://127.0.0.1:{receiver.port}/hooked HTTP/1.1"]
+    async with build_http_client(
+        max_connections=2, timeout=5, allowed_networks=LOOPBACK, transport="httpx"
+    ) as direct:
+        refused = await attempt(direct, url, proxy.url())
+    assert refused.outcome is Outcome.RETRYABLE
+    assert "only the wire transport" in (refused.error or "")
+    assert len(receiver.received("/hooked")) == 1
+
+
+def test_https_through_the_proxy_on_uvloop(tmp_path: Path, tinyproxy: StartProxy) -> None:
+    """`outbox run` uses uvloop when installed: the tunnel's TLS upgrade works there too."""
+    import uvloop
+
+    from tests.test_ssrf import Receiver as TLSReceiver
+    from tests.test_ssrf import _tls_contexts
+
+    async def run() -> tuple[list[Outcome], list[str]]:
+        server_ctx, client_ctx = _tls_contexts("hook.test", tmp_path)
+        receiver = TLSReceiver(host="127.0.0.2")
+        server = await asyncio.start_server(receiver.handle, "127.0.0.2", 0, ssl=server_ctx)
+        port = server.sockets[0].getsockname()[1]
+        proxy = tinyproxy(connect_ports=(port,))
+        resolve, _ = answers(["127.0.0.2"])
+        wire = WireTransport(
+            policy=AddressPolicy(["127.0.0.2/32"]),
+            ssl_context=client_ctx,
+            resolver=resolve,
+            proxy=proxy.url(),
+        )
+        try:
+            async with DeliveryClient(transport=wire, proxy=wire.proxy) as client:
+                results = [
+                    await attempt(client, f"https://hook.test:{port}/hook") for _ in range(3)
+                ]
+        finally:
+            server.close()
+            await server.wait_closed()
+        return [r.outcome for r in results], proxy.requests()
+
+    outcomes, lines = uvloop.run(run())
+    assert outcomes == [Outcome.SUCCEEDED] * 3
+    assert lines and all(line.startswith("CONNECT 127.0.0.2:") for line in lines)
 
 
 # -- the SSRF guard runs first -----------------------------------------------------------
