@@ -155,6 +155,7 @@ class _TunnelHandshake(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.head.done():
+            self.early = True
             return
         self._buffer += data
         end = self._buffer.find(b"\r\n\r\n")

@@ -488,6 +488,55 @@ def rows_of(engine: Engine, sql: str) -> list[tuple[Any, ...]]:
     return [tuple(row.values()) for row in rows(engine, sql)]
 
 
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        (b"HTTP/1.1 200 OK\r\n" + b"x-pad: y\r\n" * 3000, "over 16384 bytes"),
+        (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "not HTTP/1.1"),
+        (b"HTTP/1.1 200 Connection established\r\n\r\nEARLY", "before TLS started"),
+        (b"", "closed the connection during CONNECT"),
+        (b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 3\r\n\r\nbad", "502 Bad Gateway"),
+    ],
+)
+async def test_a_hostile_proxy_answer_to_connect_is_a_clear_connect_failure(
+    answer: bytes, says: str
+) -> None:
+    """A scripted "proxy" (not tinyproxy: these are the answers a broken one gives)."""
+    heard: list[bytes] = []
+    writers: list[asyncio.StreamWriter] = []
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        heard.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(answer)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+            if answer:
+                await reader.read()  # hold the connection until the client gives up
+        writer.close()
+
+    server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    wire = WireTransport(
+        policy=AddressPolicy(LOOPBACK), proxy=f"http://u:{PASSWORD}@127.0.0.1:{port}"
+    )
+    try:
+        async with DeliveryClient(transport=wire, proxy=wire.proxy) as client:
+            result = await attempt(client, "https://127.0.0.1:9/hook")
+    finally:
+        server.close()
+        for writer in writers:
+            writer.transport.abort()
+        await server.wait_closed()
+        await asyncio.sleep(0)
+    assert result.outcome is Outcome.RETRYABLE
+    assert says in (result.error or ""), result.error
+    assert PASSWORD not in (result.error or "")
+    [request] = heard
+    assert request.startswith(b"CONNECT 127.0.0.1:9 HTTP/1.1\r\nHost: 127.0.0.1:9\r\n")
+    assert b"Proxy-Authorization: Basic " in request
+
+
 # -- the CLI and the admin API -------------------------------------------------------------
 
 
