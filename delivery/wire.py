@@ -602,8 +602,6 @@ class WireTransport(httpx.AsyncBaseTransport):
         self._resolver = GuardedResolver(policy, resolver)
         self._pool = _Pool(max_connections, keepalive_expiry)
         self._ssl_context = ssl_context
-        self._https_only = https_only
-        self._policy = policy
         self._targets = CheckedURLs(policy, https_only=https_only, build=_Target)
         self._addresses: dict[tuple[str, int], tuple[float, list[str]]] = {}
         self._proxy = None if proxy is None else parse_proxy_url(proxy, what="OUTBOX_HTTP_PROXY")
@@ -796,54 +794,43 @@ class WireTransport(httpx.AsyncBaseTransport):
                 proxy_addresses, open_plain, where, _close_connection
             )
         checked = [target.host] if target.literal else await self._resolve(target)
-        failures = []
-        for address in checked:
+        tls_context = self._tls_context()
 
-            async def open_tunnel(proxy_address: str) -> _TunnelHandshake:
-                _, handshake = await loop.create_connection(
-                    _TunnelHandshake, proxy_address, proxy.port
-                )
-                return handshake
+        async def open_tunnel(proxy_address: str) -> _TunnelHandshake:
+            _, handshake = await loop.create_connection(_TunnelHandshake, proxy_address, proxy.port)
+            return handshake
 
+        async def through(address: str) -> _Connection:
+            """CONNECT to one checked address, then TLS for the URL's host. A refusal of
+            this address (or TLS failing) moves on to the next; an unreachable proxy or
+            refused credentials end the attempt."""
             handshake = await self._first_to_connect(
                 proxy_addresses, open_tunnel, where, _close_handshake
             )
             try:
                 status, reason = await self._tunnel(handshake, proxy, address, target.port)
-            except BaseException:
-                _close_handshake(handshake)
-                raise
-            if status != 200:
-                _close_handshake(handshake)
                 if status in (401, 407):  # tinyproxy answers wrong credentials with 401
                     raise httpx.ConnectError(_proxy_auth_refused(proxy, status, reason))
-                failures.append(f"CONNECT to {address}: {status} {reason}".strip())
-                continue
-            connection = _Connection(self._pool, target.key)
-            assert handshake.transport is not None
-            try:
+                if status != 200:
+                    raise ConnectionRefusedError(
+                        f"{where} refused CONNECT ({status} {reason}); check its allowed "
+                        "ports (e.g. tinyproxy's ConnectPort)"
+                    )
+                connection = _Connection(self._pool, target.key)
+                assert handshake.transport is not None
                 tls = await loop.start_tls(
-                    handshake.transport,
-                    connection,
-                    self._tls_context(),
-                    server_hostname=target.host,
+                    handshake.transport, connection, tls_context, server_hostname=target.host
                 )
-            except (OSError, ssl.SSLError) as exc:
-                _close_handshake(handshake)
-                raise httpx.ConnectError(
-                    f"TLS with {target.host} through {where} failed: {exc}"
-                ) from exc
+                if tls is None:  # pragma: no cover - only a server-side start_tls returns None
+                    raise ConnectionError("TLS did not start")
             except BaseException:
                 _close_handshake(handshake)
                 raise
-            if tls is None:  # pragma: no cover - only a server-side start_tls returns None
-                _close_handshake(handshake)
-                raise httpx.ConnectError(f"TLS through {where} did not start")
             connection.connection_made(tls)
             return connection
-        raise httpx.ConnectError(
-            f"{where} refused to open a tunnel to {target.host}:{target.port} "
-            f"({'; '.join(failures)}); check the proxy's allowed ports (e.g. ConnectPort)"
+
+        return await self._first_to_connect(
+            checked, through, f"{target.host}:{target.port} through {where}", _close_connection
         )
 
     async def _tunnel(

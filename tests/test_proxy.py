@@ -261,6 +261,36 @@ async def test_https_tunnels_to_the_checked_address_and_verifies_the_urls_host(
     assert len(receiver.requests) == 1
 
 
+async def test_a_blackholed_address_behind_the_proxy_costs_a_stagger(
+    start_receiver: StartReceiver, tmp_path: Path, tinyproxy: StartProxy
+) -> None:
+    """Happy Eyeballs holds through the proxy too: while the proxy's connect to the first
+    checked address hangs, a second CONNECT to the next one starts and wins."""
+    from tests.test_connect_race import blackhole
+
+    receiver, client_ctx, sni = await tls_receiver_recording_sni(start_receiver, tmp_path)
+    proxy = tinyproxy(connect_ports=(receiver.port,))
+    resolve, _ = answers(["127.0.0.3", "127.0.0.2"])
+    wire = WireTransport(
+        policy=AddressPolicy(["127.0.0.0/8"]),
+        ssl_context=client_ctx,
+        resolver=resolve,
+        proxy=proxy.url(),
+    )
+    with blackhole("127.0.0.3", receiver.port):
+        async with DeliveryClient(transport=wire, proxy=wire.proxy) as client:
+            result = await send_attempt(
+                client, outgoing(f"https://hook.test:{receiver.port}/hook", deadline=3.0),
+                ManualClock(),
+            )  # fmt: skip
+    assert result.outcome is Outcome.SUCCEEDED, result.error
+    assert proxy.requests() == [
+        f"CONNECT 127.0.0.3:{receiver.port} HTTP/1.1",
+        f"CONNECT 127.0.0.2:{receiver.port} HTTP/1.1",
+    ]
+    assert sni == ["hook.test"]
+
+
 async def test_direct_and_proxied_connections_pool_apart(
     receiver: Receiver, tinyproxy: StartProxy
 ) -> None:
@@ -415,8 +445,8 @@ async def test_a_refused_tunnel_and_an_unreachable_proxy_are_retryable(
         refused = await attempt(http, https, proxy.url())
         unreachable = await attempt(http, receiver.url("/hook"), f"http://127.0.0.1:{closed}")
     assert refused.outcome is Outcome.RETRYABLE
-    assert f"the proxy 127.0.0.1:{proxy.port} refused to open a tunnel" in (refused.error or "")
-    assert "403" in (refused.error or "")
+    assert f"the proxy 127.0.0.1:{proxy.port} refused CONNECT (403" in (refused.error or "")
+    assert "ConnectPort" in (refused.error or "")
     assert unreachable.outcome is Outcome.RETRYABLE
     assert f"cannot connect to the proxy 127.0.0.1:{closed}" in (unreachable.error or "")
     assert receiver.requests == []
