@@ -600,6 +600,13 @@ def test_cli_sets_shows_and_removes_an_endpoints_proxy(database_url: str) -> Non
     assert bad.exit_code != 0
     assert "must start with http://" in bad.output
     assert PASSWORD not in bad.output
+    refused = runner.invoke(
+        main,
+        ["endpoints", "add", "https://other.example/h", "--events", "*", "--proxy", "http://p"],
+        env=env,
+    )
+    assert refused.exit_code != 0 and "needs the proxy's port" in refused.output
+    assert [e["url"] for e in outbox("endpoints", "list")] == ["https://partner.example/h"]
 
 
 async def test_admin_api_sets_and_clears_a_proxy_within_the_callers_tenant(
