@@ -250,10 +250,10 @@ async def _post(
         "trace": progress,
     }
     if request.proxy is not None:
-        if not isinstance(transport, WireTransport) and not _sends_through_wire(client):
+        if not _sends_through_wire(client):
             raise httpx.ConnectError(
-                "the endpoint has a proxy, which only the wire transport sends through; "
-                "set OUTBOX_HTTP_TRANSPORT=wire (the default)"
+                "the endpoint has a proxy, which only the wire transport sends through "
+                "(a client from build_http_client); set OUTBOX_HTTP_TRANSPORT=wire (the default)"
             )
         extensions[PROXY_EXTENSION] = request.proxy
     outgoing = httpx.Request(
