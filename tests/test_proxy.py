@@ -723,3 +723,49 @@ def test_key_rotation_re_encrypts_the_proxy_and_start_up_checks_its_key(engine: 
     assert decrypt_proxy(new_only, uid, stored) == url
     with engine.begin() as conn:
         check_keys_cover_stored_secrets(conn, new_only)
+
+
+async def test_outbox_run_sends_through_OUTBOX_HTTP_PROXY_in_every_process(
+    engine: Engine, database_url: str, receiver: Receiver, tinyproxy: StartProxy
+) -> None:
+    """The setting reaches the wire of each supervised process, and nothing it prints
+    (at DEBUG) carries the proxy's password."""
+    import os
+    import signal
+    import sys
+
+    proxy = tinyproxy(user="outbox", password=PASSWORD)
+    key = generate_key("run")
+    created = add_endpoint(engine, SecretBox.from_setting(key), receiver.route("/run"))
+    with engine.begin() as conn:
+        for i in range(6):
+            publish(conn, "order.created", {"i": i})
+    env = {
+        **os.environ,
+        "OUTBOX_DATABASE_URL": database_url,
+        "OUTBOX_SECRET_KEYS": key,
+        "OUTBOX_ALLOWED_NETWORKS": "127.0.0.0/8",
+        "OUTBOX_HTTP_PROXY": proxy.url(),
+        "OUTBOX_PROCESSES": "2",
+        "OUTBOX_LOG_LEVEL": "DEBUG",
+        "OUTBOX_WORKER_POLL_INTERVAL": "0.1",
+        "OUTBOX_RELAY_POLL_INTERVAL": "0.1",
+    }
+    run = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "from delivery.operator.cli import main; main()", "run",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(60):
+            while scalar(engine, "SELECT count(*) FROM deliveries WHERE state = 'succeeded'") < 6:
+                await asyncio.sleep(0.1)
+    finally:
+        run.send_signal(signal.SIGTERM)
+        stdout, stderr = await asyncio.wait_for(run.communicate(), timeout=30)
+    assert run.returncode == 0, stderr.decode()
+    assert len(receiver.received("/run")) == 6
+    for request in receiver.received("/run"):
+        Webhook(created.secret).verify(request.body, request.headers)
+    assert proxy.requests() == [f"POST http://127.0.0.1:{receiver.port}/run HTTP/1.1"] * 6
+    printed = (stdout + stderr).decode()
+    assert PASSWORD not in printed and "outbox:" not in printed
