@@ -157,6 +157,17 @@ def test_unknown_transport_name_is_refused() -> None:
         build_http_client(max_connections=1, timeout=1, transport="aiohttp")
 
 
+def test_the_removed_aiohttp_setting_is_refused_at_start_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from outbox.errors import ConfigurationError
+    from outbox.settings import load_settings
+
+    monkeypatch.setenv("OUTBOX_HTTP_TRANSPORT", "aiohttp")
+    with pytest.raises(ConfigurationError, match=r"OUTBOX_HTTP_TRANSPORT: .*'wire' or 'httpx'"):
+        load_settings()
+
+
 @pytest.mark.parametrize("transport", ["wire", "httpx"])
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::ffff:127.0.0.1]"])
 async def test_both_transports_carry_the_ssrf_guard(
