@@ -293,8 +293,8 @@ def report(results: dict[str, Any]) -> str:
         f"{claim['concurrent_loops']} loops, {claim['commits_per_delivery']} commits/delivery); "
         f"2 processes: {results['claim_complete_2']['deliveries_per_s']}/s",
         f"transport, requests/s from one process: httpx pool {transports['httpx_10']} "
-        f"(10 concurrent) / {transports['httpx_100']} (100), aiohttp transport "
-        f"{transports['aiohttp_10']} / {transports['aiohttp_100']}",
+        f"(10 concurrent) / {transports['httpx_100']} (100), our wire "
+        f"{transports['wire_10']} / {transports['wire_100']}",
         f"worker peak RSS: {rss['worker_peak_rss_mb']} MB with {rss['in_flight']} deliveries "
         f"in flight (max_in_flight {rss['max_in_flight']})",
         *scale.report(results["scale"]),

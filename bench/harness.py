@@ -858,15 +858,12 @@ async def transports(receiver: ReceiverProcess, plan: Plan) -> dict[str, Any]:
     """Requests/s from this process to the receiver through each wire, 10 and 100 concurrent."""
     results: dict[str, Any] = {}
     for concurrency in (10, 100):
-        for name in ("httpx", "aiohttp", "wire"):
+        for name in ("httpx", "wire"):
             results[f"{name}_{concurrency}"] = await _requests_per_s(
                 receiver.url("/transport"), name, concurrency, plan.transport_seconds
             )
-        results[f"aiohttp_over_httpx_{concurrency}"] = round(
-            results[f"aiohttp_{concurrency}"] / max(results[f"httpx_{concurrency}"], 1), 1
-        )
-        results[f"wire_over_aiohttp_{concurrency}"] = round(
-            results[f"wire_{concurrency}"] / max(results[f"aiohttp_{concurrency}"], 1), 1
+        results[f"wire_over_httpx_{concurrency}"] = round(
+            results[f"wire_{concurrency}"] / max(results[f"httpx_{concurrency}"], 1), 1
         )
     return results
 
@@ -1022,7 +1019,7 @@ async def _run(
                 scale_plan = scale.ScalePlan.quick() if plan.scale_quick else scale.ScalePlan()
                 results["scale"] = await scale.measure(cluster, scale_plan, progress)
             return results
-        progress("transports: httpx default pool vs aiohttp transport vs our wire")
+        progress("transports: httpx default pool vs our wire")
         results["transports"] = await transports(receiver, plan)
         progress("relay alone")
         default_batch = RelayConfig().batch_size

@@ -17,7 +17,11 @@ from typing import Any, Protocol
 
 import httpx
 
-from delivery.errors import AddressRefusedError, InvalidEndpointURLError
+from delivery.errors import (
+    AddressRefusedError,
+    DeliveryConfigurationError,
+    InvalidEndpointURLError,
+)
 from delivery.policy import (
     RETRY_AFTER_MAX_SECONDS,
     RETRY_AFTER_STATUSES,
@@ -27,9 +31,9 @@ from delivery.policy import (
 )
 from delivery.signing import SigningKey, signature_header
 from delivery.ssrf import AddressPolicy, build_guarded_transport
-from delivery.transport import AiohttpTransport
-from delivery.wire import WireTransport
+from delivery.wire import PROXY_EXTENSION, WireTransport
 from outbox.clock import Clock
+from outbox.urls import parse_proxy_url
 
 USER_AGENT = "webhook-outbox/0.1"
 
@@ -46,6 +50,8 @@ class OutgoingRequest:
     retry_after_max: float = RETRY_AFTER_MAX_SECONDS
     # The endpoint's custom headers (validated when saved); ours are applied after them.
     extra_headers: Mapping[str, str] = field(default_factory=dict)
+    # The endpoint's own egress proxy URL (decrypted; a secret), overriding the default.
+    proxy: str | None = field(default=None, repr=False)
 
 
 @dataclass(slots=True)
@@ -87,7 +93,25 @@ class _Progress:
             self.sending = True
 
 
-TRANSPORTS = ("wire", "aiohttp", "httpx")
+TRANSPORTS = ("wire", "httpx")
+DEFAULT_TRANSPORT = "wire"
+
+
+class DeliveryClient(httpx.AsyncClient):
+    """The httpx client attempts go through, knowing the transport it was built with.
+
+    Why a subclass: `send_attempt` posts straight through that transport when the client
+    adds nothing of its own (no auth, no event hooks), skipping httpx's request and
+    response models, and httpx has no public accessor for a client's transport.
+    """
+
+    def __init__(
+        self, *, transport: httpx.AsyncBaseTransport, proxy: str | None, **kwargs: Any
+    ) -> None:
+        super().__init__(transport=transport, **kwargs)
+        self.delivery_transport = transport
+        # The default egress proxy as host:port (never its credentials), or None.
+        self.proxy = proxy
 
 
 def build_http_client(
@@ -96,34 +120,43 @@ def build_http_client(
     timeout: float,
     allowed_networks: Sequence[str] = (),
     https_only: bool = False,
-    transport: str = "httpx",
-) -> httpx.AsyncClient:
+    transport: str = DEFAULT_TRANSPORT,
+    proxy: str | None = None,
+) -> DeliveryClient:
     """The client every attempt goes through.
 
     Every connection passes the SSRF guard (private, loopback and other special
     ranges refused unless listed in `allowed_networks`), redirects are never
     followed and proxies from the environment are ignored. `transport="wire"` (our
-    own HTTP/1.1 wire, delivery.wire) and `"aiohttp"` (delivery.transport) keep
-    httpx's API and are several times faster than httpcore's pool under load (see
-    the README's Performance section); both carry the same guard.
+    own HTTP/1.1 wire, delivery.wire, the default and production path) keeps httpx's
+    API and is several times faster than `"httpx"` (httpcore's own pool, through the
+    same guard) under load (see the README's Performance section). `proxy`
+    (`http://user:password@host:port`, OUTBOX_HTTP_PROXY) is the egress proxy of every
+    attempt; endpoints may name their own. Only the wire sends through proxies.
     """
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
     policy = AddressPolicy(allowed_networks)
     wire: httpx.AsyncBaseTransport
+    shown: str | None = None
     if transport == "wire":
-        wire = WireTransport(policy=policy, https_only=https_only, max_connections=max_connections)
-    elif transport == "aiohttp":
-        wire = AiohttpTransport(
-            policy=policy, https_only=https_only, max_connections=max_connections
+        wire = WireTransport(
+            policy=policy, https_only=https_only, max_connections=max_connections, proxy=proxy
         )
+        shown = wire.proxy
     else:
+        if proxy is not None:
+            raise DeliveryConfigurationError(
+                "OUTBOX_HTTP_PROXY needs OUTBOX_HTTP_TRANSPORT=wire (the default); the httpx "
+                "transport sends directly"
+            )
         limits = httpx.Limits(
             max_connections=max_connections, max_keepalive_connections=max_connections
         )
         wire = build_guarded_transport(policy, https_only=https_only, limits=limits)
-    return httpx.AsyncClient(
+    return DeliveryClient(
         transport=wire,
+        proxy=shown,
         follow_redirects=False,
         trust_env=False,
         timeout=httpx.Timeout(timeout),
@@ -136,23 +169,27 @@ def _storable(raw: bytes) -> str:
     return raw.decode("utf-8", "replace").replace("\x00", "\ufffd")
 
 
-def _direct_transport(client: httpx.AsyncClient, url: httpx.URL) -> httpx.AsyncBaseTransport | None:
-    """The client's transport for `url` when nothing in the client's own layers applies.
+def _direct_transport(client: httpx.AsyncClient) -> httpx.AsyncBaseTransport | None:
+    """The transport an attempt may call directly: the one `build_http_client` chose,
+    when the client adds nothing of its own.
 
     Why: httpx's client layers (URL merging, cookie jar, auth and redirect loops, hooks)
-    cost more CPU per webhook than the aiohttp wire itself (the benchmark profile put
-    them at about 30 % of the worker's samples). A webhook POST uses none of them: no
-    cookies, no auth, redirects are never followed. When the client has hooks or auth
-    configured, the full `client.send` path is used so they still run.
+    cost more CPU per webhook than the wire itself (the benchmark profile put them at
+    about 30 % of the worker's samples). A webhook POST uses none of them: no cookies,
+    no auth, redirects are never followed. When the client has hooks or auth
+    configured, or is not a `DeliveryClient`, the full `client.send` path is used.
     """
-    if client.auth is not None or any(client.event_hooks.values()):
+    if (
+        not isinstance(client, DeliveryClient)
+        or client.auth is not None
+        or any(client.event_hooks.values())
+    ):
         return None
-    # httpx has no public accessor; this honours `mounts` and proxies like send() does.
-    return client._transport_for_url(url)
+    return client.delivery_transport
 
 
 class _Response(Protocol):
-    """What send_attempt reads of a response: httpx.Response or the direct aiohttp one."""
+    """What send_attempt reads of a response: httpx.Response or the wire's own."""
 
     @property
     def status_code(self) -> int: ...
@@ -166,18 +203,11 @@ class _Response(Protocol):
     def aiter_raw(self) -> AsyncIterator[bytes]: ...
 
 
-def _direct_wire(client: httpx.AsyncClient) -> WireTransport | AiohttpTransport | None:
-    """The wire or aiohttp transport when the client adds nothing of its own (no mounts,
-    hooks, auth): then the attempt posts through it directly (their `post`)."""
-    wire = client._transport  # httpx has no public accessor
-    if (
-        not isinstance(wire, (WireTransport, AiohttpTransport))
-        or client._mounts
-        or client.auth is not None
-        or any(client.event_hooks.values())
-    ):
-        return None
-    return wire
+def _direct_wire(client: httpx.AsyncClient) -> WireTransport | None:
+    """The wire when the client adds nothing of its own (no hooks, auth): then the
+    attempt posts through it directly (`WireTransport.post`)."""
+    wire = _direct_transport(client)
+    return wire if isinstance(wire, WireTransport) else None
 
 
 _BASE_HEADERS: weakref.WeakKeyDictionary[httpx.AsyncClient, dict[str, str]] = (
@@ -200,28 +230,39 @@ async def _post(
     progress: _Progress,
 ) -> AsyncIterator[_Response]:
     """POST with the client's headers and transport; the response streams and is closed."""
-    wire = _direct_wire(client)
-    if wire is not None:
-        direct = await wire.post(
+    transport = _direct_transport(client)
+    if isinstance(transport, WireTransport):
+        direct = await transport.post(
             request.url,
             {**_client_headers(client), **headers},
             request.body,
             deadline=request.timeout,
             trace=progress,
+            proxy=request.proxy,
         )
         try:
             yield direct
         finally:
             await direct.aclose()
         return
+    extensions: dict[str, Any] = {
+        "timeout": httpx.Timeout(request.timeout).as_dict(),
+        "trace": progress,
+    }
+    if request.proxy is not None:
+        if not _sends_through_wire(client):
+            raise httpx.ConnectError(
+                "the endpoint has a proxy, which only the wire transport sends through "
+                "(a client from build_http_client); set OUTBOX_HTTP_TRANSPORT=wire (the default)"
+            )
+        extensions[PROXY_EXTENSION] = request.proxy
     outgoing = httpx.Request(
         "POST",
         request.url,
         headers={**client.headers, **headers},
         content=request.body,
-        extensions={"timeout": httpx.Timeout(request.timeout).as_dict(), "trace": progress},
+        extensions=extensions,
     )
-    transport = _direct_transport(client, outgoing.url)
     if transport is None:
         response = await client.send(outgoing, stream=True, follow_redirects=False)
     else:
@@ -231,6 +272,30 @@ async def _post(
         yield response
     finally:
         await response.aclose()
+
+
+def _through_proxy(client: httpx.AsyncClient, request: OutgoingRequest) -> bool:
+    return request.proxy is not None or (isinstance(client, DeliveryClient) and bool(client.proxy))
+
+
+def _via(client: httpx.AsyncClient, request: OutgoingRequest) -> str:
+    """' through the proxy host:port' when the attempt went through one (never its
+    credentials): a proxy that refuses a plain-HTTP request without reading its body
+    resets the connection, and the operator must see where that happened."""
+    if request.proxy is not None:
+        try:
+            return f" through the proxy {parse_proxy_url(request.proxy).display}"
+        except InvalidEndpointURLError:
+            return " through the endpoint's proxy"
+    if isinstance(client, DeliveryClient) and client.proxy:
+        return f" through the proxy {client.proxy}"
+    return ""
+
+
+def _sends_through_wire(client: httpx.AsyncClient) -> bool:
+    return isinstance(client, DeliveryClient) and isinstance(
+        client.delivery_transport, WireTransport
+    )
 
 
 def _one_line(text: str, limit: int = 500) -> str:
@@ -305,6 +370,15 @@ async def send_attempt(
             if 300 <= response.status_code < 400:
                 result.location = _one_line(response.headers.get("location") or "?", 300)
                 result.error += f"; redirect to {result.location} not followed"
+        if response.status_code == 407 and _through_proxy(client, request):
+            # Plain HTTP through a proxy: its refusal arrives as a response, and nothing
+            # reached the receiver. (HTTPS learns it from CONNECT, as a connect error.)
+            result.outcome = Outcome.RETRYABLE
+            result.disables_endpoint = False
+            result.error = (
+                "HTTP 407 from the egress proxy: it refused the credentials in the proxy "
+                "URL (or needs some); fix OUTBOX_HTTP_PROXY or the endpoint's proxy"
+            )
         if response.status_code in RETRY_AFTER_STATUSES:
             result.retry_after = parse_retry_after(
                 response.headers.get("retry-after"), started_at, request.retry_after_max
@@ -337,7 +411,9 @@ async def send_attempt(
     except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
         if progress.sending:
             result.outcome = Outcome.AMBIGUOUS
-            result.error = "failed after sending, may have arrived: " + _describe(exc)
+            result.error = (
+                f"failed after sending{_via(client, request)}, may have arrived: " + _describe(exc)
+            )
         else:
             result.outcome = Outcome.RETRYABLE
             result.error = "failed before sending: " + _describe(exc)

@@ -35,8 +35,6 @@ import ssl
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Final, Generic, TypeVar
 
-import aiohttp
-import aiohttp.abc
 import httpcore
 import httpx
 from yarl import URL
@@ -381,21 +379,20 @@ def build_guarded_transport(
     )
 
 
-class GuardedResolver(aiohttp.abc.AbstractResolver):
-    """The SSRF guard for aiohttp: a host is refused if any of its addresses is refused.
+class GuardedResolver:
+    """The SSRF guard for the wire: a host is refused if any of its addresses is refused.
 
-    aiohttp dials exactly the addresses its resolver returns, so checking them here
-    checks the address actually dialled, as the httpcore backend above does. IP
-    literals never reach a resolver; `check_literal_host` covers those.
+    The wire dials exactly the addresses this returns, so checking them here checks
+    the address actually dialled, as the httpcore backend above does. IP literals
+    never reach a resolver; `check_literal_host` covers those.
     """
 
     def __init__(self, policy: AddressPolicy, resolver: Resolver | None = None) -> None:
         self._policy = policy
         self._resolve = resolver or system_resolver
 
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[aiohttp.abc.ResolveResult]:
+    async def resolve(self, host: str, port: int) -> list[str]:
+        """`host`'s addresses as canonical IP literals, each checked; OSError when none."""
         answers = [normalise_address(answer) for answer in await self._resolve(host, port)]
         if not answers:
             raise OSError(f"{host} has no addresses")
@@ -404,20 +401,7 @@ class GuardedResolver(aiohttp.abc.AbstractResolver):
                 self._policy.check(address)
             except AddressRefusedError as exc:
                 raise AddressRefusedError(exc.address, exc.reason, host=host) from None
-        return [
-            {
-                "hostname": host,
-                "host": str(address),
-                "port": port,
-                "family": socket.AF_INET6 if address.version == 6 else socket.AF_INET,
-                "proto": 0,
-                "flags": socket.AI_NUMERICHOST,
-            }
-            for address in answers
-        ]
-
-    async def close(self) -> None:
-        return None
+        return [str(address) for address in answers]
 
 
 def check_outgoing_url(policy: AddressPolicy, url: URL, *, https_only: bool) -> None:

@@ -3,17 +3,21 @@
 Why: on a drain to an instant receiver, aiohttp's request path was a quarter to a
 third of the worker's CPU (README, performance: where the time goes), as much per
 request as the whole raw-ceiling client spends. A webhook POST needs little of a
-general client: one request per connection at a time, keep-alive, and none of
-redirects, cookies, proxies, compression, auth or streaming uploads. This wire
+general client: one request per connection at a time, keep-alive, an egress proxy,
+and none of redirects, cookies, compression, auth or streaming uploads. This wire
 writes each request as one buffer and parses the answer with httptools (llhttp,
 the parser of Node.js and uvicorn), in C.
 
-It keeps what the other wires guarantee (tests/test_transport.py runs every case
-through all three):
+It keeps what httpx's own pool guarantees (tests/test_transport.py runs every case
+through both):
 
 - the SSRF guard: names are resolved once and every answer checked
   (`GuardedResolver`), IP literals are checked as they are, and the checked address
   is what is dialled; TLS still verifies and sends SNI for the URL's host;
+- a name's addresses are raced (Happy Eyeballs, RFC 8305), so one that drops
+  packets costs a 250 ms stagger, not the attempt's whole deadline;
+- through a proxy, the same guard first: HTTPS tunnels (`CONNECT`) to the checked
+  address, plain HTTP names it in absolute form;
 - the scheme rule (`https_only`);
 - the failure mapping, into the httpx classes `delivery.http.send_attempt` turns
   into outcomes: connect failures are `ConnectError` / `ConnectTimeout` (nothing was
@@ -27,12 +31,14 @@ through all three):
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
+import re
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, cast
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import httptools
 import httpx
@@ -40,7 +46,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from delivery.errors import InvalidEndpointURLError
-from delivery.ssrf import AddressPolicy, CheckedURLs, GuardedResolver, Resolver
+from delivery.ssrf import AddressPolicy, CheckedURLs, GuardedResolver, Resolver, system_resolver
+from outbox.urls import ProxyURL, parse_proxy_url
 
 # Stop reading a body the caller is not consuming once this much is buffered.
 _READ_HIGH_WATER = 256 * 1024
@@ -51,16 +58,42 @@ _SEND_STARTED = "http11.send_request_headers.started"
 # A name's checked addresses are reused this long for new connections (aiohttp's default).
 _DNS_TTL_SECONDS = 10.0
 _HTTP11 = b"HTTP/1.1"
+# Happy Eyeballs (RFC 8305): the next address is tried this long after the previous one
+# started, while that one keeps trying; the first connection up wins.
+CONNECT_STAGGER_SECONDS = 0.25
+# A proxy's answer to CONNECT larger than this is refused (it is a status line and a few
+# headers).
+_MAX_PROXY_HEAD = 16 * 1024
+_PROXY_STATUS = re.compile(rb"^HTTP/1\.[01] ([0-9]{3})(?: ([^\r\n]*))?\r\n")
+T = TypeVar("T")
+# The httpx request extension carrying a request's own proxy URL (an endpoint's).
+PROXY_EXTENSION = "outbox_proxy"
 
 Trace = Callable[[str, Mapping[str, Any]], Awaitable[None]]
 
 
 class _Target:
-    """An endpoint URL, parsed and checked once: where to connect and what to send."""
+    """An endpoint URL, parsed and checked once: where to connect and what to send.
 
-    __slots__ = ("host", "host_header", "key", "literal", "path", "port", "tls")
+    Through a proxy (`proxy` set) it pools apart from direct connections (`key` names
+    the proxy and a digest of its credentials); a plain-HTTP request goes to the proxy in
+    absolute form (`at` an address the guard checked) with `proxy_lines` in its head.
+    """
 
-    def __init__(self, url: URL) -> None:
+    __slots__ = (
+        "_at",
+        "host",
+        "host_header",
+        "key",
+        "literal",
+        "path",
+        "port",
+        "proxy",
+        "proxy_lines",
+        "tls",
+    )
+
+    def __init__(self, url: URL, proxy: ProxyURL | None = None) -> None:
         self.host = url.raw_host or ""
         self.port = url.port or (443 if url.scheme == "https" else 80)
         self.tls = url.scheme == "https"
@@ -70,6 +103,81 @@ class _Target:
         default_port = 443 if self.tls else 80
         self.host_header = bracketed if self.port == default_port else f"{bracketed}:{self.port}"
         self.path = (url.raw_path_qs or "/").encode("ascii")
+        self.proxy = proxy
+        self.proxy_lines = ""
+        self._at: dict[str, _Target] = {}
+        if proxy is not None:
+            credentials = f"{proxy.username}:{proxy.password}".encode()
+            via = f"{proxy.display}#{hashlib.sha256(credentials).hexdigest()[:16]}"
+            self.key = (self.tls, f"{self.host} via {via}", self.port)
+            if not self.tls and proxy.authorization is not None:
+                self.proxy_lines = f"Proxy-Authorization: {proxy.authorization}\r\n"
+            if not self.tls and self.literal:
+                self.path = _absolute(self.host, self.port, self.path)
+
+    def at(self, address: str) -> _Target:
+        """This plain-HTTP target through its proxy, addressed to a checked `address`: the
+        proxy connects where the guard said, not where its own DNS says."""
+        found = self._at.get(address)
+        if found is None:
+            if len(self._at) > 64:
+                self._at.clear()
+            found = self._at[address] = _copy_target(self)
+            found.path = _absolute(address, self.port, self.path)
+        return found
+
+
+def _copy_target(target: _Target) -> _Target:
+    copied = object.__new__(_Target)
+    for name in _Target.__slots__:
+        setattr(copied, name, getattr(target, name))
+    copied._at = {}
+    return copied
+
+
+def _absolute(address: str, port: int, path: bytes) -> bytes:
+    """The absolute-form request target (RFC 9112 3.2.2) a proxy forwards."""
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{port}".encode("ascii") + path
+
+
+class _TunnelHandshake(asyncio.Protocol):
+    """Reads a proxy's answer to CONNECT (a status line and headers), nothing more."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.head: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._buffer = bytearray()
+        self.early = False  # bytes came after the head
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.head.done():
+            self.early = True
+            return
+        self._buffer += data
+        end = self._buffer.find(b"\r\n\r\n")
+        if end >= 0:
+            # A refusal may carry a body; after a 200, the tunnel's first bytes are the
+            # server's, and a server speaks only after our TLS hello.
+            self.early = len(self._buffer) > end + 4
+            self.head.set_result(bytes(self._buffer[: end + 4]))
+            self.transport.pause_reading()  # type: ignore[union-attr]
+        elif len(self._buffer) > _MAX_PROXY_HEAD:
+            self.head.set_exception(
+                ConnectionError(f"the proxy's answer to CONNECT is over {_MAX_PROXY_HEAD} bytes")
+            )
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.head.done():
+            self.head.set_exception(
+                ConnectionError(f"the proxy closed the connection during CONNECT ({exc})")
+            )
 
 
 def _is_ip_literal(host: str) -> bool:
@@ -462,9 +570,14 @@ class _Pool:
 class WireTransport(httpx.AsyncBaseTransport):
     """Webhook POSTs over our own HTTP/1.1 wire, and httpx's transport API on the same pool.
 
-    Never follows redirects, keeps no cookies, reads no proxy settings and does not
-    decompress: the caller sees the raw bytes, so the body cap counts what came over
-    the wire.
+    Never follows redirects, keeps no cookies, reads no proxy settings from the
+    environment and does not decompress: the caller sees the raw bytes, so the body cap
+    counts what came over the wire.
+
+    An egress proxy (`proxy`, or one per request) changes where bytes go, never what the
+    guard allows: the target's name is still resolved and checked here, HTTPS goes
+    through `CONNECT` to the checked address (TLS verified for the URL's host, end to
+    end) and plain HTTP to the proxy in absolute form naming the checked address.
     """
 
     def __init__(
@@ -476,14 +589,47 @@ class WireTransport(httpx.AsyncBaseTransport):
         keepalive_expiry: float = 15.0,
         ssl_context: ssl.SSLContext | None = None,
         resolver: Resolver | None = None,
+        proxy: str | None = None,
+        connect_stagger: float = CONNECT_STAGGER_SECONDS,
+        proxy_resolver: Resolver | None = None,
     ) -> None:
         """`ssl_context` defaults to the system's trust store with verification on;
-        `resolver` (host, port -> addresses) to the system resolver."""
+        `resolver` (host, port -> addresses) to the system resolver. `proxy` is the
+        egress proxy for every request (`http://user:password@host:port`, trusted
+        configuration: its own address is not checked by the guard, and
+        `proxy_resolver` resolves its name); a request's own proxy overrides it.
+        `connect_stagger` is the Happy Eyeballs delay between addresses."""
         self._resolver = GuardedResolver(policy, resolver)
         self._pool = _Pool(max_connections, keepalive_expiry)
         self._ssl_context = ssl_context
         self._targets = CheckedURLs(policy, https_only=https_only, build=_Target)
         self._addresses: dict[tuple[str, int], tuple[float, list[str]]] = {}
+        self._proxy = None if proxy is None else parse_proxy_url(proxy, what="OUTBOX_HTTP_PROXY")
+        self._proxy_resolver = proxy_resolver or system_resolver
+        self._proxied: dict[tuple[str, str], _Target] = {}
+        self._stagger = connect_stagger
+
+    @property
+    def proxy(self) -> str | None:
+        """The default proxy as `host:port` (never its credentials), or None."""
+        return None if self._proxy is None else self._proxy.display
+
+    async def _proxied_target(self, url: str, proxy: str | None) -> _Target:
+        """The checked target for `url` through `proxy`, else through the default proxy
+        (callers go to `self._targets` directly when there is neither: the hot path)."""
+        direct = self._targets.get(url)  # the scheme rule, and the guard for literals
+        key = (url, proxy or "")
+        target = self._proxied.get(key)
+        if target is None:
+            via = self._proxy if proxy is None else parse_proxy_url(proxy, what="the proxy URL")
+            if len(self._proxied) > 10_000:
+                self._proxied.clear()
+            target = self._proxied[key] = _Target(URL(url), via)
+        if target.tls or direct.literal:
+            return target
+        # Plain HTTP names the checked address to the proxy, so it is resolved (and checked)
+        # here, before the request is written.
+        return target.at((await self._resolve(target))[0])
 
     async def post(
         self,
@@ -493,11 +639,17 @@ class WireTransport(httpx.AsyncBaseTransport):
         *,
         deadline: float,
         trace: Trace | None = None,
+        proxy: str | None = None,
     ) -> WireResponse:
         """POST `body` with exactly `headers` (plus Host and Content-Length); returns once
         the response head is in. The caller's own deadline bounds the whole exchange;
-        `deadline` bounds getting a connection, as a connect timeout."""
-        target = self._targets.get(url)
+        `deadline` bounds getting a connection, as a connect timeout. `proxy` overrides
+        the default proxy for this request (an endpoint's own)."""
+        target = (
+            self._targets.get(url)
+            if proxy is None and self._proxy is None
+            else await self._proxied_target(url, proxy)
+        )
         lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
         if (
             lines.count("\n") != len(headers)
@@ -510,7 +662,7 @@ class WireTransport(httpx.AsyncBaseTransport):
         head = (
             b"POST "
             + target.path
-            + f" HTTP/1.1\r\nHost: {target.host_header}\r\n{lines}"
+            + f" HTTP/1.1\r\nHost: {target.host_header}\r\n{target.proxy_lines}{lines}"
             f"Content-Length: {len(body)}\r\n\r\n".encode()
         )
         return await self._exchange(target, head + body, trace, connect_timeout=deadline)
@@ -552,25 +704,165 @@ class WireTransport(httpx.AsyncBaseTransport):
         return response
 
     async def _connect(self, target: _Target) -> _Connection:
+        if target.proxy is not None:
+            return await self._connect_through_proxy(target, target.proxy)
         loop = asyncio.get_running_loop()
         addresses = [target.host] if target.literal else await self._resolve(target)
         tls = self._tls_context() if target.tls else None
-        failures = []
-        for address in addresses:
+
+        async def open_one(address: str) -> _Connection:
+            _, connection = await loop.create_connection(
+                lambda: _Connection(self._pool, target.key),
+                address,
+                target.port,
+                ssl=tls,
+                server_hostname=target.host if tls is not None else None,
+            )
+            return connection
+
+        return await self._first_to_connect(
+            addresses, open_one, f"{target.host}:{target.port}", _close_connection
+        )
+
+    async def _first_to_connect(
+        self,
+        addresses: Sequence[str],
+        open_one: Callable[[str], Coroutine[Any, Any, T]],
+        what: str,
+        discard: Callable[[T], None],
+    ) -> T:
+        """Happy Eyeballs (RFC 8305 section 5): the first address gets `self._stagger`
+        seconds before the next one starts beside it (at once when it fails), and so on;
+        the first connection up (TCP and TLS) wins and the others are cancelled. A
+        blackholed first address costs a stagger, not the whole deadline.
+
+        Only OSError and TLS failures move on to the next address; anything else (the
+        guard's refusal, a proxy's answer) propagates. Losers that connected anyway are
+        handed to `discard`."""
+        failures: list[str] = []
+        running: dict[asyncio.Task[T], str] = {}
+        remaining = list(addresses)
+        try:
+            while remaining or running:
+                if remaining:
+                    address = remaining.pop(0)
+                    running[asyncio.create_task(open_one(address))] = address
+                done, _ = await asyncio.wait(
+                    running,
+                    timeout=self._stagger if remaining else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                for task in done:
+                    address = running.pop(task)
+                    error = task.exception()
+                    if error is None:
+                        return task.result()
+                    if not isinstance(error, (OSError, ssl.SSLError)):
+                        raise error
+                    failures.append(f"{address}: {error}")
+        finally:
+            for task in running:
+                task.cancel()
+            for outcome in await asyncio.gather(*running, return_exceptions=True):
+                if not isinstance(outcome, BaseException):
+                    discard(outcome)  # a loser that connected anyway
+        raise httpx.ConnectError(f"cannot connect to {what} ({'; '.join(failures)})")
+
+    async def _connect_through_proxy(self, target: _Target, proxy: ProxyURL) -> _Connection:
+        """A connection to the proxy; for HTTPS, a `CONNECT` tunnel to an address the guard
+        checked, with TLS for the URL's host on top."""
+        loop = asyncio.get_running_loop()
+        if _is_ip_literal(proxy.host):
+            proxy_addresses: Sequence[str] = [proxy.host]
+        else:
             try:
+                proxy_addresses = await self._proxy_resolver(proxy.host, proxy.port)
+            except OSError as exc:
+                raise httpx.ConnectError(
+                    f"cannot resolve the proxy {proxy.display}: {exc}"
+                ) from exc
+        where = f"the proxy {proxy.display}"
+        if not target.tls:
+
+            async def open_plain(address: str) -> _Connection:
                 _, connection = await loop.create_connection(
-                    lambda: _Connection(self._pool, target.key),
-                    address,
-                    target.port,
-                    ssl=tls,
-                    server_hostname=target.host if tls is not None else None,
+                    lambda: _Connection(self._pool, target.key), address, proxy.port
                 )
                 return connection
-            except (OSError, ssl.SSLError) as exc:
-                failures.append(f"{address}: {exc}")
-        raise httpx.ConnectError(
-            f"cannot connect to {target.host}:{target.port} ({'; '.join(failures)})"
+
+            return await self._first_to_connect(
+                proxy_addresses, open_plain, where, _close_connection
+            )
+        checked = [target.host] if target.literal else await self._resolve(target)
+        tls_context = self._tls_context()
+
+        async def open_tunnel(proxy_address: str) -> _TunnelHandshake:
+            _, handshake = await loop.create_connection(_TunnelHandshake, proxy_address, proxy.port)
+            return handshake
+
+        async def through(address: str) -> _Connection:
+            """CONNECT to one checked address, then TLS for the URL's host. A refusal of
+            this address (or TLS failing) moves on to the next; an unreachable proxy or
+            refused credentials end the attempt."""
+            handshake = await self._first_to_connect(
+                proxy_addresses, open_tunnel, where, _close_handshake
+            )
+            try:
+                status, reason = await self._tunnel(handshake, proxy, address, target.port)
+                if status in (401, 407):  # tinyproxy answers wrong credentials with 401
+                    raise httpx.ConnectError(_proxy_auth_refused(proxy, status, reason))
+                if status != 200:
+                    raise ConnectionRefusedError(
+                        f"{where} refused CONNECT ({status} {reason}); check its allowed "
+                        "ports (e.g. tinyproxy's ConnectPort)"
+                    )
+                connection = _Connection(self._pool, target.key)
+                assert handshake.transport is not None
+                tls = await loop.start_tls(
+                    handshake.transport, connection, tls_context, server_hostname=target.host
+                )
+                if tls is None:  # pragma: no cover - only a server-side start_tls returns None
+                    raise ConnectionError("TLS did not start")
+            except BaseException:
+                _close_handshake(handshake)
+                raise
+            connection.connection_made(tls)
+            return connection
+
+        return await self._first_to_connect(
+            checked, through, f"{target.host}:{target.port} through {where}", _close_connection
         )
+
+    async def _tunnel(
+        self, handshake: _TunnelHandshake, proxy: ProxyURL, address: str, port: int
+    ) -> tuple[int, str]:
+        """Ask the proxy to `CONNECT` to `address` (checked by the guard); its status."""
+        authority = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+        authorization = proxy.authorization
+        request = f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n" + (
+            f"Proxy-Authorization: {authorization}\r\n" if authorization else ""
+        )
+        assert handshake.transport is not None
+        handshake.transport.write(request.encode("latin-1") + b"\r\n")
+        try:
+            head = await handshake.head
+        except ConnectionError as exc:
+            handshake.transport.abort()
+            raise httpx.ConnectError(f"{exc} (the proxy {proxy.display})") from exc
+        matched = _PROXY_STATUS.match(head)
+        if matched is None:
+            handshake.transport.abort()
+            raise httpx.ConnectError(
+                f"the proxy {proxy.display} answered CONNECT with something that is not HTTP/1.1"
+            )
+        reason = (matched.group(2) or b"").decode("latin-1")[:100]
+        status = int(matched.group(1))
+        if status == 200 and handshake.early:
+            handshake.transport.abort()
+            raise httpx.ConnectError(
+                f"the proxy {proxy.display} sent bytes into the tunnel before TLS started"
+            )
+        return status, " ".join(reason.split())
 
     async def _resolve(self, target: _Target) -> list[str]:
         """The name's addresses, each checked by the SSRF guard (refused: AddressRefusedError)."""
@@ -583,13 +875,14 @@ class WireTransport(httpx.AsyncBaseTransport):
             answers = await self._resolver.resolve(target.host, target.port)
         except OSError as exc:
             raise httpx.ConnectError(f"cannot resolve {target.host}: {exc}") from exc
-        addresses = [answer["host"] for answer in answers]
+        addresses = list(answers)
         if len(self._addresses) > 10_000:
             self._addresses.clear()
         self._addresses[key] = (now, addresses)
         return addresses
 
     def _tls_context(self) -> ssl.SSLContext:
+        """The client TLS context, built on first use (most workers send to few hosts)."""
         if self._ssl_context is None:
             self._ssl_context = ssl.create_default_context()
         return self._ssl_context
@@ -598,7 +891,12 @@ class WireTransport(httpx.AsyncBaseTransport):
         """httpx's transport API on the same pool (for clients with mounts, hooks or auth)."""
         if request.method == "HEAD":
             raise httpx.UnsupportedProtocol("this wire sends webhooks; HEAD is not supported")
-        target = self._targets.get(str(request.url))
+        proxy = request.extensions.get(PROXY_EXTENSION)
+        target = (
+            self._targets.get(str(request.url))
+            if proxy is None and self._proxy is None
+            else await self._proxied_target(str(request.url), proxy)
+        )
         body = await request.aread()
         # The body is read whole, so it goes out with a Content-Length, never chunked.
         kept = [
@@ -615,6 +913,7 @@ class WireTransport(httpx.AsyncBaseTransport):
             + b" "
             + target.path
             + b" HTTP/1.1\r\n"
+            + target.proxy_lines.encode("latin-1")
             + lines
             + b"Content-Length: %d\r\n\r\n" % len(body)
             + body
@@ -662,3 +961,26 @@ class _ResponseStream(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self._response.aclose()
+
+
+def _close_connection(connection: _Connection) -> None:
+    connection.close()
+
+
+def _close_handshake(handshake: _TunnelHandshake) -> None:
+    if handshake.transport is not None:
+        handshake.transport.abort()
+
+
+def _proxy_auth_refused(proxy: ProxyURL, status: int, reason: str) -> str:
+    """What a 407 (or 401) from the proxy means here, without the credentials."""
+    answer = f"{status} {reason}".strip()
+    if proxy.authorization is None:
+        return (
+            f"the proxy {proxy.display} requires credentials ({answer}); put them in the "
+            "proxy URL: http://user:password@host:port"
+        )
+    return (
+        f"the proxy {proxy.display} refused the credentials in the proxy URL ({answer}); "
+        "fix the user name or password"
+    )

@@ -46,7 +46,7 @@ from delivery.policy import (
 from outbox import tracing
 from outbox.clock import Clock
 from outbox.crypto import SecretBox, SigningKey, signing_key
-from outbox.endpoints import secret_context
+from outbox.endpoints import decrypt_proxy, secret_context
 from outbox.headers import decrypt_headers
 from outbox.notify import wait_for_any
 from outbox.outage import OUTAGE
@@ -189,6 +189,7 @@ class Worker:
         self._rng = rng or random.Random()
         self._keys: dict[str, SigningKey] = {}
         self._headers: dict[str, dict[str, str]] = {}
+        self._proxies: dict[str, str] = {}
         # What _prepare derives the same way for every delivery of an endpoint or event
         # type, built once (the drain profile had _prepare at a seventh of worker CPU).
         self._policies: dict[tuple[tuple[float, ...] | None, str, int], RetryPolicy] = {}
@@ -395,6 +396,7 @@ class Worker:
                 ),
                 retry_after_max=self.config.retry_after_max,
                 extra_headers=self._custom_headers(row.custom_headers, row.endpoint_uid),
+                proxy=self._proxy(row.proxy_url, row.endpoint_uid) if row.proxy_url else None,
             ),
         )
 
@@ -404,6 +406,9 @@ class Worker:
         return _memo(
             self._headers, stored, lambda: decrypt_headers(self._box, endpoint_uid, stored)
         )
+
+    def _proxy(self, stored: str, endpoint_uid: str) -> str:
+        return _memo(self._proxies, stored, lambda: decrypt_proxy(self._box, endpoint_uid, stored))
 
     # -- attempting and recording ---------------------------------------------------
 

@@ -25,7 +25,7 @@ from outbox.crypto import (
 from outbox.errors import EndpointError, EndpointNotFoundError, SecretKeyError
 from outbox.ids import new_endpoint_id
 from outbox.tenants import DEFAULT_TENANT, scope_params, validate_tenant_uid
-from outbox.urls import validate_endpoint_url
+from outbox.urls import parse_proxy_url, validate_endpoint_url
 
 _PATTERN = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*(\.\*)?)$")
 
@@ -45,6 +45,7 @@ class Endpoint:
     created_at: dt.datetime
     signature_scheme: str = "hmac"
     public_key: str | None = None  # `whpk_...` for ed25519: what the partner verifies with
+    proxy: str | None = None  # its own egress proxy as host:port (the URL is a secret)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -60,6 +61,7 @@ class Endpoint:
             "created_at": self.created_at.isoformat(),
             "signature_scheme": self.signature_scheme,
             "public_key": self.public_key,
+            "proxy": self.proxy,
         }
 
 
@@ -121,6 +123,55 @@ def secret_context(uid: str) -> str:
 def headers_context(uid: str) -> str:
     """Associated data of an endpoint's encrypted custom headers."""
     return f"endpoint:{uid}:headers"
+
+
+def proxy_context(uid: str) -> str:
+    """Associated data of an endpoint's encrypted proxy URL."""
+    return f"endpoint:{uid}:proxy"
+
+
+def set_proxy(
+    conn: Connection,
+    box: SecretBox,
+    uid: str,
+    proxy: str | None,
+    *,
+    actor: str,
+    reason: str | None = None,
+    request_id: str | None = None,
+    scope: str | None = None,
+) -> Endpoint:
+    """Send this endpoint's deliveries through its own egress proxy (None: the default).
+
+    The URL (`http://user:password@host:port`) is stored encrypted, since it may carry
+    credentials; the endpoint shows, and the audit row records, only `host:port`. The
+    proxy changes where bytes go, never what the SSRF guard allows.
+    """
+    parsed = None if proxy is None else parse_proxy_url(proxy, what="the endpoint's proxy URL")
+    stored = None if proxy is None else box.encrypt(proxy, context=proxy_context(uid))
+    shown = None if parsed is None else parsed.display
+    updated = conn.execute(
+        queries.SET_ENDPOINT_PROXY,
+        {"uid": uid, "proxy_url": stored, "proxy_host": shown, **scope_params(conn, scope)},
+    ).first()
+    if updated is None:
+        raise endpoint_not_found(uid)
+    record_audit(
+        conn,
+        actor=actor,
+        action="endpoint.proxy",
+        target_type="endpoint",
+        target_id=uid,
+        reason=reason,
+        request_id=request_id,
+        details={"proxy": shown},
+    )
+    return get_endpoint(conn, uid)
+
+
+def decrypt_proxy(box: SecretBox, uid: str, stored: str) -> str:
+    """The endpoint's proxy URL in plain text, for the HTTP client only."""
+    return box.decrypt(stored, context=proxy_context(uid))
 
 
 def create_endpoint(
@@ -228,6 +279,7 @@ def check_keys_cover_stored_secrets(conn: Connection, box: SecretBox) -> None:
             (row.signing_secret, secret_context(row.uid)),
             (row.previous_signing_secret, secret_context(row.uid)),
             (row.custom_headers, headers_context(row.uid)),
+            (row.proxy_url, proxy_context(row.uid)),
         ):
             if not stored:
                 continue
@@ -264,6 +316,12 @@ def reencrypt_secrets(conn: Connection, box: SecretBox, *, actor: str) -> int:
             if row.custom_headers
             else None
         )
+        via = proxy_context(row.uid)
+        proxy = (
+            box.encrypt(box.decrypt(row.proxy_url, context=via), context=via)
+            if row.proxy_url
+            else None
+        )
         conn.execute(
             queries.SET_ENDPOINT_SECRETS,
             {
@@ -271,6 +329,7 @@ def reencrypt_secrets(conn: Connection, box: SecretBox, *, actor: str) -> int:
                 "signing_secret": current,
                 "previous_signing_secret": previous,
                 "custom_headers": headers,
+                "proxy_url": proxy,
             },
         )
         changed += 1

@@ -195,7 +195,7 @@ def claimed_columns(delivery: str) -> str:
         {delivery}.id, {delivery}.claims AS claim, {delivery}.attempts, {delivery}.max_attempts,
         e.uid AS endpoint_uid, e.url, e.signing_secret, e.previous_signing_secret,
         e.previous_secret_expires_at, e.timeout_seconds, e.retry_schedule,
-        e.custom_headers, e.status_overrides,
+        e.custom_headers, e.status_overrides, e.proxy_url,
         ev.message_id, ev.event_type, ev.payload::text AS payload_json,
         ev.created_at AS event_created_at, ev.traceparent,
         {delivery}.endpoint_id,
@@ -311,7 +311,7 @@ INSERT_ENDPOINT = text(
 _ENDPOINT_COLUMNS = """
     e.id, e.uid, t.uid AS tenant, e.all_tenants, e.url, e.description, e.event_types,
     e.enabled, e.disabled_reason, e.disabled_at, e.created_at, e.signature_scheme,
-    e.signing_public_key AS public_key
+    e.signing_public_key AS public_key, e.proxy_host AS proxy
 """
 
 SELECT_ENDPOINTS = text(
@@ -969,7 +969,7 @@ METRICS_TENANTS = text("SELECT enabled, count(*) AS n FROM tenants GROUP BY enab
 
 SELECT_STORED_SECRETS = text(
     """
-    SELECT id, uid, signing_secret, previous_signing_secret, custom_headers
+    SELECT id, uid, signing_secret, previous_signing_secret, custom_headers, proxy_url
     FROM endpoints ORDER BY id
     """
 )
@@ -982,7 +982,7 @@ SET_ENDPOINT_SECRETS = text(
     """
     UPDATE endpoints
     SET signing_secret = :signing_secret, previous_signing_secret = :previous_signing_secret,
-        custom_headers = :custom_headers, updated_at = now()
+        custom_headers = :custom_headers, proxy_url = :proxy_url, updated_at = now()
     WHERE id = :id
     """
 )
@@ -1015,6 +1015,15 @@ RESET_ENDPOINT_HEALTH_ON_ENABLE = text(
         window_failures = 0, trips = 0, failing_since = NULL, paused_until = NULL,
         tokens = NULL, tokens_at = NULL, updated_at = now()
     WHERE endpoint_id = :id
+    """
+)
+
+# An endpoint's own egress proxy (outbox/endpoints.py, set_proxy); in the caller's scope.
+SET_ENDPOINT_PROXY = text(
+    f"""
+    UPDATE endpoints SET proxy_url = :proxy_url, proxy_host = :proxy_host, updated_at = now()
+    WHERE uid = :uid AND {_in_scope("tenant_id")}
+    RETURNING id
     """
 )
 

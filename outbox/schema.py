@@ -172,6 +172,10 @@ endpoints = Table(
     # Custom request headers (say, an Authorization a partner asked for): JSON of
     # {name: value}, encrypted like the secrets, because they are often credentials.
     Column("custom_headers", Text),
+    # The endpoint's own egress proxy (migration 0023): its URL encrypted like the secrets
+    # (it may carry credentials), and only `host:port` in the clear, for display.
+    Column("proxy_url", Text),
+    Column("proxy_host", Text),
     Column("timeout_seconds", Float),
     Column("max_attempts", Integer),
     Column("retry_schedule", ARRAY(Float)),

@@ -15,10 +15,19 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from outbox.errors import ConfigurationError, EndpointError
+from outbox.errors import ConfigurationError, EndpointError, InvalidEndpointURLError
+from outbox.urls import parse_proxy_url
 
 DEFAULT_RETRY_SCHEDULE = (5.0, 60.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0)
 # The longest single pause a schedule may ask for; beyond it a typo (an extra zero)
@@ -183,11 +192,18 @@ class Settings(BaseSettings):
     auto_disable_after_days: float = Field(
         default=5.0, gt=0, description="Disable an endpoint whose attempts all failed this long."
     )
-    http_transport: Literal["wire", "aiohttp", "httpx"] = Field(
+    http_transport: Literal["wire", "httpx"] = Field(
         default="wire",
         description=(
-            "Wire under httpx: 'wire' (our own HTTP/1.1, fastest), 'aiohttp' or 'httpx' "
-            "(httpcore's own pool)."
+            "Wire under httpx: 'wire' (our own HTTP/1.1, fastest, the production path) or "
+            "'httpx' (httpcore's own pool)."
+        ),
+    )
+    http_proxy: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Egress proxy for every delivery: http://user:password@host:port (an endpoint's "
+            "own proxy wins). HTTPS goes through CONNECT to the address the SSRF guard checked."
         ),
     )
     event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
@@ -319,6 +335,26 @@ class Settings(BaseSettings):
                 f"{value!r} must be a base URL like https://outbox.example.com (no query)"
             )
         return value
+
+    @field_validator("http_proxy")
+    @classmethod
+    def _http_proxy(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None
+        try:
+            parse_proxy_url(value.get_secret_value().strip(), what="the proxy URL")
+        except InvalidEndpointURLError as exc:
+            raise ValueError(str(exc)) from None  # the message never repeats the URL
+        return SecretStr(value.get_secret_value().strip())
+
+    @model_validator(mode="after")
+    def _proxy_needs_the_wire(self) -> Settings:
+        if self.http_proxy is not None and self.http_transport != "wire":
+            raise ValueError(
+                "OUTBOX_HTTP_PROXY needs OUTBOX_HTTP_TRANSPORT=wire (the default); the httpx "
+                "transport sends directly"
+            )
+        return self
 
     @field_validator("console_app_name")
     @classmethod

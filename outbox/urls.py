@@ -1,11 +1,14 @@
-"""Endpoint URL rules, checked when an endpoint is saved (no DNS: the connect-time
-SSRF guard in delivery/ssrf.py judges the address actually dialled)."""
+"""Endpoint and proxy URL rules, checked when saved (no DNS: the connect-time SSRF guard
+in delivery/ssrf.py judges the address actually dialled)."""
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import re
 import socket
+import urllib.parse
+from dataclasses import dataclass, field
 from typing import Final
 
 import httpx
@@ -113,3 +116,77 @@ def _normalise_host(host: str) -> str:
             "hyphens, each 1-63 characters)"
         )
     return host
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyURL:
+    """An egress proxy, parsed: where to connect and the credentials to present.
+
+    The credentials are a secret: `repr` and `display` leave them out, so the proxy can be
+    named in errors and logs as `host:port` only.
+    """
+
+    host: str
+    port: int
+    username: str = field(default="", repr=False)
+    password: str = field(default="", repr=False)
+
+    @property
+    def display(self) -> str:
+        """`host:port`, never the credentials: what errors, logs and the API show."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def authorization(self) -> str | None:
+        """The `Proxy-Authorization` value (Basic) when the URL carries credentials."""
+        if not self.username and not self.password:
+            return None
+        token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode("ascii")
+        return f"Basic {token}"
+
+
+def parse_proxy_url(url: str, *, what: str = "the proxy URL") -> ProxyURL:
+    """`http://user:password@host:port` -> ProxyURL, or a clear error naming `what` is wrong.
+
+    Only `http://` proxies (HTTPS targets go through `CONNECT`, so TLS is end to end
+    anyway); the port is required, there is no convention to guess it from. The error
+    never repeats the URL itself: it may carry a password.
+    """
+    if not isinstance(url, str) or not url:
+        raise InvalidEndpointURLError(
+            f"{what} is empty; give e.g. http://user:password@proxy.internal:3128"
+        )
+    if len(url) > MAX_URL_LENGTH or _WHITESPACE_OR_CONTROL.search(url):
+        raise InvalidEndpointURLError(
+            f"{what} is over {MAX_URL_LENGTH} characters or contains whitespace or a control "
+            "character; percent-encode special characters in the user name and password"
+        )
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme.lower() != "http":
+        raise InvalidEndpointURLError(
+            f"{what} must start with http:// (an HTTP proxy; https targets are tunnelled "
+            "through CONNECT, so TLS stays end to end)"
+        )
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise InvalidEndpointURLError(
+            f"{what} must be only http://[user:password@]host:port, without a path or query"
+        )
+    try:
+        port = parts.port
+    except ValueError:
+        raise InvalidEndpointURLError(f"{what} has an invalid port; use 1-65535") from None
+    if port is None or not 1 <= port <= 65535:
+        raise InvalidEndpointURLError(
+            f"{what} needs the proxy's port, e.g. http://proxy.internal:3128"
+        )
+    host = parts.hostname or ""
+    if not host:
+        raise InvalidEndpointURLError(f"{what} has no host; e.g. http://proxy.internal:3128")
+    host = _normalise_host(host).strip("[]")
+    username = urllib.parse.unquote(parts.username or "")
+    password = urllib.parse.unquote(parts.password or "")
+    if ":" in username or any(ch in username + password for ch in "\r\n\x00"):
+        raise InvalidEndpointURLError(
+            f"{what} has a user name with ':' or credentials with a line break or NUL"
+        )
+    return ProxyURL(host=host, port=port, username=username, password=password)

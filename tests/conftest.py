@@ -120,8 +120,7 @@ def box() -> SecretBox:
 @pytest.fixture(params=["httpx", "wire"])
 def transport(request: pytest.FixtureRequest) -> str:
     """The HTTP wire under worker tests: httpx's own pool and our own wire, which
-    production runs with (OUTBOX_HTTP_TRANSPORT), so a rule holds on both. The aiohttp
-    transport's outcome table is in tests/test_transport.py, with every wire's."""
+    production runs with (OUTBOX_HTTP_TRANSPORT), so a rule holds on both."""
     return str(request.param)
 
 

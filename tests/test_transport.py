@@ -1,8 +1,8 @@
-"""The aiohttp transport behaves like httpx's own under `send_attempt`.
+"""Our wire behaves like httpx's own pool under `send_attempt`.
 
 Every case runs through both transports against the real loopback receiver, so
 the outcome table (deadlines, body cap, redirects, refused and dropped
-connections) is proven for the fast wire and the default one alike.
+connections) is proven for the production wire and httpcore's pool alike.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import httpx
 import pytest
 
 from delivery.http import (
+    DEFAULT_TRANSPORT,
     AttemptResult,
+    DeliveryClient,
     OutgoingRequest,
     _direct_wire,
     build_http_client,
@@ -24,7 +26,6 @@ from delivery.http import (
 from delivery.policy import Outcome
 from delivery.receiver import Receiver
 from delivery.ssrf import AddressPolicy
-from delivery.transport import AiohttpTransport
 from delivery.wire import WireTransport
 from outbox.clock import ManualClock
 from tests.helpers import LOOPBACK
@@ -32,7 +33,7 @@ from tests.helpers import LOOPBACK
 KEY = b"k" * 32
 
 
-@pytest.fixture(params=["wire", "aiohttp", "httpx"])
+@pytest.fixture(params=["wire", "httpx"])
 async def http(request: pytest.FixtureRequest) -> AsyncIterator[httpx.AsyncClient]:
     async with build_http_client(
         max_connections=10, timeout=5, transport=request.param, allowed_networks=LOOPBACK
@@ -140,11 +141,8 @@ async def test_connection_dropped_after_sending_is_ambiguous(http: httpx.AsyncCl
     assert "may have arrived" in (result.error or "")
 
 
-@pytest.mark.parametrize("wire", [WireTransport, AiohttpTransport])
-async def test_transport_reconnects_after_being_closed(
-    receiver: Receiver, wire: type[WireTransport | AiohttpTransport]
-) -> None:
-    transport = wire(policy=AddressPolicy(LOOPBACK), max_connections=2)
+async def test_transport_reconnects_after_being_closed(receiver: Receiver) -> None:
+    transport = WireTransport(policy=AddressPolicy(LOOPBACK), max_connections=2)
     async with httpx.AsyncClient(transport=transport) as client:
         assert (await client.post(receiver.route("/a"), content=b"1")).status_code == 200
         await transport.aclose()
@@ -153,11 +151,24 @@ async def test_transport_reconnects_after_being_closed(
 
 
 def test_unknown_transport_name_is_refused() -> None:
-    with pytest.raises(ValueError, match="wire, aiohttp, httpx"):
+    with pytest.raises(ValueError, match="wire, httpx"):
         build_http_client(max_connections=1, timeout=1, transport="curl")
+    with pytest.raises(ValueError, match="wire, httpx"):
+        build_http_client(max_connections=1, timeout=1, transport="aiohttp")
 
 
-@pytest.mark.parametrize("transport", ["wire", "aiohttp", "httpx"])
+def test_the_removed_aiohttp_setting_is_refused_at_start_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from outbox.errors import ConfigurationError
+    from outbox.settings import load_settings
+
+    monkeypatch.setenv("OUTBOX_HTTP_TRANSPORT", "aiohttp")
+    with pytest.raises(ConfigurationError, match=r"OUTBOX_HTTP_TRANSPORT: .*'wire' or 'httpx'"):
+        load_settings()
+
+
+@pytest.mark.parametrize("transport", ["wire", "httpx"])
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::ffff:127.0.0.1]"])
 async def test_both_transports_carry_the_ssrf_guard(
     receiver: Receiver, transport: str, host: str
@@ -170,7 +181,7 @@ async def test_both_transports_carry_the_ssrf_guard(
     assert receiver.requests == []
 
 
-@pytest.mark.parametrize("transport", ["wire", "aiohttp", "httpx"])
+@pytest.mark.parametrize("transport", ["wire", "httpx"])
 async def test_both_transports_honour_https_only(receiver: Receiver, transport: str) -> None:
     async with build_http_client(
         max_connections=2,
@@ -185,12 +196,13 @@ async def test_both_transports_honour_https_only(receiver: Receiver, transport: 
     assert receiver.requests == []
 
 
-@pytest.mark.parametrize("transport", ["wire", "aiohttp"])
+@pytest.mark.parametrize("transport", ["wire", "httpx"])
 async def test_direct_path_sends_what_the_httpx_path_sends(
     receiver: Receiver, transport: str
 ) -> None:
-    """The attempt skips httpx's request/response models on the fast wires unless the
-    client has something of its own (here an event hook); the wire sees the same request."""
+    """The attempt skips httpx's client layers (and, on the wire, its request/response
+    models) unless the client has something of its own (here an event hook); the
+    receiver sees the same request."""
     hooked: list[str] = []
 
     async def hook(request: httpx.Request) -> None:
@@ -200,7 +212,7 @@ async def test_direct_path_sends_what_the_httpx_path_sends(
     async with build_http_client(
         max_connections=2, timeout=5, transport=transport, allowed_networks=LOOPBACK
     ) as direct:
-        assert _direct_wire(direct) is not None
+        assert (_direct_wire(direct) is not None) == (transport == "wire")
         first = await attempt(direct, url)
     async with build_http_client(
         max_connections=2, timeout=5, transport=transport, allowed_networks=LOOPBACK
@@ -219,3 +231,50 @@ async def test_direct_path_sends_what_the_httpx_path_sends(
             7.0,
         )
         assert result.error == "HTTP 503 Service Unavailable"
+
+
+async def test_one_default_everywhere() -> None:
+    """The wire is the default of the client builder, the service and the setting."""
+    import inspect
+
+    from delivery.operator.app import Service
+    from outbox.settings import Settings
+
+    assert DEFAULT_TRANSPORT == "wire"
+    assert Settings.model_fields["http_transport"].default == "wire"
+    assert inspect.signature(Service).parameters["http_transport"].default == "wire"
+    async with build_http_client(max_connections=1, timeout=1) as client:
+        assert isinstance(client, DeliveryClient)
+        assert isinstance(client.delivery_transport, WireTransport)
+
+
+def test_nothing_on_the_send_path_imports_aiohttp() -> None:
+    """aiohttp is only the bench's raw ceiling (the bench extra), not a dependency."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, delivery.http, delivery.wire, delivery.worker, delivery.operator.app, "
+        "delivery.operator.cli; print('aiohttp' in sys.modules)"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert found.strip() == "False"
+
+
+def test_no_private_httpx_attributes_are_read() -> None:
+    """httpx has no public accessor for a client's transport; reading its private ones
+    (`_transport`, `_transport_for_url`, `_mounts`) breaks on any httpx release."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    offending = [
+        f"{path.relative_to(root)}:{number}"
+        for package in ("delivery", "outbox")
+        for path in sorted((root / package).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"client\._|_transport_for_url|\._mounts\b", line)
+    ]
+    assert offending == []

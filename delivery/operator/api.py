@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -79,7 +80,7 @@ from outbox import operations as ops
 from outbox import tenants as tenant_ops
 from outbox.clock import Clock, SystemClock
 from outbox.crypto import SecretBox
-from outbox.endpoints import get_endpoint, list_endpoints, set_enabled
+from outbox.endpoints import Endpoint, get_endpoint, list_endpoints, set_enabled, set_proxy
 from outbox.errors import NotFoundError, OutboxError, TenantError
 from outbox.migrate import VERSION_TABLE, head_revision
 from outbox.stats import AlertThresholds, EndpointHealth, collect_stats, read_totals
@@ -435,6 +436,16 @@ async def create_endpoint_route(call: Call) -> Any:
             tenant=owner,
             all_tenants=all_tenants,
         )
+        if data.proxy is not None:
+            endpoint = set_proxy(
+                conn,
+                call.api.box,
+                created.endpoint.uid,
+                data.proxy,
+                actor=call.actor,
+                request_id=call.request_id,
+            )
+            created = dataclasses.replace(created, endpoint=endpoint)
         # An ed25519 endpoint's answer holds its whpk_ public key (in the endpoint), no secret.
         secret = (
             {} if created.endpoint.signature_scheme == "ed25519" else {"secret": created.secret}
@@ -447,22 +458,38 @@ async def create_endpoint_route(call: Call) -> Any:
 
 async def update_endpoint_route(call: Call) -> Any:
     uid, data = call.path_uid(), await call.body_as(EndpointUpdate)
-    updated = await call.api.write(
-        lambda c: ops.update_endpoint(
-            c,
-            uid,
-            actor=call.actor,
-            url=data.url,
-            description=data.description,
-            event_types=data.event_types,
-            timeout_seconds=data.timeout_seconds,
-            max_attempts=data.max_attempts,
-            reason=data.reason,
-            request_id=call.request_id,
-            https_only=call.api.config.https_only,
-            scope=call.scope,
-        )
-    )
+
+    def update(c: Connection) -> Endpoint:
+        proxy_given = "proxy" in data.model_fields_set
+        if data.changes_fields or not proxy_given:
+            item = ops.update_endpoint(
+                c,
+                uid,
+                actor=call.actor,
+                url=data.url,
+                description=data.description,
+                event_types=data.event_types,
+                timeout_seconds=data.timeout_seconds,
+                max_attempts=data.max_attempts,
+                reason=data.reason,
+                request_id=call.request_id,
+                https_only=call.api.config.https_only,
+                scope=call.scope,
+            )
+        if proxy_given:
+            item = set_proxy(
+                c,
+                call.api.box,
+                uid,
+                data.proxy,
+                actor=call.actor,
+                reason=data.reason,
+                request_id=call.request_id,
+                scope=call.scope,
+            )
+        return item
+
+    updated = await call.api.write(update)
     warnings = await call.api.address_warnings(updated.url) if data.url is not None else []
     return {**updated.as_json(), "warnings": warnings}
 
@@ -826,6 +853,13 @@ _TENANT_FILTER = Param(
     "tenant", "Only this tenant's (a tenant-scoped token is always confined to its own)."
 )
 _UID = Param("uid", "Endpoint id (ep_...).", where="path")
+_PROXY = {
+    "type": "string",
+    "description": (
+        "The endpoint's own egress proxy, http://user:password@host:port; stored encrypted, "
+        "shown as host:port only (null removes it)."
+    ),
+}
 _REASON = {"reason": {"type": "string", "description": "Why; goes in the audit log."}}
 _FILTER_PARAMS = (
     Param("state", "Comma-separated states: scheduled, in_flight, succeeded, dead, discarded."),
@@ -965,6 +999,7 @@ ROUTES: tuple[Operation, ...] = (
                 "signature": {"enum": ["hmac", "ed25519"]},
                 "tenant": {"type": "string", "description": "Owner (default: the default)."},
                 "all_tenants": {"type": "boolean", "description": "Receive every tenant's."},
+                "proxy": _PROXY,
             },
         },
     ),
@@ -984,6 +1019,7 @@ ROUTES: tuple[Operation, ...] = (
                 "description": {"type": "string"},
                 "timeout_seconds": {"type": "number"},
                 "max_attempts": {"type": "integer"},
+                "proxy": {**_PROXY, "type": ["string", "null"]},
             },
         },
     ),

@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.health import HealthConfig
-from delivery.http import build_http_client
+from delivery.http import DEFAULT_TRANSPORT, build_http_client
 from delivery.operator.api import AdminConfig
 from delivery.operator.console.web import ConsoleConfig
 from delivery.reaper import Reaper, ReaperConfig
@@ -78,6 +78,11 @@ def secret_box(settings: Settings, database: Database) -> SecretBox:
     with database.engine.connect() as conn:
         check_keys_cover_stored_secrets(conn, box)
     return box
+
+
+def http_proxy_setting(settings: Settings) -> str | None:
+    """OUTBOX_HTTP_PROXY in plain text, for the HTTP client only (it may hold a password)."""
+    return None if settings.http_proxy is None else settings.http_proxy.get_secret_value()
 
 
 def secret_keys_setting(settings: Settings, database: Database) -> str:
@@ -207,7 +212,8 @@ class Service:
         http: httpx.AsyncClient | None = None,
         allowed_networks: tuple[str, ...] = (),
         https_only: bool = False,
-        http_transport: str = "httpx",
+        http_transport: str = DEFAULT_TRANSPORT,
+        http_proxy: str | None = None,
         summary_interval: float = 0.0,
     ) -> None:
         self.url = url
@@ -222,6 +228,7 @@ class Service:
         self._allowed_networks = allowed_networks
         self._https_only = https_only
         self._http_transport = http_transport
+        self._http_proxy = http_proxy
         self.engine: AsyncEngine | None = None
         self.listener: Listener | None = None
         self.worker: Worker | None = None
@@ -236,6 +243,7 @@ class Service:
             allowed_networks=self._allowed_networks,
             https_only=self._https_only,
             transport=self._http_transport,
+            proxy=self._http_proxy,
         )
         listener = Listener(self.url, [EVENTS_CHANNEL, DELIVERIES_CHANNEL])
         self.listener = listener

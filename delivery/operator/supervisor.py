@@ -63,6 +63,7 @@ class ProcessSpec:
     allowed_networks: tuple[str, ...] = ()
     https_only: bool = False
     http_transport: str = "wire"
+    http_proxy: str | None = dataclasses.field(default=None, repr=False)  # may hold a password
     log_level: str = "WARNING"
     log_format: str = "text"
     summary_interval: float = 0.0
@@ -117,6 +118,7 @@ def _child_main(spec: ProcessSpec, parent_pid: int | None = None) -> None:
         allowed_networks=spec.allowed_networks,
         https_only=spec.https_only,
         http_transport=spec.http_transport,
+        http_proxy=spec.http_proxy,
         summary_interval=spec.summary_interval,
     )
     run_loop(run_until_signalled(service), spec.event_loop)

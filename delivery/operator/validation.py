@@ -271,6 +271,8 @@ class EndpointCreate(_Input):
     signature: Literal["hmac", "ed25519"] | None = None  # None: hmac, or the secret's prefix
     tenant: StrictStr | None = None  # checked when resolved, by the tenant rules
     all_tenants: StrictBool = False
+    # Its own egress proxy, http://user:password@host:port (stored encrypted).
+    proxy: Text | None = None
 
 
 class EndpointUpdate(_Input):
@@ -280,6 +282,13 @@ class EndpointUpdate(_Input):
     timeout_seconds: TimeoutSeconds | None = None
     max_attempts: Attempts | None = None
     reason: Reason | None = None
+    # A proxy URL sets the endpoint's own proxy; an explicit null removes it.
+    proxy: Text | None = None
+
+    @property
+    def changes_fields(self) -> bool:
+        """Whether anything but the proxy (and the reason) is to change."""
+        return bool(self.model_fields_set - {"proxy", "reason"})
 
 
 class EndpointAction(_Input):

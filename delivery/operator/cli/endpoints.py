@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 from typing import Any
@@ -39,7 +40,7 @@ from outbox.endpoint_rules import (
     parse_status_override,
     set_delivery_rules,
 )
-from outbox.endpoints import Endpoint, list_endpoints, reveal_secret, set_enabled
+from outbox.endpoints import Endpoint, list_endpoints, reveal_secret, set_enabled, set_proxy
 from outbox.headers import get_headers, parse_header_argument, set_headers
 from outbox.settings import Settings
 from outbox.stats import collect_stats
@@ -79,6 +80,15 @@ def address_warnings(current: Settings, url: str, *, as_json: bool) -> list[str]
     return [warning] if warning else []
 
 
+proxy_option = click.option(
+    "--proxy",
+    default=None,
+    metavar="URL",
+    help="Send through this egress proxy: http://user:password@host:port (stored encrypted; "
+    "only host:port is shown). Overrides OUTBOX_HTTP_PROXY for this endpoint.",
+)
+
+
 @endpoints.command("add")
 @click.argument("url")
 @click.option("--events", required=True, help="Comma-separated patterns: 'order.*,invoice.paid'.")
@@ -93,6 +103,7 @@ def address_warnings(current: Settings, url: str, *, as_json: bool) -> list[str]
 @click.option(
     "--all-tenants", is_flag=True, help="Receive the matching events of every tenant, not one."
 )
+@proxy_option
 @json_option
 @friendly_errors
 def endpoints_add(
@@ -103,6 +114,7 @@ def endpoints_add(
     description: str,
     tenant: str,
     all_tenants: bool,
+    proxy: str | None,
     as_json: bool,
 ) -> None:
     """Add an endpoint; prints its id and its signing secret (shown only now), or for
@@ -126,6 +138,9 @@ def endpoints_add(
                 tenant=tenant,
                 all_tenants=all_tenants,
             )
+            if proxy is not None:
+                endpoint = set_proxy(conn, box, created.endpoint.uid, proxy, actor=default_actor())
+                created = dataclasses.replace(created, endpoint=endpoint)
     warnings = address_warnings(current, created.endpoint.url, as_json=as_json)
     if as_json:
         shown = secret_json(created.endpoint, created.secret)
@@ -171,6 +186,8 @@ def _show_endpoint(item: Endpoint, as_json: bool) -> None:
         echo_json(item.as_json())
     else:
         print_table(_endpoint_rows([item]), _ENDPOINT_HEADERS)
+        if item.proxy is not None:
+            click.echo(f"proxy: {item.proxy}")
 
 
 def _set_enabled(uid: str, enabled: bool, reason: str | None, actor: str, as_json: bool) -> None:
@@ -318,6 +335,8 @@ def endpoints_reveal_secret(
 @click.option("--timeout", default=None, metavar="SECONDS", help="Per-attempt deadline in seconds.")
 @click.option("--max-attempts", default=None, metavar="N")
 @click.option("--reason", default=None, help="Why, for the audit log.")
+@proxy_option
+@click.option("--no-proxy", is_flag=True, help="Stop using the endpoint's own proxy.")
 @actor_option
 @json_option
 @friendly_errors
@@ -329,10 +348,14 @@ def endpoints_update(
     timeout: str | None,
     max_attempts: str | None,
     reason: str | None,
+    proxy: str | None,
+    no_proxy: bool,
     actor: str | None,
     as_json: bool,
 ) -> None:
-    """Change an endpoint's URL, events, description, timeout or attempts."""
+    """Change an endpoint's URL, events, description, timeout, attempts or proxy."""
+    if proxy is not None and no_proxy:
+        raise click.UsageError("give --proxy URL or --no-proxy, not both")
     changes = parse(
         EndpointUpdate,
         given(
@@ -344,19 +367,26 @@ def endpoints_update(
             reason=reason,
         ),
     )
+    uid = text_option("ENDPOINT_ID", endpoint_id) or endpoint_id
+    who = text_option("--actor", actor) or default_actor()
+    proxy_only = (proxy is not None or no_proxy) and not (changes.model_fields_set - {"reason"})
     with database() as (current, db), db.engine.begin() as conn:
-        item = operations.update_endpoint(
-            conn,
-            text_option("ENDPOINT_ID", endpoint_id) or endpoint_id,
-            https_only=current.https_only,
-            actor=text_option("--actor", actor) or default_actor(),
-            url=changes.url,
-            description=changes.description,
-            event_types=changes.event_types,
-            timeout_seconds=changes.timeout_seconds,
-            max_attempts=changes.max_attempts,
-            reason=changes.reason,
-        )
+        if not proxy_only:
+            item = operations.update_endpoint(
+                conn,
+                uid,
+                https_only=current.https_only,
+                actor=who,
+                url=changes.url,
+                description=changes.description,
+                event_types=changes.event_types,
+                timeout_seconds=changes.timeout_seconds,
+                max_attempts=changes.max_attempts,
+                reason=changes.reason,
+            )
+        if proxy is not None or no_proxy:
+            box = app.secret_box(current, db)
+            item = set_proxy(conn, box, uid, proxy, actor=who, reason=changes.reason)
     warnings = address_warnings(current, item.url, as_json=as_json) if url is not None else []
     if as_json:
         echo_json({**item.as_json(), "warnings": warnings})

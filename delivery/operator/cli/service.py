@@ -87,6 +87,7 @@ def run(admin: bool, processes: int | None) -> None:
                 allowed_networks=tuple(current.allowed_networks),
                 https_only=current.https_only,
                 http_transport=current.http_transport,
+                http_proxy=app.http_proxy_setting(current),
                 log_level=current.log_level,
                 log_format=current.log_format,
                 summary_interval=current.log_summary_interval,
@@ -111,6 +112,7 @@ def run(admin: bool, processes: int | None) -> None:
             retention=app.retention_config(current),
             reaper=app.reaper_config(current),
             http_transport=current.http_transport,
+            http_proxy=app.http_proxy_setting(current),
             summary_interval=current.log_summary_interval,
         )
         click.echo("outbox running; Ctrl-C (SIGINT) or SIGTERM stops it cleanly", err=True)
