@@ -6,7 +6,7 @@ signing secrets (outbox.crypto); `proxy_host` is only `host:port`, what operator
 the API are shown. Both nullable without defaults: adding them rewrites nothing.
 
 Revision ID: 0023
-Revises: 0019
+Revises: 0022
 Create Date: 2026-12-01
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0023"
-down_revision = "0019"
+down_revision = "0022"
 branch_labels = None
 depends_on = None
 
