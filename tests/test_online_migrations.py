@@ -127,7 +127,8 @@ def test_an_invalid_index_left_by_a_failed_concurrent_build_is_dropped_and_rebui
     assert (
         scalar(
             bare,
-            "SELECT indisvalid FROM pg_index WHERE indexrelid = 'ix_deliveries_due_ranked'::regclass",
+            "SELECT indisvalid FROM pg_index"
+            " WHERE indexrelid = 'ix_deliveries_due_ranked'::regclass",
         )
         is False
     )
