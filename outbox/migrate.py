@@ -334,6 +334,13 @@ def offline_sql(start: str | None, end: str = "head", *, policy: LockPolicy | No
     appear as the checks that guard them.
     """
     policy = policy or LockPolicy()
+    known = [script.revision for script in _path(None, head_revision())]
+    for given in (start, end):
+        if given is not None and given != "head" and given not in known:
+            raise ConfigurationError(
+                f"{given[:40]!r} is not a revision of this release: give 'base' or one of "
+                f"{known[0]}..{known[-1]} (`outbox migrate --check` shows the database's)"
+            )
     buffer = io.StringIO()
     config = Config(output_buffer=buffer)
     config.set_main_option("script_location", str(migrations_dir()))
