@@ -128,9 +128,9 @@ def test_a_newer_schema_is_usable_and_a_pending_one_is_not(
     cli: CliRunner, at_0019: Engine, empty_database_url: str
 ) -> None:
     settings = load_settings()
-    with pytest.raises(ConfigurationError, match=r"at 0019, this version \(0.2.0\) needs"):
-        with open_database(settings):
-            pass
+    refused = pytest.raises(ConfigurationError, match=r"at 0019, this version \(0.2.0\) needs")
+    with refused, open_database(settings):
+        pass
     upgrade(at_0019)
     _stamp(at_0019, "9999")  # what a later release's migration leaves
     with open_database(settings) as db:
