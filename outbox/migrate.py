@@ -167,6 +167,19 @@ def schema_state(current: str | None) -> SchemaState:
     return SchemaState(current, head, pending, "pending")
 
 
+def require_known_revision(revision: str, *, base: bool = False) -> None:
+    """A revision a user typed is one of this release's (or "base" where that makes
+    sense), or a one-line error."""
+    known = [script.revision for script in _path(None, head_revision())]
+    if revision not in known and not (base and revision == "base"):
+        also = "'base' or " if base else ""
+        raise ConfigurationError(
+            f"{revision[:40]!r} is not a revision of this release: give "
+            f"{also}one of {known[0]}..{known[-1]}"
+            " (`outbox migrate --check` shows the database's)"
+        )
+
+
 def _path(current: str | None, target: str) -> list[Script]:
     """The migrations from `current` (exclusive) up to `target`, oldest first."""
     scripts = _scripts()
@@ -334,13 +347,9 @@ def offline_sql(start: str | None, end: str = "head", *, policy: LockPolicy | No
     appear as the checks that guard them.
     """
     policy = policy or LockPolicy()
-    known = [script.revision for script in _path(None, head_revision())]
     for given in (start, end):
-        if given is not None and given != "head" and given not in known:
-            raise ConfigurationError(
-                f"{given[:40]!r} is not a revision of this release: give 'base' or one of "
-                f"{known[0]}..{known[-1]} (`outbox migrate --check` shows the database's)"
-            )
+        if given is not None and given != "head":
+            require_known_revision(given, base=given is start)
     buffer = io.StringIO()
     config = Config(output_buffer=buffer)
     config.set_main_option("script_location", str(migrations_dir()))

@@ -176,3 +176,28 @@ async def test_readyz_shows_the_release_and_the_schema_it_needs(
     _stamp(at_0019, "9999")
     newer = await _readyz(empty_database_url)
     assert newer.status_code == 200 and newer.json()["schema_state"] == "newer"
+
+
+def test_to_rolls_back_to_the_previous_release_schema_and_forward_again(
+    cli: CliRunner, at_0019: Engine
+) -> None:
+    """0.1.0 starts only on 0019: `--to 0019` puts its indexes back, online."""
+    assert invoke(cli, "migrate").exit_code == 0
+    back = invoke(cli, "migrate", "--to", "0019")
+    assert back.exit_code == 0, back.output
+    assert "undone" in back.output and back.output.splitlines()[-1] == (
+        "schema is at revision 0019"
+    )
+    assert current_revision(at_0019) == "0019"
+    with at_0019.connect() as conn:
+        names = set(
+            conn.execute(
+                text("SELECT indexname FROM pg_indexes WHERE indexname LIKE 'ix_deliveries_due%'")
+            ).scalars()
+        )
+    assert names == {"ix_deliveries_due", "ix_deliveries_due_per_endpoint"}
+    assert invoke(cli, "migrate", "--check").exit_code == 1
+    assert invoke(cli, "migrate").exit_code == 0
+    assert current_revision(at_0019) == head_revision()
+    refused = cli.invoke(main, ["migrate", "--to", "base"])
+    assert refused.exit_code == 1 and "is not a revision of this release" in refused.output

@@ -65,6 +65,14 @@ from outbox.settings import Settings
     "the database's own; no database is needed then.",
 )
 @click.option(
+    "--to",
+    "target",
+    default=None,
+    metavar="REVISION",
+    help="Upgrade or downgrade to this revision instead of this release's head (a rollback "
+    "to the previous release: its revision, see `outbox --version` there).",
+)
+@click.option(
     "--lock-timeout",
     default="2s",
     show_default=True,
@@ -83,6 +91,7 @@ def migrate(
     as_sql: bool,
     check: bool,
     start: str | None,
+    target: str | None,
     lock_timeout: str,
     lock_retries: int,
     as_json: bool,
@@ -97,6 +106,10 @@ def migrate(
         raise click.UsageError("--sql and --check are two different questions: pick one")
     if start is not None and not as_sql:
         raise click.UsageError("--from only goes with --sql")
+    if target is not None and (as_sql or check):
+        raise click.UsageError("--to goes with a plain `outbox migrate`, not --sql or --check")
+    if target is not None:
+        migrations.require_known_revision(target)
     seconds = parse_duration(lock_timeout).total_seconds()
     if not 0 < seconds <= 600:
         raise click.BadParameter(
@@ -115,7 +128,7 @@ def migrate(
         elif check:
             _report_schema(state, as_json)
         else:
-            _upgrade(db, state, policy, as_json)
+            _upgrade(db, state, policy, as_json, target)
 
 
 def _print_pending_sql(state: migrations.SchemaState, policy: migrations.LockPolicy) -> None:
@@ -159,6 +172,7 @@ def _upgrade(
     state: migrations.SchemaState,
     policy: migrations.LockPolicy,
     as_json: bool,
+    target: str | None = None,
 ) -> None:
     if state.state == "newer":
         click.echo(
@@ -169,7 +183,8 @@ def _upgrade(
     def on_step(step: migrations.Step) -> None:
         if not as_json:
             retried = f" after {step.attempts - 1} lock timeouts" if step.attempts > 1 else ""
-            click.echo(f"{step.revision}  {step.seconds:7.2f}s{retried}  {step.title}")
+            undone = "undone " if step.direction == "downgrade" else ""
+            click.echo(f"{step.revision}  {step.seconds:7.2f}s{retried}  {undone}{step.title}")
 
     def on_wait(wait: migrations.LockWait) -> None:
         click.echo(
@@ -178,11 +193,14 @@ def _upgrade(
             err=True,
         )
 
-    steps = migrations.upgrade(db.engine, policy=policy, on_step=on_step, on_wait=on_wait)
+    target = target or migrations.head_revision()
+    backwards = target != state.current and target not in state.pending
+    run = migrations.downgrade if backwards else migrations.upgrade
+    steps = run(db.engine, target, policy=policy, on_step=on_step, on_wait=on_wait)
     if as_json:
         echo_json(
             {
-                "schema": migrations.head_revision(),
+                "schema": target,
                 "steps": [
                     {
                         "revision": s.revision,
@@ -195,7 +213,7 @@ def _upgrade(
             }
         )
     else:
-        click.echo(f"schema is at revision {migrations.head_revision()}")
+        click.echo(f"schema is at revision {target}")
 
 
 @click.command()
