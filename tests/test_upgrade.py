@@ -12,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,9 +23,8 @@ from delivery.receiver import Receiver
 from outbox.crypto import generate_key
 from outbox.db import make_engine
 from tests.helpers import rows, scalar
-
-ROOT = Path(__file__).resolve().parent.parent
-OUTBOX = [sys.executable, "-c", "from delivery.operator.cli import main; main()"]
+from tools import previous_release
+from tools.previous_release import OUTBOX, ROOT
 
 # The previous release's publish(), as application code would call it: one event per
 # transaction, its message id printed once committed, until SIGTERM.
@@ -49,35 +46,21 @@ while not stopping:
 """
 
 
-def previous_release() -> str:
-    lines = (ROOT / "PREVIOUS_RELEASE").read_text().splitlines()
-    return next(line.strip() for line in lines if line.strip() and not line.startswith("#"))
-
-
 @pytest.fixture(scope="module")
 def old_checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The previous release's source, imported instead of this checkout's (it comes first
-    on sys.path: the working directory and PYTHONPATH); its dependencies are this venv's."""
-    commit = previous_release()
-    target = tmp_path_factory.mktemp("previous-release")
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", commit], capture_output=True, check=False
-    )
-    if archive.returncode != 0:
-        pytest.fail(
-            f"cannot read the previous release {commit} from git ({archive.stderr.decode()!r}):"
-            " the upgrade test needs the repository's history (a full clone, not --depth 1)"
-        )
-    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
-    return target
+    """The previous release's source, imported instead of this checkout's; its
+    dependencies are this venv's (tools/previous_release.py)."""
+    try:
+        return previous_release.checkout(tmp_path_factory.mktemp("previous-release"))
+    except previous_release.PreviousReleaseError as exc:
+        pytest.fail(str(exc))
 
 
 class Fleet:
     """The processes of one test, each logging to its own file; all stopped at the end."""
 
     def __init__(self, database_url: str, key: str, logs: Path) -> None:
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
-        self.env.update(
+        self.env = previous_release.base_env(
             OUTBOX_DATABASE_URL=database_url,
             OUTBOX_SECRET_KEYS=key,
             OUTBOX_ALLOWED_NETWORKS="127.0.0.0/8",
@@ -90,10 +73,7 @@ class Fleet:
         self.running: dict[str, asyncio.subprocess.Process] = {}
 
     def _env(self, release: Path) -> dict[str, str]:
-        env = dict(self.env)
-        if release != ROOT:
-            env["PYTHONPATH"] = str(release)
-        return env
+        return previous_release.env(release, self.env)
 
     async def run(self, release: Path, *args: str) -> tuple[int, str]:
         """A command to completion: exit status and everything it printed."""
