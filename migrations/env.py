@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from alembic import context
 
+from outbox.migrate import LockPolicy, session_settings
 from outbox.schema import metadata
 
 VERSION_TABLE = "outbox_alembic_version"
@@ -46,7 +47,8 @@ def run_migrations_offline() -> None:
         transaction_per_migration=True,
     )
     # Session level: they hold for every transaction below and outside them.
-    for statement in context.config.attributes["session_settings"]:
+    settings = context.config.attributes.get("session_settings")
+    for statement in settings or session_settings(LockPolicy()):
         context.execute(statement)
     with context.begin_transaction():
         context.run_migrations()
