@@ -1,4 +1,4 @@
-"""The due indexes end with `id`: due rows are in the claim's exact order
+"""Nothing since 0.2.0 (0020 builds its indexes online); was: the due indexes end with `id`
 
 A claim takes each endpoint's due rows, and ranks endpoints by their heads, in
 (priority, due time, id) order. Rows due at the same moment (a relay batch shares one
