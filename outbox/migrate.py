@@ -30,6 +30,7 @@ from alembic.script import Script, ScriptDirectory
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
+from outbox import queries
 from outbox.errors import ConfigurationError, OutboxError
 
 VERSION_TABLE = "outbox_alembic_version"
@@ -66,6 +67,8 @@ class LockPolicy:
     retries: int = 8
     first_backoff: float = 0.5
     max_backoff: float = 15.0
+    # How long to wait for another `outbox migrate` on the same database to finish.
+    wait_for_other_run: float = 600.0
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait after failed try number `attempt` (1-based)."""
@@ -85,7 +88,10 @@ class Step:
 
 @dataclass(frozen=True, slots=True)
 class LockWait:
-    """A try that did not get its lock; the runner waits `delay` seconds and starts over."""
+    """A try that did not get its lock; the runner waits `delay` seconds and starts over.
+
+    `revision` is "-" while waiting for another `outbox migrate` on the same database.
+    """
 
     revision: str
     attempt: int
@@ -215,8 +221,11 @@ def upgrade(
     a backoff; after `policy.retries` retries `MigrationLockError` says what to do.
     """
     policy = policy or LockPolicy()
-    with _migration_connection(engine, policy) as connection:
+    with _migration_connection(engine, policy, on_wait, sleep) as connection:
         current = _read_revision(connection)
+        if schema_state(current).state == "newer":
+            log.info("schema at %s, newer than this release knows: nothing to do", current)
+            return []
         target = head_revision() if revision == "head" else revision
         steps = []
         for script in _path(current, target):
@@ -239,7 +248,7 @@ def downgrade(
 ) -> list[Step]:
     """Take the schema back to `revision` ("base": nothing), one migration at a time."""
     policy = policy or LockPolicy()
-    with _migration_connection(engine, policy) as connection:
+    with _migration_connection(engine, policy, on_wait, sleep) as connection:
         current = _read_revision(connection)
         if current is None:
             return []
@@ -256,13 +265,20 @@ def downgrade(
 
 
 @contextlib.contextmanager
-def _migration_connection(engine: Engine, policy: LockPolicy) -> Iterator[Connection]:
-    """One connection for the whole run, with the session's timeouts set and reset.
+def _migration_connection(
+    engine: Engine,
+    policy: LockPolicy,
+    on_wait: Callable[[LockWait], None] | None,
+    sleep: Callable[[float], None],
+) -> Iterator[Connection]:
+    """One connection for the whole run, with the session's timeouts set and reset, and
+    the database's migration lock held, so two `outbox migrate` never interleave.
 
     Session level (not SET LOCAL) so they hold in every migration's transaction and in
     autocommit blocks alike; reset at the end, since the connection goes back to the pool.
     """
     with engine.connect() as connection:
+        _take_migration_lock(connection, policy, on_wait, sleep)
         for statement in session_settings(policy):
             connection.execute(text(statement))
         connection.commit()
@@ -272,7 +288,36 @@ def _migration_connection(engine: Engine, policy: LockPolicy) -> Iterator[Connec
             connection.rollback()
             connection.execute(text("RESET lock_timeout"))
             connection.execute(text("RESET statement_timeout"))
+            connection.execute(queries.RELEASE_MIGRATION_LOCK)
             connection.commit()
+
+
+def _take_migration_lock(
+    connection: Connection,
+    policy: LockPolicy,
+    on_wait: Callable[[LockWait], None] | None,
+    sleep: Callable[[float], None],
+) -> None:
+    waited = 0.0
+    attempt = 0
+    while True:
+        attempt += 1
+        taken = connection.execute(queries.TRY_MIGRATION_LOCK).scalar_one()
+        holder = None if taken else connection.execute(queries.MIGRATION_LOCK_HOLDER).scalar()
+        connection.commit()
+        if taken:
+            return
+        if waited >= policy.wait_for_other_run:
+            raise MigrationLockError(
+                f"another `outbox migrate` (PostgreSQL pid {holder}) has been migrating this"
+                f" database for over {policy.wait_for_other_run:g}s: let it finish, then run"
+                " this again (or end it with pg_cancel_backend if it is stuck)"
+            )
+        reason = f"another `outbox migrate` is running (PostgreSQL pid {holder})"
+        if on_wait is not None:
+            on_wait(LockWait("-", attempt, 1.0, reason))
+        sleep(1.0)
+        waited += 1.0
 
 
 def session_settings(policy: LockPolicy) -> tuple[str, ...]:

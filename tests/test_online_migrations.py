@@ -21,6 +21,7 @@ from outbox.migrate import (
     head_revision,
     upgrade,
 )
+from outbox.queries import MIGRATION_LOCK_KEY
 from outbox.schema import metadata
 from tests.helpers import rows, scalar
 
@@ -203,3 +204,51 @@ def test_other_errors_are_not_retried(bare: Engine) -> None:
         upgrade(bare, policy=FAST, sleep=slept.append)
     assert slept == []
     assert current_revision(bare) == "0019"
+
+
+def _hold_migration_lock(conn: Connection) -> int:
+    conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
+    conn.commit()  # session level: held outside any transaction, as a running migrate holds it
+    return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+
+def test_a_second_migrate_waits_for_the_first_then_finds_nothing_half_done(bare: Engine) -> None:
+    upgrade(bare, "0019")
+    waits: list[LockWait] = []
+    with bare.connect() as other_run:
+        pid = _hold_migration_lock(other_run)
+
+        def sleep(seconds: float) -> None:
+            if len(waits) == 2:
+                other_run.execute(text("SELECT pg_advisory_unlock_all()"))
+                other_run.commit()
+
+        steps = upgrade(bare, policy=FAST, sleep=sleep, on_wait=waits.append)
+    assert len(waits) == 2
+    assert f"another `outbox migrate` is running (PostgreSQL pid {pid})" in waits[0].error
+    assert [s.revision for s in steps] == ["0020"]
+    assert_final_indexes(bare)
+
+
+def test_a_migrate_that_never_gets_its_turn_says_who_holds_it(bare: Engine) -> None:
+    upgrade(bare, "0019")
+    slept: list[float] = []
+    with bare.connect() as other_run:
+        pid = _hold_migration_lock(other_run)
+        with pytest.raises(MigrationLockError, match=f"pid {pid}"):
+            upgrade(
+                bare,
+                policy=LockPolicy(lock_timeout=0.05, wait_for_other_run=3),
+                sleep=slept.append,
+            )
+    assert slept == [1.0, 1.0, 1.0]
+    assert current_revision(bare) == "0019"
+
+
+def test_upgrade_leaves_a_newer_schema_alone(bare: Engine) -> None:
+    """A later release migrated it (the embedded server an older `outbox` shares, say)."""
+    upgrade(bare)
+    with bare.begin() as conn:
+        conn.execute(text("UPDATE outbox_alembic_version SET version_num = '9999'"))
+    assert upgrade(bare) == []
+    assert current_revision(bare) == "9999"

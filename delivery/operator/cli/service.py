@@ -187,11 +187,8 @@ def _upgrade(
             click.echo(f"{step.revision}  {step.seconds:7.2f}s{retried}  {undone}{step.title}")
 
     def on_wait(wait: migrations.LockWait) -> None:
-        click.echo(
-            f"{wait.revision}  could not get a lock ({wait.error}); "
-            f"trying again in {wait.delay:g}s",
-            err=True,
-        )
+        what = "waiting" if wait.revision == "-" else f"{wait.revision}  could not get a lock:"
+        click.echo(f"{what} {wait.error}; trying again in {wait.delay:g}s", err=True)
 
     target = target or migrations.head_revision()
     backwards = target != state.current and target not in state.pending
