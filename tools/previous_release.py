@@ -33,7 +33,10 @@ def checkout(target: Path) -> Path:
     """The previous release's files under `target` (which must exist and be empty)."""
     wanted = commit()
     archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", wanted], capture_output=True, check=False
+        # safe.directory: a CI checkout may belong to another user than the tests' one.
+        ["git", "-c", "safe.directory=*", "-C", str(ROOT), "archive", wanted],
+        capture_output=True,
+        check=False,
     )
     if archive.returncode != 0:
         raise PreviousReleaseError(
