@@ -4,7 +4,9 @@ release needs which schema (`outbox --version`, /readyz)."""
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,6 +21,10 @@ from outbox.db import make_async_engine, make_engine
 from outbox.errors import ConfigurationError
 from outbox.migrate import current_revision, head_revision, release_version, upgrade
 from outbox.settings import load_settings
+
+VERSION = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"][
+    "version"
+]
 
 
 @pytest.fixture
@@ -44,8 +50,9 @@ def invoke(cli: CliRunner, *args: str) -> Result:
 def test_version_names_the_release_and_its_schema(cli: CliRunner) -> None:
     result = invoke(cli, "--version")
     assert result.exit_code == 0
-    assert result.output == f"outbox 0.2.0 (schema {head_revision()})\n"
-    assert release_version() == "0.2.0"  # pyproject.toml's, as installed
+    assert result.output == f"outbox {VERSION} (schema {head_revision()})\n"
+    # One source: pyproject.toml's version, as installed (after a bump: pip install -e .).
+    assert release_version() == VERSION
 
 
 def test_check_fails_while_migrations_are_pending_and_changes_nothing(
@@ -54,7 +61,7 @@ def test_check_fails_while_migrations_are_pending_and_changes_nothing(
     checked = invoke(cli, "migrate", "--check")
     assert checked.exit_code == 1, checked.output
     assert "schema:  0019" in checked.output
-    assert f"needs:   {head_revision()} (webhook-outbox 0.2.0)" in checked.output
+    assert f"needs:   {head_revision()} (webhook-outbox {VERSION})" in checked.output
     assert "pending: 0020" in checked.output
     as_json = json.loads(invoke(cli, "migrate", "--check", "--json").output)
     assert as_json["schema"] == "0019" and as_json["needs"] == head_revision()
@@ -128,7 +135,7 @@ def test_a_newer_schema_is_usable_and_a_pending_one_is_not(
     cli: CliRunner, at_0019: Engine, empty_database_url: str
 ) -> None:
     settings = load_settings()
-    refused = pytest.raises(ConfigurationError, match=r"at 0019, this version \(0.2.0\) needs")
+    refused = pytest.raises(ConfigurationError, match=rf"at 0019, this version \({VERSION}\) needs")
     with refused, open_database(settings):
         pass
     upgrade(at_0019)
@@ -160,7 +167,7 @@ async def test_readyz_shows_the_release_and_the_schema_it_needs(
         "status": "unavailable",
         "error": f"schema at 0019, needs {head_revision()}: run `outbox migrate`",
         "schema": "0019",
-        "version": "0.2.0",
+        "version": VERSION,
         "needs": head_revision(),
     }
     upgrade(at_0019)
@@ -170,7 +177,7 @@ async def test_readyz_shows_the_release_and_the_schema_it_needs(
         "status": "ready",
         "schema": head_revision(),
         "schema_state": "current",
-        "version": "0.2.0",
+        "version": VERSION,
         "needs": head_revision(),
     }
     _stamp(at_0019, "9999")
