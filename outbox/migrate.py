@@ -285,11 +285,17 @@ def _migration_connection(
         try:
             yield connection
         finally:
-            connection.rollback()
-            connection.execute(text("RESET lock_timeout"))
-            connection.execute(text("RESET statement_timeout"))
-            connection.execute(queries.RELEASE_MIGRATION_LOCK)
-            connection.commit()
+            try:
+                connection.rollback()
+                connection.execute(queries.RELEASE_MIGRATION_LOCK)
+                connection.execute(text("RESET lock_timeout"))
+                connection.execute(text("RESET statement_timeout"))
+                connection.commit()
+            except Exception:
+                # A session that cannot be put back (the server went away, say) is closed,
+                # never pooled still holding the migration lock.
+                connection.invalidate()
+                raise
 
 
 def _take_migration_lock(
