@@ -325,11 +325,13 @@ def report(results: dict[str, Any]) -> str:
 @click.option("--repeat", type=click.IntRange(min=1), default=None, help="Repeat each run N times.")
 @click.option(
     "--only",
-    type=click.Choice(["core", "drain", "flat", "scale"]),
+    type=click.Choice(["core", "drain", "flat", "scale", "migration"]),
     multiple=True,
     help="Run only these sections (repeatable): core = end to end, relay, claim, scale, RSS; "
     "drain = backlog "
-    "drains, flat = grown tables against empty ones, scale = issue 10's figures alone.",
+    "drains, flat = grown tables against empty ones, scale = issue 10's figures alone, "
+    "migration = stalls while this release migrates the previous one's schema under load "
+    "(only with --only).",
 )
 @click.option(
     "--event-loop",
@@ -360,6 +362,17 @@ def main(
     def progress(message: str) -> None:
         click.echo(f"[{time.monotonic() - started:6.1f}s] {message}", err=True)
 
+    if "migration" in only:
+        from bench import migration_stall
+
+        if set(only) != {"migration"}:
+            raise click.UsageError("--only migration runs on its own server: run it alone")
+        stall_plan = migration_stall.StallPlan.quick() if quick else migration_stall.StallPlan()
+        stalls = migration_stall.measure(stall_plan, progress)
+        out.write_text(json.dumps({"migration": stalls}, indent=2))
+        click.echo("\n".join(migration_stall.report(stalls)))
+        click.echo(f"results written to {out}", err=True)
+        return
     results = run(plan, progress)
     out.write_text(json.dumps(results, indent=2))
     click.echo(report(results))

@@ -275,7 +275,7 @@ _HEALTH_COLUMNS = """
 """
 
 # Everything a claim needs to know before it claims, visiting only endpoints that have
-# scheduled work: a skip scan of ix_deliveries_due_per_endpoint finds them (one index
+# scheduled work: a skip scan of ix_deliveries_due_per_endpoint_ranked finds them (one index
 # probe per such endpoint; idle endpoints are never read). One row per such endpoint
 # that has a due delivery, is enabled and whose tenant is enabled (a disabled tenant's
 # deliveries wait), with its head (first due row in claim order): delivery/health.py
@@ -387,7 +387,7 @@ _PLAIN = f"""
 # A claim's batch among many tenants, from the oldest due rows alone, without reading
 # the head, endpoint, tenant and health rows of every endpoint with due work (with a
 # thousand busy endpoints, LOCK_CLAIM_GATES' probes were most of a claim's cost).
-# It walks the oldest due rows of the top due priority (ix_deliveries_due, an index
+# It walks the oldest due rows of the top due priority (ix_deliveries_due_ranked, an index
 # range of at most :walk rows; the priorities in use are found by a probe or two each).
 # Each tenant's first row there (leaving out :excluded endpoints, whose slots this
 # worker has used up) is the head of its first turn: the indexes end with `id`, so it is

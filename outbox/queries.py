@@ -1330,3 +1330,21 @@ SELECT_TEST_OUTCOME = text(
     WHERE d.id = :id
     """
 )
+
+
+# -- migrations (outbox/migrate.py) ------------------------------------------------------
+
+# A session-level advisory lock: one `outbox migrate` at a time per database (two deploy
+# jobs starting at once). Tried, never waited for inside a transaction: a waiting
+# transaction would hold a snapshot that the other run's CONCURRENTLY build waits out.
+MIGRATION_LOCK_KEY = 0x6F7574626F78  # "outbox"
+TRY_MIGRATION_LOCK = text("SELECT pg_try_advisory_lock(:key)").bindparams(key=MIGRATION_LOCK_KEY)
+RELEASE_MIGRATION_LOCK = text("SELECT pg_advisory_unlock(:key)").bindparams(key=MIGRATION_LOCK_KEY)
+# Who holds it: a bigint key is stored as classid (high half) and objid (low half).
+MIGRATION_LOCK_HOLDER = text(
+    """
+    SELECT pid FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 1
+      AND (classid::bigint << 32) + objid::bigint = :key
+    """
+).bindparams(key=MIGRATION_LOCK_KEY)

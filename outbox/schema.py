@@ -247,11 +247,11 @@ deliveries = Table(
         unique=True,
         postgresql_where=text("replay_of IS NULL"),
     ),
-    # "What is due now", in the claim's order (priority, due time, id: migration 0019
-    # added `id`): only scheduled rows are indexed. A claim among many tenants walks it
-    # from the front (delivery/queries.py, RANK_CLAIM_GATES).
+    # "What is due now", in the claim's order (priority, due time, id: migration 0020
+    # built it online): only scheduled rows are indexed. A claim among many tenants walks
+    # it from the front (delivery/queries.py, RANK_CLAIM_GATES).
     Index(
-        "ix_deliveries_due",
+        "ix_deliveries_due_ranked",
         text("priority DESC"),
         "next_attempt_at",
         "id",
@@ -272,9 +272,9 @@ deliveries = Table(
     # A tenant's deliveries, newest first (scoped lists and stats).
     Index("ix_deliveries_tenant_id_id", "tenant_id", "id"),
     # Fair claiming walks each endpoint's due rows in claim order (delivery/health.py);
-    # `id` last (migration 0019): an endpoint's head is one row, whatever the storage order.
+    # `id` last (migration 0020): an endpoint's head is one row, whatever the storage order.
     Index(
-        "ix_deliveries_due_per_endpoint",
+        "ix_deliveries_due_per_endpoint_ranked",
         "endpoint_id",
         text("priority DESC"),
         "next_attempt_at",

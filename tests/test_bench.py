@@ -157,3 +157,15 @@ def test_quick_benchmark_measures_every_figure() -> None:
     assert "slowdown with 300 backlog, 1,000 history" in text
     assert "instant_share_of_ceiling" not in text  # rows are named, ratios shown
     assert "raw aiohttp ceiling" in text and "slow partner (200 ms)" in text
+
+
+def test_the_longest_delivery_gap_counts_a_gap_across_the_window_edges() -> None:
+    from bench.migration_stall import _longest_gap
+
+    arrivals = [0.0, 1.0, 1.2, 1.3, 4.0, 4.1]
+    # Inside [1.1, 3.0] the partner saw 1.2 -> 1.3, then nothing until 4.0: 2.7 s.
+    assert _longest_gap(arrivals, 1.1, 3.0) == pytest.approx(2.7)
+    # A window with no delivery at all: the whole stretch between its neighbours.
+    assert _longest_gap(arrivals, 2.0, 3.0) == pytest.approx(2.7)
+    assert _longest_gap([], 2.0, 3.0) == pytest.approx(1.0)
+    assert _longest_gap(arrivals, 0.5, 1.25) == pytest.approx(1.0)  # 0.0 -> 1.0

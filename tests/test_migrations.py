@@ -52,15 +52,12 @@ def test_upgrade_is_idempotent_and_uses_its_own_version_table(empty_database_url
 
 
 def test_every_migration_downgrades_and_upgrades_again(empty_database_url: str) -> None:
-    from alembic import command
-
-    from outbox.migrate import alembic_config
+    from outbox.migrate import alembic_config, downgrade
 
     engine = make_engine(empty_database_url)
     try:
         upgrade(engine)
-        with engine.begin() as conn:
-            command.downgrade(alembic_config(conn), "base")
+        downgrade(engine, "base")
         assert set(inspect(engine).get_table_names()) == {VERSION_TABLE}
         upgrade(engine)
         # One linear history: every migration file is on the path to the head.

@@ -82,7 +82,7 @@ from outbox.clock import Clock, SystemClock
 from outbox.crypto import SecretBox
 from outbox.endpoints import Endpoint, get_endpoint, list_endpoints, set_enabled, set_proxy
 from outbox.errors import NotFoundError, OutboxError, TenantError
-from outbox.migrate import VERSION_TABLE, head_revision
+from outbox.migrate import VERSION_TABLE, head_revision, release_version, schema_state
 from outbox.stats import AlertThresholds, EndpointHealth, collect_stats, read_totals
 from outbox.tenants import DEFAULT_TENANT, require_tenant
 from outbox.tokens import (
@@ -827,20 +827,27 @@ async def readyz(call: Call) -> Any:
         context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
         return context.get_current_revision()
 
+    release = {"version": release_version(), "needs": call.api.head}
     try:
         revision = await call.api.read(check)
     except Exception as exc:
         log.warning("readiness check failed: %s", exc)
-        return JSONResponse({"status": "unavailable", "error": "database unreachable"}, 503)
-    if revision != call.api.head:
+        return JSONResponse(
+            {"status": "unavailable", "error": "database unreachable", **release}, 503
+        )
+    state = schema_state(revision)
+    if not state.usable:
         return JSONResponse(
             {
                 "status": "unavailable",
                 "error": f"schema at {revision}, needs {call.api.head}: run `outbox migrate`",
+                "schema": revision,
+                **release,
             },
             503,
         )
-    return {"status": "ready", "schema": revision}
+    # "newer": a later release migrated it, which this one runs on (README, Upgrading).
+    return {"status": "ready", "schema": revision, "schema_state": state.state, **release}
 
 
 async def openapi_route(call: Call) -> Any:
@@ -889,7 +896,14 @@ _FILTER_SCHEMA = {
 
 ROUTES: tuple[Operation, ...] = (
     Operation("GET", "/healthz", None, "The process is alive.", healthz),
-    Operation("GET", "/readyz", None, "The database is reachable and migrated.", readyz),
+    Operation(
+        "GET",
+        "/readyz",
+        None,
+        "The database is reachable and migrated: this release's version, the schema "
+        "revision it needs and the database's.",
+        readyz,
+    ),
     Operation("GET", "/openapi.json", None, "This document.", openapi_route),
     Operation(
         "GET",

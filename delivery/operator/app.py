@@ -45,11 +45,15 @@ class Database:
 
 
 @contextlib.contextmanager
-def open_database(settings: Settings, *, auto_migrate: bool | None = None) -> Iterator[Database]:
+def open_database(
+    settings: Settings, *, auto_migrate: bool | None = None, check_schema: bool = True
+) -> Iterator[Database]:
     """Connect to OUTBOX_DATABASE_URL, or start the embedded server; migrate or check schema.
 
     The embedded database is private, so it is migrated automatically. A database
     the user runs is only checked: `outbox migrate` changes it, nothing else does.
+    A schema a newer release migrated is accepted (a release runs on the next one's
+    schema: README, Upgrading); one with this release's migrations pending is not.
     """
     with contextlib.ExitStack() as stack:
         if settings.database_url:
@@ -62,12 +66,20 @@ def open_database(settings: Settings, *, auto_migrate: bool | None = None) -> It
         check_reachable(engine)
         if auto_migrate if auto_migrate is not None else embedded:
             migrate.upgrade(engine)
-        else:
-            current, head = migrate.current_revision(engine), migrate.head_revision()
-            if current != head:
+        elif check_schema:
+            state = migrate.schema_state(migrate.current_revision(engine))
+            if not state.usable:
                 raise ConfigurationError(
-                    f"the database schema is at {current or 'nothing'}, this version needs "
-                    f"{head}: run `outbox migrate` first"
+                    f"the database schema is at {state.current or 'nothing'}, this version "
+                    f"({migrate.release_version()}) needs {state.needed}: run `outbox migrate`"
+                    " first (`outbox migrate --sql` shows what it will run)"
+                )
+            if state.state == "newer":
+                log.info(
+                    "the database schema is at %s, newer than this version's %s: a later "
+                    "release migrated it; running on it as the upgrade contract allows",
+                    state.current,
+                    state.needed,
                 )
         yield Database(url=url, engine=engine, embedded=embedded)
 

@@ -63,15 +63,14 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_tenants")),
         sa.UniqueConstraint("uid", name=op.f("uq_tenants_uid")),
     )
-    default_id = (
-        op.get_bind()
-        .execute(
-            sa.text(
-                "INSERT INTO tenants (uid, name) VALUES ('default', 'Default tenant') RETURNING id"
-            )
-        )
-        .scalar_one()
-    )
+    insert_default = "INSERT INTO tenants (uid, name) VALUES ('default', 'Default tenant')"
+    if op.get_context().as_sql:
+        # Offline SQL (`outbox migrate --sql`) cannot read the id back; the table was
+        # created just above, so its identity hands out 1 first.
+        op.execute(insert_default)
+        default_id = 1
+    else:
+        default_id = op.get_bind().execute(sa.text(insert_default + " RETURNING id")).scalar_one()
     for table in _OWNED:
         # A constant default fills existing rows without rewriting the table; it is dropped
         # at once, so every new row must name its tenant.

@@ -7,14 +7,14 @@ data. Sessions now carry the token's row (`token_row`) and the tenant's internal
 (`tenant_id`), both foreign keys that cascade; portal links carry `tenant_id` too. A
 token may have an expiry (`admin_tokens.expires_at`).
 
-Online: three nullable columns without defaults (no rewrite) and foreign keys on columns
-that are NULL in every existing row, each under a short lock_timeout. No index: sessions
+Online: three nullable columns without defaults (no rewrite) and foreign keys added NOT
+VALID then validated, each step under outbox.migrate's short lock_timeout. No index: sessions
 are found by their primary key, and the tables are small (expired rows are pruned).
 Sessions and links from before this migration have no token or tenant id and are
 refused, so everyone signs in once more after the upgrade.
 
 Revision ID: 0022
-Revises: 0019
+Revises: 0020
 Create Date: 2026-12-01
 """
 
@@ -24,36 +24,35 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0022"
-down_revision = "0019"
+down_revision = "0020"
 branch_labels = None
 depends_on = None
 
 
 def upgrade() -> None:
-    # Wait at most this long for a lock (a busy tenants or admin_tokens table): failing
-    # fast and re-running beats queueing every reader of those tables behind us.
-    op.execute("SET LOCAL lock_timeout = '5s'")
+    # outbox.migrate runs this under a short lock_timeout and retries. The foreign keys
+    # are added NOT VALID (no scan under the lock) and validated after, which takes only
+    # a SHARE UPDATE EXCLUSIVE lock: reads and writes go on.
     op.add_column("admin_tokens", sa.Column("expires_at", sa.DateTime(timezone=True)))
     for table in ("console_sessions", "portal_links"):
         op.add_column(table, sa.Column("tenant_id", sa.BigInteger()))
-        op.create_foreign_key(
-            op.f(f"fk_{table}_tenant_id_tenants"),
-            table,
-            "tenants",
-            ["tenant_id"],
-            ["id"],
-            ondelete="CASCADE",
-        )
+        _foreign_key(f"fk_{table}_tenant_id_tenants", table, "tenant_id", "tenants")
     op.add_column("console_sessions", sa.Column("token_row", sa.BigInteger()))
-    op.create_foreign_key(
-        op.f("fk_console_sessions_token_row_admin_tokens"),
+    _foreign_key(
+        "fk_console_sessions_token_row_admin_tokens",
         "console_sessions",
+        "token_row",
         "admin_tokens",
-        ["token_row"],
-        ["id"],
-        ondelete="CASCADE",
     )
-    op.execute("SET LOCAL lock_timeout = DEFAULT")
+
+
+def _foreign_key(name: str, table: str, column: str, target: str) -> None:
+    """ON DELETE CASCADE, added NOT VALID then validated (squawk: constraint-missing-not-valid)."""
+    op.execute(
+        f"ALTER TABLE {table} ADD CONSTRAINT {name} FOREIGN KEY ({column})"
+        f" REFERENCES {target} (id) ON DELETE CASCADE NOT VALID"
+    )
+    op.execute(f"ALTER TABLE {table} VALIDATE CONSTRAINT {name}")
 
 
 def downgrade() -> None:

@@ -22,14 +22,12 @@ depends_on = None
 
 
 def upgrade() -> None:
-    # A short lock timeout: ADD COLUMN needs a brief ACCESS EXCLUSIVE lock, and must not
-    # queue behind a long transaction while every claim queues behind it.
-    op.execute("SET LOCAL lock_timeout = '5s'")
+    # ADD COLUMN takes a brief ACCESS EXCLUSIVE lock: outbox.migrate runs it under a
+    # short lock_timeout and retries, so it never queues every claim behind it.
     op.add_column("endpoints", sa.Column("proxy_url", sa.Text(), nullable=True))
     op.add_column("endpoints", sa.Column("proxy_host", sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
-    op.execute("SET LOCAL lock_timeout = '5s'")
     op.drop_column("endpoints", "proxy_host")
     op.drop_column("endpoints", "proxy_url")

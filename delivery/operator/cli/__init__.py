@@ -26,8 +26,26 @@ from delivery.operator.cli import (
 from outbox.logging_setup import configure_logging
 
 
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """The release and the schema revision it needs (read only when asked: it parses the
+    migrations)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from outbox.migrate import head_revision, release_version
+
+    click.echo(f"outbox {release_version()} (schema {head_revision()})")
+    ctx.exit()
+
+
 @click.group()
-@click.version_option(package_name="webhook-outbox")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and the schema revision it needs, and exit.",
+)
 def main() -> None:
     """Reliable webhooks from a transactional outbox in PostgreSQL.
 

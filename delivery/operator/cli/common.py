@@ -62,11 +62,17 @@ def settings() -> Settings:
 
 @contextlib.contextmanager
 def database(
-    auto_migrate: bool | None = None, current: Settings | None = None
+    auto_migrate: bool | None = None,
+    current: Settings | None = None,
+    *,
+    check_schema: bool = True,
 ) -> Iterator[tuple[Settings, app.Database]]:
     """Settings and the database; SIGTERM unwinds this (the embedded server stops)."""
     current = current or settings()
-    with terminate_as_exit(), app.open_database(current, auto_migrate=auto_migrate) as db:
+    with (
+        terminate_as_exit(),
+        app.open_database(current, auto_migrate=auto_migrate, check_schema=check_schema) as db,
+    ):
         yield current, db
 
 

@@ -24,7 +24,15 @@ from typing import Any
 import click
 
 from delivery.operator import api, app
-from delivery.operator.cli.common import database, friendly_errors, rearm_terminate, settings
+from delivery.operator.cli.common import (
+    database,
+    echo_json,
+    friendly_errors,
+    json_option,
+    parse_duration,
+    rearm_terminate,
+    settings,
+)
 from delivery.operator.loop import run_loop
 from delivery.operator.supervisor import default_processes
 from outbox import migrate as migrations
@@ -36,11 +44,173 @@ from outbox.settings import Settings
 
 
 @click.command()
+@click.option(
+    "--sql",
+    "as_sql",
+    is_flag=True,
+    help="Print the SQL that would run (this database's pending migrations), change nothing.",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Print the schema revision and the one this release needs; exit 1 if migrations "
+    "are pending. Changes nothing (for deploy scripts and readiness probes).",
+)
+@click.option(
+    "--from",
+    "start",
+    default=None,
+    metavar="REVISION",
+    help="With --sql: start from this revision ('base': an empty database) instead of "
+    "the database's own; no database is needed then.",
+)
+@click.option(
+    "--to",
+    "target",
+    default=None,
+    metavar="REVISION",
+    help="Upgrade or downgrade to this revision instead of this release's head (a rollback "
+    "to the previous release: its revision, see `outbox --version` there).",
+)
+@click.option(
+    "--lock-timeout",
+    default="2s",
+    show_default=True,
+    help="How long one DDL statement may wait for a lock before the migration backs off.",
+)
+@click.option(
+    "--lock-retries",
+    type=click.IntRange(min=0, max=100),
+    default=8,
+    show_default=True,
+    help="Retries of a migration that could not get its lock (backoff 0.5s doubling to 15s).",
+)
+@json_option
 @friendly_errors
-def migrate() -> None:
-    """Create or upgrade the outbox tables (safe to run again)."""
-    with database(auto_migrate=True):
-        click.echo(f"schema is at revision {migrations.head_revision()}")
+def migrate(
+    as_sql: bool,
+    check: bool,
+    start: str | None,
+    target: str | None,
+    lock_timeout: str,
+    lock_retries: int,
+    as_json: bool,
+) -> None:
+    """Create or upgrade the outbox tables online (safe to run again, and while running).
+
+    Each migration runs in its own transaction, every DDL statement waits at most
+    --lock-timeout for its lock and a migration that cannot get it is retried with
+    backoff; indexes are built CONCURRENTLY. Each step is printed with its duration.
+    """
+    if as_sql and check:
+        raise click.UsageError("--sql and --check are two different questions: pick one")
+    if start is not None and not as_sql:
+        raise click.UsageError("--from only goes with --sql")
+    if target is not None and (as_sql or check):
+        raise click.UsageError("--to goes with a plain `outbox migrate`, not --sql or --check")
+    if target is not None:
+        migrations.require_known_revision(target)
+    seconds = parse_duration(lock_timeout).total_seconds()
+    if not 0 < seconds <= 600:
+        raise click.BadParameter(
+            f"{lock_timeout!r}: give a lock timeout above 0 and at most 10m (a few seconds "
+            "is usual: writers queue behind a DDL statement while it waits)",
+            param_hint="--lock-timeout",
+        )
+    policy = migrations.LockPolicy(lock_timeout=seconds, retries=lock_retries)
+    if as_sql and start is not None:
+        click.echo(migrations.offline_sql(None if start == "base" else start, policy=policy))
+        return
+    with database(auto_migrate=False, check_schema=False) as (_, db):
+        state = migrations.schema_state(migrations.current_revision(db.engine))
+        if as_sql:
+            _print_pending_sql(state, policy)
+        elif check:
+            _report_schema(state, as_json)
+        else:
+            _upgrade(db, state, policy, as_json, target)
+
+
+def _print_pending_sql(state: migrations.SchemaState, policy: migrations.LockPolicy) -> None:
+    if not state.pending:
+        click.echo(
+            f"-- schema is at {state.current}; this release needs {state.needed}: nothing to run"
+        )
+        return
+    click.echo(migrations.offline_sql(state.current, policy=policy))
+
+
+def _report_schema(state: migrations.SchemaState, as_json: bool) -> None:
+    """What a deploy script needs: where the schema is, what this release needs, exit 1
+    while anything is pending."""
+    version = migrations.release_version()
+    if as_json:
+        echo_json(
+            {
+                "schema": state.current,
+                "needs": state.needed,
+                "release": version,
+                "state": state.state,
+                "pending": list(state.pending),
+            }
+        )
+    else:
+        click.echo(f"schema:  {state.current or 'none (empty database)'}")
+        click.echo(f"needs:   {state.needed} (webhook-outbox {version})")
+        if state.state == "pending":
+            click.echo(f"pending: {', '.join(state.pending)}: run `outbox migrate`")
+        elif state.state == "newer":
+            click.echo("state:   newer than this release (a later release migrated it); usable")
+        else:
+            click.echo("state:   up to date")
+    if state.state == "pending":
+        sys.exit(1)
+
+
+def _upgrade(
+    db: app.Database,
+    state: migrations.SchemaState,
+    policy: migrations.LockPolicy,
+    as_json: bool,
+    target: str | None = None,
+) -> None:
+    if state.state == "newer":
+        click.echo(
+            f"schema is at {state.current}, newer than this release's {state.needed}: nothing to do"
+        )
+        return
+
+    def on_step(step: migrations.Step) -> None:
+        if not as_json:
+            retried = f" after {step.attempts - 1} lock timeouts" if step.attempts > 1 else ""
+            undone = "undone " if step.direction == "downgrade" else ""
+            click.echo(f"{step.revision}  {step.seconds:7.2f}s{retried}  {undone}{step.title}")
+
+    def on_wait(wait: migrations.LockWait) -> None:
+        what = "waiting" if wait.revision == "-" else f"{wait.revision}  could not get a lock:"
+        click.echo(f"{what} {wait.error}; trying again in {wait.delay:g}s", err=True)
+
+    target = target or migrations.head_revision()
+    backwards = target != state.current and target not in state.pending
+    run = migrations.downgrade if backwards else migrations.upgrade
+    steps = run(db.engine, target, policy=policy, on_step=on_step, on_wait=on_wait)
+    if as_json:
+        echo_json(
+            {
+                "schema": target,
+                "steps": [
+                    {
+                        "revision": s.revision,
+                        "title": s.title,
+                        "seconds": round(s.seconds, 3),
+                        "attempts": s.attempts,
+                    }
+                    for s in steps
+                ],
+            }
+        )
+    else:
+        click.echo(f"schema is at revision {target}")
 
 
 @click.command()
