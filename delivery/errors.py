@@ -29,7 +29,8 @@ class AddressRefusedError(DeliveryError):
     """The SSRF guard refused to connect to an address; a PERMANENT delivery failure.
 
     Raised from inside an httpx request (the guarded transport's connect step) and
-    passed through by httpx unchanged, so the worker catches this class itself:
+    passed through unchanged (only httpcore's own errors become httpx's), so the
+    worker catches this class itself:
     it is not an `httpx.HTTPError`. Retrying cannot help until an operator changes
     the endpoint URL or OUTBOX_ALLOWED_NETWORKS, so nothing is retried.
     """

@@ -15,9 +15,9 @@ happens at connect time, inside the httpcore network backend:
    time; TLS still verifies and sends SNI for the original hostname, because
    httpcore passes that name to `start_tls`, and the Host header comes from the URL.
 
-A refused address raises `AddressRefusedError`, which httpx passes through
-unchanged (it only maps httpcore's own exception classes), so the worker can
-classify it as a PERMANENT failure. DNS failures and timeouts surface as
+A refused address raises `AddressRefusedError`, which `GuardedTransport` passes
+through unchanged (it maps only httpcore's own exception classes to httpx's), so the
+worker can classify it as a PERMANENT failure. DNS failures and timeouts surface as
 `httpx.ConnectError` / `httpx.ConnectTimeout`: retryable, nothing was sent.
 
 `validate_endpoint_url` is the cheap, DNS-free check for when an endpoint is
@@ -32,8 +32,17 @@ import contextlib
 import ipaddress
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Final, Generic, TypeVar
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
+from types import TracebackType
+from typing import Final, Generic, Self, TypeVar
 
 import httpcore
 import httpx
@@ -303,11 +312,76 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         await self._backend.sleep(seconds)
 
 
-class GuardedTransport(httpx.AsyncHTTPTransport):
-    """`httpx.AsyncHTTPTransport` whose every connection goes through the SSRF guard.
+# httpcore exception -> the httpx exception httpx's own transport raises for it, so a
+# caller (and `send_attempt`) sees the same classes whichever transport is used. The
+# same table as httpx's `map_httpcore_exceptions` (httpx 0.28), which is not public.
+_HTTPCORE_TO_HTTPX: Final[dict[type[Exception], type[httpx.HTTPError]]] = {
+    httpcore.TimeoutException: httpx.TimeoutException,
+    httpcore.ConnectTimeout: httpx.ConnectTimeout,
+    httpcore.ReadTimeout: httpx.ReadTimeout,
+    httpcore.WriteTimeout: httpx.WriteTimeout,
+    httpcore.PoolTimeout: httpx.PoolTimeout,
+    httpcore.NetworkError: httpx.NetworkError,
+    httpcore.ConnectError: httpx.ConnectError,
+    httpcore.ReadError: httpx.ReadError,
+    httpcore.WriteError: httpx.WriteError,
+    httpcore.ProxyError: httpx.ProxyError,
+    httpcore.UnsupportedProtocol: httpx.UnsupportedProtocol,
+    httpcore.ProtocolError: httpx.ProtocolError,
+    httpcore.LocalProtocolError: httpx.LocalProtocolError,
+    httpcore.RemoteProtocolError: httpx.RemoteProtocolError,
+}
 
-    No proxy, no Unix socket, no environment (`trust_env=False`): a proxy would
-    make the guard check the proxy's address instead of the receiver's.
+
+@contextlib.contextmanager
+def _httpx_exceptions() -> Iterator[None]:
+    """Translate httpcore's exceptions into httpx's, the most specific class that fits.
+
+    Anything else (`AddressRefusedError` above all) passes through unchanged, so the
+    worker can classify a refusal as permanent.
+    """
+    try:
+        yield
+    except Exception as exc:
+        mapped: type[httpx.HTTPError] | None = None
+        for source, target in _HTTPCORE_TO_HTTPX.items():
+            if isinstance(exc, source) and (mapped is None or issubclass(target, mapped)):
+                mapped = target
+        if mapped is None:
+            raise
+        raise mapped(str(exc)) from exc
+
+
+class _GuardedResponseStream(httpx.AsyncByteStream):
+    """httpcore's response body as an httpx stream, with httpcore's exceptions mapped."""
+
+    def __init__(self, stream: AsyncIterable[bytes]) -> None:
+        self._stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with _httpx_exceptions():
+            async for part in self._stream:
+                yield part
+
+    async def aclose(self) -> None:
+        close = getattr(self._stream, "aclose", None)
+        if close is not None:
+            await close()
+
+
+class GuardedTransport(httpx.AsyncBaseTransport):
+    """An httpx transport over httpcore's pool whose every connection goes through the
+    SSRF guard.
+
+    Why not subclass `httpx.AsyncHTTPTransport`: httpx 0.28 has no public way to give
+    it a network backend (proposed in encode/httpx#3749), and swapping its private pool
+    breaks silently on an httpx release. So this owns an `httpcore.AsyncConnectionPool`
+    built with `GuardedNetworkBackend` (httpcore's public API) and does the little
+    httpx's transport does around it: convert the request and response, map httpcore's
+    exceptions to httpx's, close the pool.
+
+    No proxy, no Unix socket, no environment: a proxy would make the guard check the
+    proxy's address instead of the receiver's.
     """
 
     def __init__(
@@ -320,21 +394,14 @@ class GuardedTransport(httpx.AsyncHTTPTransport):
         resolver: Resolver | None = None,
         backend: httpcore.AsyncNetworkBackend | None = None,
     ) -> None:
-        limits = limits or httpx.Limits(max_connections=100, max_keepalive_connections=20)
-        ssl_context = verify if isinstance(verify, ssl.SSLContext) else _ssl_context(verify)
-        super().__init__(verify=ssl_context, limits=limits, trust_env=False)
         self.https_only = https_only
-        # httpx 0.28 has no public way to hand AsyncHTTPTransport a network backend
-        # (proposed in encode/httpx#3749), so replace the pool it built with an
-        # identical one that uses ours. Request/response conversion and exception
-        # mapping stay httpx's own; only `_pool` (stable since httpx 0.18) is touched.
-        # The discarded pool has opened nothing yet. Re-check this on httpx upgrades:
-        # tests/test_ssrf.py fails if connections stop going through the guard.
-        self._pool = httpcore.AsyncConnectionPool(
+        self.limits = limits or httpx.Limits(max_connections=100, max_keepalive_connections=20)
+        ssl_context = verify if isinstance(verify, ssl.SSLContext) else _ssl_context(verify)
+        self.pool = httpcore.AsyncConnectionPool(
             ssl_context=ssl_context,
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
+            max_connections=self.limits.max_connections,
+            max_keepalive_connections=self.limits.max_keepalive_connections,
+            keepalive_expiry=self.limits.keepalive_expiry,
             http1=True,
             http2=False,
             network_backend=GuardedNetworkBackend(policy, resolver=resolver, backend=backend),
@@ -347,7 +414,44 @@ class GuardedTransport(httpx.AsyncHTTPTransport):
                 f"refusing to send to a {request.url.scheme!r} URL; only "
                 f"{' or '.join(allowed)} is allowed, fix the endpoint URL"
             )
-        return await super().handle_async_request(request)
+        assert isinstance(request.stream, httpx.AsyncByteStream)
+        core_request = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(
+                scheme=request.url.raw_scheme,
+                host=request.url.raw_host,
+                port=request.url.port,
+                target=request.url.raw_path,
+            ),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=request.extensions,
+        )
+        with _httpx_exceptions():
+            core_response = await self.pool.handle_async_request(core_request)
+        assert isinstance(core_response.stream, AsyncIterable)
+        return httpx.Response(
+            status_code=core_response.status,
+            headers=core_response.headers,
+            stream=_GuardedResponseStream(core_response.stream),
+            extensions=core_response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+    async def __aenter__(self) -> Self:
+        await self.pool.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc_value: BaseException | None = None,
+        traceback: TracebackType | None = None,
+    ) -> None:
+        with _httpx_exceptions():
+            await self.pool.__aexit__(exc_type, exc_value, traceback)
 
 
 def _ssl_context(verify: bool) -> ssl.SSLContext:

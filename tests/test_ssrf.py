@@ -945,14 +945,19 @@ async def test_defaults_send_plain_http_and_verify_certificates(
 
 @pytest.mark.parametrize("build", sorted(BUILDERS))
 def test_the_guarded_pool_keeps_the_limits_and_speaks_http1_only(build: str) -> None:
-    """The transport swaps httpx's pool for one with the guard (ssrf.py says why): the
-    replacement must keep the configured limits (httpx's own defaults without any)."""
+    """The transport builds its own httpcore pool with the guard (ssrf.py says why): it
+    must keep the configured limits (httpx's own defaults without any). httpcore has no
+    public accessor for a pool's settings, so this test alone reads them."""
+    from delivery.ssrf import GuardedTransport
+
     limits = httpx.Limits(max_connections=7, max_keepalive_connections=3, keepalive_expiry=11)
     default = httpx.Limits(max_connections=100, max_keepalive_connections=20)
     policy = AddressPolicy()
     for given, expected in [(limits, limits), (None, default)]:
         wire = BUILDERS[build](policy, limits=given)
-        pool = wire._pool  # type: ignore[attr-defined]
+        assert isinstance(wire, GuardedTransport)
+        assert wire.limits == expected
+        pool = wire.pool
         assert isinstance(pool, httpcore.AsyncConnectionPool)
         assert isinstance(pool._network_backend, GuardedNetworkBackend)
         assert (
@@ -965,6 +970,96 @@ def test_the_guarded_pool_keeps_the_limits_and_speaks_http1_only(build: str) -> 
             expected.keepalive_expiry,
         )
         assert (pool._http1, pool._http2) == (True, False)
+
+
+@contextlib.asynccontextmanager
+async def scripted_server(reply: bytes | None, *, hang_up: bool = False) -> AsyncIterator[int]:
+    """A server on 127.0.0.2 answering every request head with `reply`, then hanging up
+    or waiting for the next request (None: never answers); yields its port."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while await reader.readuntil(b"\r\n\r\n"):
+                if reply is None:
+                    await reader.read()  # until the client hangs up
+                    break
+                writer.write(reply)
+                await writer.drain()
+                if hang_up:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.2", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected", "cause"),
+    [
+        # cut short in the body: raised while the response stream is read
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",
+            httpx.RemoteProtocolError,
+            httpcore.RemoteProtocolError,
+        ),
+        # no answer at all: raised by the request itself, as the most specific class
+        (None, httpx.ReadTimeout, httpcore.ReadTimeout),
+    ],
+)
+async def test_httpcore_errors_reach_the_caller_as_httpxs_own(
+    reply: bytes | None, expected: type[httpx.HTTPError], cause: type[Exception]
+) -> None:
+    """The worker classifies httpx's exception classes; the transport maps httpcore's
+    into them (the same table as httpx's own transport), keeping the original as cause."""
+    resolve, _ = answers(["127.0.0.2"])
+    http, _ = client(allowed=["127.0.0.2/32"], resolver=resolve)
+    async with scripted_server(reply, hang_up=True) as port, http:
+        with pytest.raises(httpx.HTTPError) as caught:
+            await http.get(f"http://hook.test:{port}/", timeout=httpx.Timeout(5.0, read=0.2))
+    assert type(caught.value) is expected
+    assert type(caught.value.__cause__) is cause
+
+
+async def test_the_transport_closes_its_pool_and_returns_abandoned_connections() -> None:
+    """`async with` and `aclose` close the pooled connections; a response closed unread
+    gives its connection back (with one connection allowed, the next request needs it)."""
+    from delivery.ssrf import GuardedTransport
+
+    reply = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    resolve, _ = answers(["127.0.0.2"])
+    one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    extensions = {"timeout": {"connect": 5.0, "read": 5.0, "write": 5.0, "pool": 0.5}}
+    async with scripted_server(reply) as port:
+        url = f"http://hook.test:{port}/"
+        for closing in ("context", "aclose"):
+            transport = GuardedTransport(
+                AddressPolicy(["127.0.0.2/32"]),
+                limits=one,
+                resolver=resolve,
+                backend=LoopbackOnlyBackend(),
+            )
+            async with transport as entered:
+                assert entered is transport
+                unread = await transport.handle_async_request(
+                    httpx.Request("GET", url, extensions=extensions)
+                )
+                await unread.aclose()
+                read = await transport.handle_async_request(
+                    httpx.Request("GET", url, extensions=extensions)
+                )
+                assert await read.aread() == b"ok"
+                assert len(transport.pool.connections) == 1
+                if closing == "aclose":
+                    await transport.aclose()
+                    assert transport.pool.connections == []
+            assert transport.pool.connections == []
 
 
 async def test_guarded_resolver_results_are_what_the_wire_dials() -> None:

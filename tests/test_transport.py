@@ -263,18 +263,200 @@ def test_nothing_on_the_send_path_imports_aiohttp() -> None:
     assert found.strip() == "False"
 
 
-def test_no_private_httpx_attributes_are_read() -> None:
-    """httpx has no public accessor for a client's transport; reading its private ones
-    (`_transport`, `_transport_for_url`, `_mounts`) breaks on any httpx release."""
-    import re
+HTTP_LIBRARIES = ("httpx", "httpcore")
+SCANNED_PACKAGES = ("delivery", "outbox", "bench", "tools")
+
+
+def _scanned_files() -> list[tuple[str, str]]:
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    offending = [
-        f"{path.relative_to(root)}:{number}"
-        for package in ("delivery", "outbox")
+    return [
+        (str(path.relative_to(root)), path.read_text())
+        for package in SCANNED_PACKAGES
         for path in sorted((root / package).rglob("*.py"))
-        for number, line in enumerate(path.read_text().splitlines(), 1)
+    ]
+
+
+def _library_private_names(base: type) -> set[str]:
+    """Every private name that httpx's or httpcore's classes in `base`'s MRO define or
+    use as `self._name` (read from their methods: httpx re-labels its public classes'
+    `__module__`, so `inspect.getsource` cannot find the classes themselves)."""
+    import ast
+    import inspect
+    import textwrap
+
+    names: set[str] = set()
+    for cls in base.__mro__:
+        if cls.__module__.split(".")[0] not in HTTP_LIBRARIES:
+            continue
+        names.update(name for name in vars(cls) if name.startswith("_") and not _dunder(name))
+        for member in vars(cls).values():
+            if isinstance(member, staticmethod | classmethod):
+                member = member.__func__
+            functions = (
+                [member.fget, member.fset, member.fdel]
+                if isinstance(member, property)
+                else [member]
+            )
+            for function in functions:
+                if not inspect.isfunction(function):
+                    continue
+                tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+                names.update(
+                    node.attr
+                    for node in ast.walk(tree)
+                    if isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == "self"
+                    and node.attr.startswith("_")
+                    and not _dunder(node.attr)
+                )
+    return names
+
+
+def _dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
+
+
+def private_http_library_access(source: str) -> list[tuple[int, str]]:
+    """Where `source` reaches into httpx's or httpcore's private parts: imports from their
+    private modules or names, `httpx._x` attributes, and subclasses of their classes
+    that touch a private attribute the library's class uses (`self._pool = ...` on an
+    `httpx.AsyncHTTPTransport` subclass)."""
+    import ast
+    import importlib
+
+    tree = ast.parse(source)
+    modules: dict[str, str] = {}  # local name -> httpx or httpcore
+    imported: dict[str, object] = {}  # local name -> an object imported from them
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                top, _, rest = alias.name.partition(".")
+                if top in HTTP_LIBRARIES:
+                    modules[alias.asname or top] = top
+                    if rest.startswith("_") or "._" in rest:
+                        found.append((node.lineno, f"imports {alias.name}"))
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            top, _, rest = node.module.partition(".")
+            if top not in HTTP_LIBRARIES:
+                continue
+            if rest.startswith("_") or "._" in rest:
+                found.append((node.lineno, f"imports from {node.module}"))
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_"):
+                    found.append((node.lineno, f"imports {node.module}.{alias.name}"))
+                else:
+                    module = importlib.import_module(node.module)
+                    imported[alias.asname or alias.name] = getattr(module, alias.name)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and node.attr.startswith("_")
+            and not _dunder(node.attr)
+        ):
+            found.append((node.lineno, f"reads {node.value.id}.{node.attr}"))
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        private: set[str] = set()
+        for base in node.bases:
+            library_class: object = None
+            if isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name):
+                if base.value.id in modules:
+                    module = importlib.import_module(modules[base.value.id])
+                    library_class = getattr(module, base.attr)
+            elif isinstance(base, ast.Name):
+                library_class = imported.get(base.id)
+            if isinstance(library_class, type):
+                private |= _library_private_names(library_class)
+        for inner in ast.walk(node):
+            if (
+                isinstance(inner, ast.Attribute)
+                and isinstance(inner.value, ast.Name)
+                and inner.value.id == "self"
+                and inner.attr in private
+            ):
+                found.append(
+                    (
+                        inner.lineno,
+                        f"{node.name} touches self.{inner.attr} of its httpx/httpcore base",
+                    )
+                )
+    return sorted(set(found))
+
+
+def test_no_private_httpx_attributes_are_read() -> None:
+    """httpx has no public accessor for a client's transport nor a public way to give
+    its transport a network backend; reading or replacing its private attributes
+    (`_transport`, `_transport_for_url`, `_mounts`, a transport's `_pool`) or importing
+    its private modules breaks on any httpx release. The same holds for httpcore."""
+    import re
+
+    offending = [
+        f"{name}:{number}"
+        for name, text in _scanned_files()
+        for number, line in enumerate(text.splitlines(), 1)
         if re.search(r"client\._|_transport_for_url|\._mounts\b", line)
     ]
+    offending += [
+        f"{name}:{number}: {what}"
+        for name, text in _scanned_files()
+        for number, what in private_http_library_access(text)
+    ]
     assert offending == []
+
+
+def test_the_private_access_check_sees_each_way_in() -> None:
+    """The check above is only as good as what it recognises: each form is caught, and
+    our own private attributes on subclasses of httpx's abstract classes are not."""
+    caught = """
+import httpx
+import httpcore as core
+import httpx._transports.default
+from httpx._config import DEFAULT_LIMITS
+from httpx import _utils
+from httpx import AsyncHTTPTransport as Base
+
+limits = httpx._config.DEFAULT_LIMITS
+
+class Swapped(httpx.AsyncHTTPTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self._pool = core.AsyncConnectionPool()
+
+class Aliased(Base):
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+
+class Peeking(httpx.AsyncClient):
+    def transport(self) -> object:
+        return self._transport
+"""
+    assert [what for _, what in private_http_library_access(caught)] == [
+        "imports httpx._transports.default",
+        "imports from httpx._config",
+        "imports httpx._utils",
+        "reads httpx._config",
+        "Swapped touches self._pool of its httpx/httpcore base",
+        "Aliased touches self._pool of its httpx/httpcore base",
+        "Peeking touches self._transport of its httpx/httpcore base",
+    ]
+    clean = """
+import httpcore
+import httpx
+
+class Owned(httpx.AsyncBaseTransport):
+    def __init__(self) -> None:
+        self._pool = httpcore.AsyncConnectionPool()
+
+class Stream(httpx.AsyncByteStream):
+    def __init__(self) -> None:
+        self._stream = b""
+"""
+    assert private_http_library_access(clean) == []
