@@ -77,6 +77,7 @@ from outbox.crypto import SecretBox
 from outbox.endpoints import get_endpoint, list_endpoints, set_enabled
 from outbox.errors import NotFoundError, OutboxError, TenantError
 from outbox.migrate import VERSION_TABLE, head_revision
+from outbox.schema_rules import DEFAULT_VALIDATION_BUDGET, SchemaLimits
 from outbox.stats import AlertThresholds, EndpointHealth, collect_stats, read_totals
 from outbox.tenants import DEFAULT_TENANT, require_tenant
 from outbox.tokens import (
@@ -111,6 +112,9 @@ class AdminConfig:
     refused_interval: dt.timedelta = dt.timedelta(minutes=1)
     unauthenticated_per_minute: float = 60.0
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
+    # Event-type schemas (OUTBOX_MAX_SCHEMA_*, OUTBOX_VALIDATION_BUDGET_MS).
+    schema_limits: SchemaLimits = field(default_factory=SchemaLimits)
+    validation_budget: float = DEFAULT_VALIDATION_BUDGET
 
 
 class ApiError(Exception):
