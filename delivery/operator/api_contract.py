@@ -14,6 +14,7 @@ from sqlalchemy import Connection
 
 from delivery.operator.api import ApiError, Call, Operation, Param
 from outbox import catalogue
+from outbox.schema_rules import vet_schema
 from outbox.testevents import read_test_outcome, send_test_event
 
 _NAME = Param("name", "Event type name, e.g. order.created.", where="path")
@@ -43,7 +44,7 @@ async def _checked_schema(call: Call, schema: Any, example: Any) -> catalogue.Ch
     other request answer while it works; only the catalogue versions it refers to are read
     from the database in between (versions never change, so nothing can race)."""
     config = call.api.config
-    refs = await asyncio.to_thread(catalogue.vet_schema, schema, config.schema_limits)
+    refs = await asyncio.to_thread(vet_schema, schema, config.schema_limits)
     versions = await call.api.read(lambda c: catalogue.referenced_versions(c, refs))
     return await asyncio.to_thread(
         catalogue.check_new_schema,
