@@ -375,7 +375,8 @@ def _check_reference(
         ) from None
     if target is not None and not bundled:
         walk.refs.add(target)
-    stack.append((resolved.contents, (f"<{ref}>",), None, resolved.resolver, bundled))
+    key = target.urn if target is not None else None  # a bundled entry may carry its $id
+    stack.append((resolved.contents, (f"<{ref}>",), key, resolved.resolver, bundled))
 
 
 def _check_node(walk: _Walk, stack: list[Any], item: tuple[Any, ...], root: bool) -> None:
@@ -525,8 +526,9 @@ def compile_schema(schema: dict[str, Any]) -> CompiledSchema:
         refs = check_references_and_patterns(schema)
     except CatalogueError as exc:
         return CompiledSchema(schema, refusal=f"its schema breaks the catalogue's rules: {exc}")
-    if refs:
-        missing = ", ".join(ref.urn for ref in sorted(refs))
+    bundled = schema.get("$defs") or {}
+    missing = ", ".join(ref.urn for ref in sorted(refs) if ref.urn not in bundled)
+    if missing:
         return CompiledSchema(schema, refusal=f"its schema refers to {missing}, not bundled in it")
     validator = CatalogueValidator(
         _without_dialect(schema), registry=REGISTRY, format_checker=FORMAT_CHECKER
