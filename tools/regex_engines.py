@@ -31,9 +31,9 @@ def nested_quantifier(pattern: str) -> bool:
                     return True
                 if walk(body, inside_repeat or unbounded):
                     return True
-            elif op == sre_constants.SUBPATTERN and walk(arg[-1], inside_repeat):
-                return True
-            elif op == sre_constants.BRANCH and any(walk(b, inside_repeat) for b in arg[1]):
+            elif (op == sre_constants.SUBPATTERN and walk(arg[-1], inside_repeat)) or (
+                op == sre_constants.BRANCH and any(walk(b, inside_repeat) for b in arg[1])
+            ):
                 return True
         return False
 
