@@ -467,10 +467,12 @@ def bundle(
 
 def _without_dialect(schema: dict[str, Any]) -> dict[str, Any]:
     """The root's `$schema` would make jsonschema pick its own class (Python's `re`) again
-    whenever a `$ref` reaches the root: drop it (only Draft 2020-12 is allowed there)."""
-    if "$schema" not in schema:
+    whenever a `$ref` reaches the root, and its `$id` only names it: drop both. Schemas
+    added under these rules have neither (bar Draft 2020-12's `$schema`); ones stored
+    before them were always validated as Draft 2020-12, and keep being so."""
+    if "$schema" not in schema and "$id" not in schema:
         return schema
-    return {key: value for key, value in schema.items() if key != "$schema"}
+    return {key: value for key, value in schema.items() if key not in ("$schema", "$id")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -522,15 +524,14 @@ class CompiledSchema:
 
 def compile_schema(schema: dict[str, Any]) -> CompiledSchema:
     """Compile a stored schema; one that breaks today's rules refuses every payload."""
+    runnable = _without_dialect(schema)
     try:
-        refs = check_references_and_patterns(schema)
+        refs = check_references_and_patterns(runnable)
     except CatalogueError as exc:
         return CompiledSchema(schema, refusal=f"its schema breaks the catalogue's rules: {exc}")
     bundled = schema.get("$defs") or {}
     missing = ", ".join(ref.urn for ref in sorted(refs) if ref.urn not in bundled)
     if missing:
         return CompiledSchema(schema, refusal=f"its schema refers to {missing}, not bundled in it")
-    validator = CatalogueValidator(
-        _without_dialect(schema), registry=REGISTRY, format_checker=FORMAT_CHECKER
-    )
+    validator = CatalogueValidator(runnable, registry=REGISTRY, format_checker=FORMAT_CHECKER)
     return CompiledSchema(schema, validator)

@@ -512,3 +512,27 @@ def test_sql_null_limits_are_the_defaults_and_the_ceilings_hold(engine: Engine) 
     with engine.begin() as conn:
         conn.execute(SQL_LIMITS, {"payload": big, "max_bytes": 100_000, "max_depth": None})
     assert scalar(engine, "SELECT count(*) FROM outbox_events") == 1
+
+
+def test_a_stored_schema_with_a_root_id_and_dialect_keeps_validating(engine: Engine) -> None:
+    """Schemas stored before the rules were always validated as Draft 2020-12 with their
+    root `$id` only naming them: they keep working (local references resolve), while a new
+    schema with a `$id` is refused when added."""
+    legacy = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "$id": "https://example.com/order.json",
+        "type": "object",
+        "required": ["id"],
+        "$defs": {"id": {"type": "integer"}},
+        "properties": {"id": {"$ref": "#/$defs/id"}},
+    }
+    store_unchecked(engine, "order.created", legacy)
+    with engine.begin() as conn:
+        publish(conn, "order.created", {"id": 1})
+        with pytest.raises(PublishError, match="'x' is not of type 'integer'"):
+            publish(conn, "order.created", {"id": "x"})
+        with pytest.raises(CatalogueError, match="only Draft 2020-12"):
+            add_event_type(conn, "order.updated", schema=legacy, actor="test")
+        without_dialect = {k: v for k, v in legacy.items() if k != "$schema"}
+        with pytest.raises(CatalogueError, match="remove \\$id"):
+            add_event_type(conn, "order.updated", schema=without_dialect, actor="test")

@@ -82,6 +82,10 @@ async def update_event_type(call: Call) -> Any:
     checked = None
     checked_for = None
     if schema is not None:
+        if example is None:
+            # The current example must match the new schema too: checked here, off the loop.
+            current = await call.api.read(lambda c: catalogue.get_event_type(c, name))
+            example = current.example
         checked = await _checked_schema(call, schema, example)
     elif example is not None:
         current = await call.api.read(lambda c: catalogue.get_event_type(c, name))
