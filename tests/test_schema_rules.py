@@ -6,6 +6,7 @@ it had: the CLI, the admin API, publish() and the SQL function with the relay.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socketserver
 import threading
@@ -13,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -21,12 +23,13 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from delivery.operator.api import create_app, serve
+from delivery.operator.api import AdminConfig, create_app, serve
 from delivery.operator.cli import main
 from outbox import PublishError, publish
-from outbox.catalogue import CACHE, add_event_type
+from outbox.catalogue import CACHE, add_event_type, validate_pending
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox, generate_key
+from outbox.db import make_async_engine
 from outbox.errors import CatalogueError, ConfigurationError
 from outbox.relay import Relay, RelayConfig
 from outbox.schema_rules import SchemaLimits, compile_schema
@@ -418,48 +421,66 @@ def operator(engine: Engine) -> dict[str, str]:
     return {"authorization": f"Bearer {secret}"}
 
 
+@contextlib.contextmanager
+def admin_server_in_its_own_thread(database_url: str, box: SecretBox) -> Iterator[str]:
+    """`outbox serve`'s app on 127.0.0.1 with its own event loop in its own thread, as in
+    production: a stall of that loop shows up as latency to a client (the test) outside it.
+    A 2 s validation budget: four schemas that use it all would hold a loop for 8 s."""
+    ready = threading.Event()
+    state: dict[str, Any] = {}
+
+    async def run() -> None:
+        engine = make_async_engine(database_url)
+        state["loop"], state["stop"] = asyncio.get_running_loop(), asyncio.Event()
+        app = create_app(engine, box, config=AdminConfig(validation_budget=2.0))
+
+        def on_started(port: int) -> None:
+            state["port"] = port
+            ready.set()
+
+        try:
+            await serve(app, host="127.0.0.1", port=0, stop=state["stop"], on_started=on_started)
+        finally:
+            await engine.dispose()
+
+    thread = threading.Thread(target=lambda: asyncio.run(run()), daemon=True)
+    thread.start()
+    assert ready.wait(timeout=15), "the admin server did not start"
+    try:
+        yield f"http://127.0.0.1:{state['port']}"
+    finally:
+        state["loop"].call_soon_threadsafe(state["stop"].set)
+        thread.join(timeout=60)
+
+
 async def test_healthz_answers_while_four_hostile_schemas_are_submitted(
-    engine: Engine, async_engine: AsyncEngine, box: SecretBox, clock: ManualClock
+    engine: Engine, database_url: str, box: SecretBox
 ) -> None:
     headers = operator(engine)
-    stop, started = asyncio.Event(), asyncio.Event()
-    port: list[int] = []
-
-    def on_started(bound: int) -> None:
-        port.append(bound)
-        started.set()
-
-    app = create_app(async_engine, box, clock=clock)
-    task = asyncio.create_task(
-        serve(app, host="127.0.0.1", port=0, stop=stop, on_started=on_started)
-    )
-    try:
-        await asyncio.wait_for(started.wait(), timeout=10)
-        base = f"http://127.0.0.1:{port[0]}"
+    hostile = [
+        {"name": f"order.redos{i}", "schema": REDOS_SCHEMA, "example": REDOS_PAYLOAD}
+        for i in range(2)
+    ] + [{"name": f"order.laughs{i}", "schema": laughs(), "example": {"n": 1}} for i in range(2)]
+    with admin_server_in_its_own_thread(database_url, box) as base:
         async with httpx.AsyncClient(trust_env=False, timeout=120) as http:
-            hostile = [
-                {"name": f"order.redos{i}", "schema": REDOS_SCHEMA, "example": REDOS_PAYLOAD}
-                for i in range(2)
-            ] + [
-                {"name": f"order.laughs{i}", "schema": laughs(), "example": {"n": 1}}
-                for i in range(2)
-            ]
             posts = [
                 asyncio.create_task(http.post(f"{base}/v1/event-types", json=body, headers=headers))
                 for body in hostile
             ]
-            await asyncio.sleep(0.02)
-            health_started = time.perf_counter()
-            health = await asyncio.wait_for(http.get(f"{base}/healthz"), timeout=1.0)
-            assert health.status_code == 200
-            assert time.perf_counter() - health_started < 1.0
+            # /healthz again and again until every submission is answered: each within 1 s.
+            slowest, checks = 0.0, 0
+            while not all(post.done() for post in posts):
+                health_started = time.perf_counter()
+                health = await asyncio.wait_for(http.get(f"{base}/healthz"), timeout=5.0)
+                assert health.status_code == 200
+                slowest = max(slowest, time.perf_counter() - health_started)
+                checks += 1
+                await asyncio.sleep(0.02)
             answers = await asyncio.gather(*posts)
-        assert [a.status_code for a in answers] == [400, 400, 400, 400]
-        assert "does not match" in answers[0].json()["error"]
-        assert "budget" in answers[2].json()["error"]
-    finally:
-        stop.set()
-        await task
+    assert checks >= 5 and slowest < 1.0, (checks, slowest)
+    assert [a.status_code for a in answers] == [400, 400, 400, 400]
+    assert "does not match" in answers[0].json()["error"]
+    assert "2000 ms budget" in answers[2].json()["error"]
 
 
 # -- 5. settings that do what they say -------------------------------------------------------
@@ -536,3 +557,30 @@ def test_a_stored_schema_with_a_root_id_and_dialect_keeps_validating(engine: Eng
         without_dialect = {k: v for k, v in legacy.items() if k != "$schema"}
         with pytest.raises(CatalogueError, match="remove \\$id"):
             add_event_type(conn, "order.updated", schema=without_dialect, actor="test")
+
+
+def test_one_relay_pass_validates_for_at_most_ten_budgets_and_leaves_the_rest_pending(
+    engine: Engine, clock: ManualClock
+) -> None:
+    """Many budget-busting rows cannot hold a pass either: it stops taking new rows after
+    PASS_BUDGETS budgets (time from an injected timer), the rest wait for the next pass."""
+    with engine.begin() as conn:
+        add_event_type(conn, "order.counted", schema=laughs(), actor="test")
+        for _ in range(30):
+            conn.execute(text("SELECT outbox_publish(NULL, 'order.counted', '{\"n\": 1}')"))
+    ticks = iter(range(10_000_000))
+    with engine.begin() as conn:
+        rejected = validate_pending(
+            conn,
+            now=clock.now(),
+            mode="accept",
+            limit=500,
+            budget=100.0,
+            timer=lambda: float(next(ticks)),
+        )
+    assert 10 <= rejected <= 11  # each row spends one budget (100 ticks) of the 1000
+    pending = scalar(engine, "SELECT count(*) FROM outbox_events WHERE validate_pending")
+    assert pending == 30 - rejected
+    reasons = rows(engine, "SELECT DISTINCT rejected_reason FROM outbox_events"
+                   " WHERE rejected_at IS NOT NULL")  # fmt: skip
+    assert len(reasons) == 1 and "100000 ms budget" in reasons[0]["rejected_reason"]
