@@ -43,6 +43,8 @@ def run_migrations_offline() -> None:
         target_metadata=metadata,
         version_table=VERSION_TABLE,
         literal_binds=True,
+        # Named binds: with pyformat, a % in a statement (a PL/pgSQL RAISE) prints doubled.
+        dialect_opts={"paramstyle": "named"},
         transactional_ddl=True,
         transaction_per_migration=True,
     )

@@ -18,16 +18,16 @@ Unknown types are accepted by default, so adopting the catalogue breaks nobody;
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
 import re
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError, best_match
 from sqlalchemy import Connection
 
 from outbox import queries
@@ -38,10 +38,22 @@ from outbox.errors import (
     ConfigurationError,
     PublishError,
 )
+from outbox.schema_rules import (
+    DEFAULT_VALIDATION_BUDGET,
+    CatalogueRef,
+    CompiledSchema,
+    SchemaLimits,
+    bundle,
+    compile_schema,
+    vet_schema,
+)
 
 Mode = Literal["accept", "strict"]
 MODES: tuple[Mode, ...] = ("accept", "strict")
 MODE_VARIABLE = "OUTBOX_EVENT_TYPES"
+BUDGET_VARIABLE = "OUTBOX_VALIDATION_BUDGET_MS"
+MAX_VALIDATION_BUDGET_MS = 10_000.0
+DEFAULT_LIMITS = SchemaLimits()
 
 # The service publishes these itself (outbox.operational); applications may not.
 OPERATIONAL_EVENT_TYPES = (
@@ -112,39 +124,79 @@ class EventType:
 # -- validation ---------------------------------------------------------------------------
 
 
-def check_schema(schema: Any) -> dict[str, Any]:
-    """The schema if it is a valid Draft 2020-12 JSON Schema object, else CatalogueError."""
-    if not isinstance(schema, dict):
-        raise CatalogueError(
-            f"a schema must be a JSON object (a JSON Schema), not {type(schema).__name__}"
-        )
+def budget_from_environment() -> float:
+    """OUTBOX_VALIDATION_BUDGET_MS in seconds, read when publishing (parsed once per value)."""
+    return _budget(os.environ.get(BUDGET_VARIABLE, ""))
+
+
+@functools.lru_cache(maxsize=8)
+def _budget(raw: str) -> float:
+    if not raw.strip():
+        return DEFAULT_VALIDATION_BUDGET
     try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        where = _path(exc.absolute_path)
-        raise CatalogueError(
-            f"the schema is not valid JSON Schema (Draft 2020-12) at {where}: {exc.message}"
-        ) from exc
-    return schema
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 1 <= value <= MAX_VALIDATION_BUDGET_MS:
+        raise ConfigurationError(
+            f"{BUDGET_VARIABLE}={raw!r} must be a number of milliseconds from 1 to "
+            f"{MAX_VALIDATION_BUDGET_MS:g} (default {DEFAULT_VALIDATION_BUDGET * 1000:g})"
+        )
+    return value / 1000
 
 
-def _path(parts: Any) -> str:
-    out = "$"
-    for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return out
+@dataclass(frozen=True, slots=True)
+class CheckedSchema:
+    """A schema that keeps the catalogue's rules (catalogue references bundled in), and an
+    example it accepts. Built off the admin server's event loop (see `check_new_schema`)."""
+
+    schema: dict[str, Any]
+    example: dict[str, Any] | None
 
 
-def payload_problem(validator: Draft202012Validator, payload: Any) -> str | None:
-    """One line naming the JSON path and the rule the payload breaks, or None if it is valid."""
-    error = best_match(validator.iter_errors(payload))
-    if error is None:
-        return None
-    return f"at {error.json_path}: {error.message} (rule '{error.validator}')"
+VersionLoader = Callable[[set[CatalogueRef]], Mapping[CatalogueRef, dict[str, Any]]]
 
 
-def compile_schema(schema: dict[str, Any]) -> Draft202012Validator:
-    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+def referenced_versions(
+    conn: Connection, refs: set[CatalogueRef]
+) -> dict[CatalogueRef, dict[str, Any]]:
+    """The schemas of the catalogue versions a new schema refers to; CatalogueError names a
+    missing one."""
+    found: dict[CatalogueRef, dict[str, Any]] = {}
+    for ref in sorted(refs):
+        schema = conn.execute(
+            queries.SELECT_EVENT_TYPE_VERSION_SCHEMA, {"name": ref.name, "version": ref.version}
+        ).scalar_one_or_none()
+        if schema is None:
+            raise CatalogueError(
+                f"$ref {ref.urn!r} names no catalogued schema (no version {ref.version} of "
+                f"event type {ref.name!r}); `outbox event-types show {ref.name}` lists them"
+            )
+        found[ref] = schema
+    return found
+
+
+def check_new_schema(
+    schema: Any,
+    example: Any,
+    *,
+    limits: SchemaLimits,
+    versions: VersionLoader,
+    budget: float = DEFAULT_VALIDATION_BUDGET,
+) -> CheckedSchema:
+    """Every rule of schema_rules, then the example against the schema. `versions` loads
+    the catalogue versions it refers to (they are vetted too, and bundled in)."""
+    refs = vet_schema(schema, limits)
+    if refs:
+        loaded = versions(refs)
+        for ref, contents in loaded.items():
+            try:
+                vet_schema(contents, limits)
+            except CatalogueError as exc:
+                raise CatalogueError(f"the schema of {ref.urn!r} cannot be reused: {exc}") from exc
+        schema = bundle(schema, loaded)
+        vet_schema(schema, limits)  # the caps hold for what is stored
+    return CheckedSchema(schema, check_example(example, schema, budget))
 
 
 # -- the per-process cache ----------------------------------------------------------------
@@ -158,18 +210,25 @@ class Entry:
     revision: str
     status: str | None = None
     version: int | None = None
-    validator: Draft202012Validator | None = None
+    compiled: CompiledSchema | None = None
 
-    def allows(self, payload: Any, *, mode: Mode) -> bool:
+    def allows(self, payload: Any, *, mode: Mode, budget: float | None = None) -> bool:
         """The quick yes/no of `check` (no message built)."""
         if self.revision == ABSENT:
             return mode != "strict"
         if self.status == "archived":
             return False
-        assert self.validator is not None
-        return bool(self.validator.is_valid(payload))
+        assert self.compiled is not None
+        return self.compiled.is_valid(payload, budget=_or_default(budget))
 
-    def check(self, payload: Any, *, mode: Mode) -> None:
+    def check(
+        self,
+        payload: Any,
+        *,
+        mode: Mode,
+        budget: float | None = None,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
         """Raise PublishError when this type may not carry `payload`; write nothing."""
         if self.revision == ABSENT:
             if mode == "strict":
@@ -184,13 +243,17 @@ class Entry:
                 f"event type {self.name!r} is archived: publish its successor, or "
                 f"`outbox event-types update {self.name} --status active` to revive it"
             )
-        assert self.validator is not None
-        problem = payload_problem(self.validator, payload)
+        assert self.compiled is not None
+        problem = self.compiled.problem(payload, budget=_or_default(budget), timer=timer)
         if problem is not None:
             raise PublishError(
                 f"payload does not match the schema of {self.name!r} (version {self.version}) "
                 f"{problem}; fix the payload or publish a new schema version"
             )
+
+
+def _or_default(budget: float | None) -> float:
+    return budget_from_environment() if budget is None else budget
 
 
 class SchemaCache:
@@ -215,15 +278,15 @@ class SchemaCache:
             revision, status, version, schema = row
             old = self._entries.get(name)
             # A version's schema never changes: keep its compiled validator across revisions.
-            validator = (
-                old.validator
+            compiled = (
+                old.compiled
                 if old is not None
                 and old.version == version
-                and old.validator is not None
-                and old.validator.schema == schema
+                and old.compiled is not None
+                and old.compiled.schema == schema
                 else compile_schema(schema)
             )
-            entry = Entry(name, revision, status, version, validator)
+            entry = Entry(name, revision, status, version, compiled)
         with self._lock:
             self._entries[name] = entry
         return entry
@@ -239,7 +302,7 @@ CACHE = SchemaCache()
 # -- catalogue operations (CLI and admin API) -----------------------------------------------
 
 
-def _name(value: Any) -> str:
+def valid_name(value: Any) -> str:
     if not isinstance(value, str) or not _NAME.match(value) or len(value) > _MAX_NAME:
         raise CatalogueError(
             f"event type {value!r} is invalid: use dot-separated words of letters, digits, '_' "
@@ -252,12 +315,15 @@ def _name(value: Any) -> str:
     return value
 
 
-def _example(example: Any, schema: dict[str, Any]) -> dict[str, Any] | None:
+def check_example(
+    example: Any, schema: dict[str, Any], budget: float = DEFAULT_VALIDATION_BUDGET
+) -> dict[str, Any] | None:
+    """The example if the schema accepts it (within the validation budget), else CatalogueError."""
     if example is None:
         return None
     if not isinstance(example, dict):
         raise CatalogueError("an example must be a JSON object, like the payloads themselves")
-    problem = payload_problem(compile_schema(schema), example)
+    problem = compile_schema(schema).problem(example, budget=budget)
     if problem is not None:
         raise CatalogueError(f"the example does not match the schema {problem}")
     return example
@@ -272,11 +338,23 @@ def add_event_type(
     example: Any = None,
     actor: str,
     request_id: str | None = None,
+    limits: SchemaLimits = DEFAULT_LIMITS,
+    budget: float = DEFAULT_VALIDATION_BUDGET,
+    checked: CheckedSchema | None = None,
 ) -> EventType:
-    """Add a type with its first schema version, in the caller's transaction."""
-    name = _name(name)
-    schema = check_schema(schema)
-    example = _example(example, schema)
+    """Add a type with its first schema version, in the caller's transaction. `checked`:
+    the schema and example already vetted by `check_new_schema` (the admin server does
+    that off its event loop); otherwise they are vetted here."""
+    name = valid_name(name)
+    if checked is None:
+        checked = check_new_schema(
+            schema,
+            example,
+            limits=limits,
+            versions=lambda refs: referenced_versions(conn, refs),
+            budget=budget,
+        )
+    schema, example = checked.schema, checked.example
     created = conn.execute(
         queries.INSERT_EVENT_TYPE, {"name": name, "description": description}
     ).scalar_one_or_none()
@@ -311,8 +389,18 @@ def update_event_type(
     status: str | None = None,
     actor: str,
     request_id: str | None = None,
+    limits: SchemaLimits = DEFAULT_LIMITS,
+    budget: float = DEFAULT_VALIDATION_BUDGET,
+    checked: CheckedSchema | None = None,
+    example_checked_for: int | None = None,
 ) -> EventType:
-    """A new schema version (older ones stay readable), a new description, example or status."""
+    """A new schema version (older ones stay readable), a new description, example or status.
+
+    `checked`: a new schema (and example) vetted already by `check_new_schema`;
+    `example_checked_for`: the version the example was checked against already (the admin
+    server validates off its event loop). Otherwise both are checked here."""
+    if checked is not None:
+        schema, example = checked.schema, checked.example
     if schema is None and description is None and example is None and status is None:
         raise CatalogueError(
             "nothing to update: give --schema, --description, --example or --status"
@@ -328,9 +416,21 @@ def update_event_type(
         raise CatalogueError(f"status {status!r} is not one of active, deprecated, archived")
     version = current.current_version
     if schema is not None:
-        schema = check_schema(schema)
+        if checked is None:
+            checked = check_new_schema(
+                schema,
+                example,
+                limits=limits,
+                versions=lambda refs: referenced_versions(conn, refs),
+                budget=budget,
+            )
+        schema = checked.schema
         # A new schema keeps the current example only if it still matches.
-        example = _example(example if example is not None else current.example, schema)
+        example = (
+            checked.example
+            if example is not None
+            else check_example(current.example, schema, budget)
+        )
         version += 1
         conn.execute(
             queries.INSERT_EVENT_TYPE_VERSION,
@@ -342,7 +442,8 @@ def update_event_type(
             },
         )
     elif example is not None:
-        _example(example, current.schema)
+        if example_checked_for != version:
+            check_example(example, current.schema, budget)
         conn.execute(
             queries.SET_EVENT_TYPE_EXAMPLE,
             {"name": name, "version": version, "example": _dump(example)},
@@ -418,28 +519,51 @@ def read_stored_payload(payload_json: str) -> Any:
         raise PublishError(UNREADABLE_PAYLOAD) from None
 
 
-def validate_pending(conn: Connection, *, now: dt.datetime, mode: Mode, limit: int) -> int:
+# One relay pass validates for at most this many payload budgets; the events it did not
+# reach stay pending for the next pass, so the deliveries of everything else go on.
+PASS_BUDGETS = 10
+
+
+def validate_pending(
+    conn: Connection,
+    *,
+    now: dt.datetime,
+    mode: Mode,
+    limit: int,
+    budget: float = DEFAULT_VALIDATION_BUDGET,
+    timer: Callable[[], float] = time.perf_counter,
+) -> int:
     """Check events written by outbox_publish() against their schemas before the relay
     fans them out. Valid ones go on; the rest are rejected with the reason (visible in
-    `outbox events rejected`, requeued with `outbox events requeue`). Returns the rejected."""
+    `outbox events rejected`, requeued with `outbox events requeue`). Returns the rejected.
+
+    Each payload has `budget` seconds (over it: rejected with that reason), and the pass
+    stops taking new ones after PASS_BUDGETS of them: one bad row, or many, cannot hold
+    the relay's batch for long."""
     rows = conn.execute(queries.CLAIM_EVENTS_TO_VALIDATE, {"limit": limit}).all()
     if not rows:
         return 0
     entries: dict[str, Entry] = {}
+    checked_ids: list[int] = []
     rejected_ids: list[int] = []
     reasons: list[str] = []
+    stop_at = timer() + budget * PASS_BUDGETS
     for row in rows:
+        if checked_ids and timer() > stop_at:
+            break
+        checked_ids.append(row.id)
         entry = entries.get(row.event_type)
         if entry is None:
             entry = entries[row.event_type] = CACHE.load(conn, row.event_type)
         try:
-            entry.check(read_stored_payload(row.payload_json), mode=mode)
+            payload = read_stored_payload(row.payload_json)
+            entry.check(payload, mode=mode, budget=budget, timer=timer)
         except PublishError as exc:
             rejected_ids.append(row.id)
             reasons.append(str(exc))
     conn.execute(
         queries.FINISH_VALIDATION,
-        {"ids": [row.id for row in rows], "rejected": rejected_ids, "reasons": reasons, "now": now},
+        {"ids": checked_ids, "rejected": rejected_ids, "reasons": reasons, "now": now},
     )
     return len(rejected_ids)
 

@@ -8,7 +8,9 @@ transaction untouched.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
 import unicodedata
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from outbox import tracing
 from outbox.catalogue import CACHE, OPERATIONAL_EVENT_TYPES, Entry, Mode, mode_from_environment
-from outbox.errors import PublishError
+from outbox.errors import ConfigurationError, PublishError
 from outbox.ids import new_message_id
 from outbox.queries import (
     FIND_EVENT_BY_IDEMPOTENCY_KEY,
@@ -42,6 +44,39 @@ _EVENT_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]
 _MAX_EVENT_TYPE = 200
 _MAX_KEY = 255
 _PRIORITY_RANGE = range(-100, 101)
+BYTES_VARIABLE = "OUTBOX_MAX_PAYLOAD_BYTES"
+DEPTH_VARIABLE = "OUTBOX_MAX_PAYLOAD_DEPTH"
+
+
+def payload_limits(bytes_limit: int | None, depth_limit: int | None) -> tuple[int, int]:
+    """The limits publish() applies: the caller's, else OUTBOX_MAX_PAYLOAD_BYTES and
+    OUTBOX_MAX_PAYLOAD_DEPTH from the environment (as the settings read them), else the
+    defaults. Parsed once per value: publishing reads two dictionary entries."""
+    if bytes_limit is None:
+        bytes_limit = _limit_from(BYTES_VARIABLE, os.environ.get(BYTES_VARIABLE, ""))
+    if depth_limit is None:
+        depth_limit = _limit_from(DEPTH_VARIABLE, os.environ.get(DEPTH_VARIABLE, ""))
+    return bytes_limit, depth_limit
+
+
+@functools.lru_cache(maxsize=16)
+def _limit_from(variable: str, raw: str) -> int:
+    default, highest = (
+        (DEFAULT_MAX_PAYLOAD_BYTES, 2**31 - 1)
+        if variable == BYTES_VARIABLE
+        else (DEFAULT_MAX_PAYLOAD_DEPTH, MAX_PAYLOAD_DEPTH_LIMIT)
+    )
+    if not raw.strip():
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= highest:
+        raise ConfigurationError(
+            f"{variable}={raw!r} must be a whole number from 1 to {highest} (default {default})"
+        )
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,10 +190,12 @@ def prepare_event(
     ordering_key: str | None = None,
     priority: int | None = None,
     tenant: str = DEFAULT_TENANT,
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-    max_payload_depth: int = DEFAULT_MAX_PAYLOAD_DEPTH,
+    max_payload_bytes: int | None = None,
+    max_payload_depth: int | None = None,
 ) -> PreparedEvent:
-    """Validate and serialise an event; raises PublishError and writes nothing."""
+    """Validate and serialise an event; raises PublishError and writes nothing. Without
+    limits, OUTBOX_MAX_PAYLOAD_BYTES and OUTBOX_MAX_PAYLOAD_DEPTH apply (see payload_limits)."""
+    max_payload_bytes, max_payload_depth = payload_limits(max_payload_bytes, max_payload_depth)
     tenant = validate_tenant_uid(tenant, error=PublishError)
     if not isinstance(event_type, str) or not _EVENT_TYPE.match(event_type):
         raise PublishError(
@@ -308,9 +345,9 @@ def publish(
     ordering_key: str | None = None,
     priority: int | None = None,
     tenant: str = DEFAULT_TENANT,
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    max_payload_bytes: int | None = None,
     strict: bool | None = None,
-    max_payload_depth: int = DEFAULT_MAX_PAYLOAD_DEPTH,
+    max_payload_depth: int | None = None,
 ) -> str:
     """Add an event to the outbox inside the caller's transaction; returns its message id.
 
@@ -370,9 +407,9 @@ async def publish_async(
     ordering_key: str | None = None,
     priority: int | None = None,
     tenant: str = DEFAULT_TENANT,
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    max_payload_bytes: int | None = None,
     strict: bool | None = None,
-    max_payload_depth: int = DEFAULT_MAX_PAYLOAD_DEPTH,
+    max_payload_depth: int | None = None,
 ) -> str:
     """The asyncio twin of `publish` (an AsyncConnection, AsyncSession or psycopg
     AsyncConnection); same rules, never commits."""

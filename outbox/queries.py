@@ -1202,6 +1202,15 @@ SELECT_EVENT_TYPE_VERSIONS = text(
     """
 )
 
+# One version's schema, for a `$ref` to urn:outbox:event-type:NAME:VERSION (bundled in).
+SELECT_EVENT_TYPE_VERSION_SCHEMA = text(
+    """
+    SELECT v.schema
+    FROM event_type_versions v JOIN event_types t ON t.id = v.event_type_id
+    WHERE t.name = :name AND v.version = :version
+    """
+)
+
 INSERT_EVENT_TYPE = text(
     """
     INSERT INTO event_types (name, description) VALUES (:name, :description)

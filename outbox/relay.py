@@ -16,6 +16,7 @@ from outbox.catalogue import Mode, validate_pending
 from outbox.clock import Clock
 from outbox.notify import wait_for_any
 from outbox.outage import OUTAGE
+from outbox.schema_rules import DEFAULT_VALIDATION_BUDGET
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,9 @@ class RelayConfig:
     # OUTBOX_EVENT_TYPES: what the schema check of SQL-published events does with an
     # unknown type ('strict' rejects it).
     event_types_mode: Mode = "accept"
+    # Seconds one SQL-published payload's schema check may take (OUTBOX_VALIDATION_BUDGET_MS);
+    # over it, the event is rejected with that reason and the batch goes on.
+    validation_budget: float = DEFAULT_VALIDATION_BUDGET
     # How often held-back summaries of dead deliveries are published (outbox/operational).
     summary_interval: float = 10.0
 
@@ -148,7 +152,11 @@ class Relay:
             if row.to_validate:
                 rejected = await conn.run_sync(
                     lambda c: validate_pending(
-                        c, now=now, mode=self.config.event_types_mode, limit=self.config.batch_size
+                        c,
+                        now=now,
+                        mode=self.config.event_types_mode,
+                        limit=self.config.batch_size,
+                        budget=self.config.validation_budget,
                     )
                 )
                 row = await self._batch(conn, now)

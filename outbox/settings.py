@@ -117,6 +117,29 @@ class Settings(BaseSettings):
     max_payload_depth: int = Field(
         default=64, ge=1, le=256, description="Deepest nesting publish() accepts in a payload."
     )
+    # The event-type catalogue (outbox/schema_rules.py): caps checked when a schema is
+    # added, and the time one payload's validation may take.
+    max_schema_bytes: int = Field(
+        default=256 * 1024,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="Largest event-type schema (its JSON text) `event-types add` accepts.",
+    )
+    max_schema_depth: int = Field(
+        default=32, ge=2, le=64, description="Deepest nesting of an event-type schema."
+    )
+    max_schema_keywords: int = Field(
+        default=10_000,
+        ge=10,
+        le=1_000_000,
+        description="Most keywords (object members, all levels) in an event-type schema.",
+    )
+    validation_budget_ms: float = Field(
+        default=100.0,
+        ge=1,
+        le=10_000,
+        description="Time one payload's schema validation may take; over it, it is refused.",
+    )
     relay_batch_size: int = Field(default=500, gt=0, le=10_000)
     relay_poll_interval: float = Field(default=1.0, gt=0)
     worker_batch_size: int = Field(default=100, gt=0, le=10_000)

@@ -82,13 +82,6 @@ EXCUSED: dict[str, dict[str, str]] = {
         ["adding-serial-primary-key-field", "ban-drop-constraint", "constraint-missing-not-valid"],
         _BEFORE_0_2,
     ),
-    "0022": {
-        "constraint-missing-not-valid": (
-            "the foreign keys are on console_sessions and portal_links, small by construction "
-            "(expired rows are pruned): VALIDATE in the same transaction scans a few rows "
-            "while their lock is held, and keeps the migration one retryable unit"
-        )
-    },
 }
 
 

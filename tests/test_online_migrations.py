@@ -290,6 +290,19 @@ def test_the_printed_sql_run_by_a_dba_with_psql_ends_the_same(
     assert_final_indexes(bare)
 
 
+def test_the_printed_sql_from_an_empty_database_builds_the_whole_schema(
+    bare: Engine, empty_database_url: str, tmp_path: Path
+) -> None:
+    """Every migration's SQL as psql runs it: a PL/pgSQL RAISE keeps its single `%`."""
+    done = run_with_psql(empty_database_url, offline_sql(None), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert current_revision(bare) == head_revision()
+    assert_final_indexes(bare)
+    # The function the SQL defined formats its errors.
+    with bare.connect() as conn, pytest.raises(Exception, match="a JSON object, not array"):
+        conn.execute(text("SELECT outbox_publish('default', 'order.created', '[]'::jsonb)"))
+
+
 def test_the_printed_sql_stops_at_an_invalid_index_and_says_what_to_do(
     bare: Engine, empty_database_url: str, tmp_path: Path
 ) -> None:

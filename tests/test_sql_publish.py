@@ -197,7 +197,8 @@ async def test_strict_relay_rejects_unknown_types_from_sql(
 
 def test_depth_is_counted_like_publish(engine: Engine) -> None:
     """64 levels pass (brackets inside strings are not levels); max_payload_depth raises
-    the limit up to 256 and refuses values outside 1..256."""
+    the limit up to 256 (the server's ceiling) and refuses values outside 1..256; NULL
+    means the default, 64 (migration 0021: it used to be refused)."""
     deeper = CALL.text.replace(":prio)", ":prio, 65536, :depth)")
     with engine.begin() as conn:
         call(conn, payload=nested(64))
@@ -206,12 +207,17 @@ def test_depth_is_counted_like_publish(engine: Engine) -> None:
             {"tenant": None, "type": "order.created", "payload": json.dumps(nested(65)),
              "key": None, "ordering": None, "prio": None, "depth": 65},
         )  # fmt: skip
-    for depth, message in [(0, "from 1 to 256"), (257, "from 1 to 256"), (None, "from 1 to 256")]:
+    outside = "outside 1..256 .the server's ceiling"
+    for depth, payload, message in [
+        (0, {}, outside),
+        (257, {}, outside),
+        (None, nested(65), "nests deeper than 64 levels"),
+    ]:
         with engine.begin() as conn, pytest.raises(DBAPIError, match=message):
             conn.execute(
                 text(deeper),
-                {"tenant": None, "type": "order.created", "payload": "{}", "key": None,
-                 "ordering": None, "prio": None, "depth": depth},
+                {"tenant": None, "type": "order.created", "payload": json.dumps(payload),
+                 "key": None, "ordering": None, "prio": None, "depth": depth},
             )  # fmt: skip
     assert scalar(engine, "SELECT count(*) FROM outbox_events") == 2
 

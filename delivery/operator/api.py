@@ -83,6 +83,7 @@ from outbox.crypto import SecretBox
 from outbox.endpoints import Endpoint, get_endpoint, list_endpoints, set_enabled, set_proxy
 from outbox.errors import NotFoundError, OutboxError, TenantError
 from outbox.migrate import VERSION_TABLE, head_revision, release_version, schema_state
+from outbox.schema_rules import DEFAULT_VALIDATION_BUDGET, SchemaLimits
 from outbox.stats import AlertThresholds, EndpointHealth, collect_stats, read_totals
 from outbox.tenants import DEFAULT_TENANT, require_tenant
 from outbox.tokens import (
@@ -120,6 +121,9 @@ class AdminConfig:
     # OUTBOX_TRUSTED_PROXIES: peers whose X-Forwarded-For names the client (see serve).
     trusted_proxies: tuple[str, ...] = ()
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
+    # Event-type schemas (OUTBOX_MAX_SCHEMA_*, OUTBOX_VALIDATION_BUDGET_MS).
+    schema_limits: SchemaLimits = field(default_factory=SchemaLimits)
+    validation_budget: float = DEFAULT_VALIDATION_BUDGET
 
 
 class ApiError(Exception):

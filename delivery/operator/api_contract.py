@@ -14,6 +14,7 @@ from sqlalchemy import Connection
 
 from delivery.operator.api import ApiError, Call, Operation, Param
 from outbox import catalogue
+from outbox.schema_rules import vet_schema
 from outbox.testevents import read_test_outcome, send_test_event
 
 _NAME = Param("name", "Event type name, e.g. order.created.", where="path")
@@ -38,18 +39,37 @@ async def show_event_type(call: Call) -> Any:
     return await call.api.read(read)
 
 
+async def _checked_schema(call: Call, schema: Any, example: Any) -> catalogue.CheckedSchema:
+    """Vet a schema (and the example against it) off the event loop, so /healthz and every
+    other request answer while it works; only the catalogue versions it refers to are read
+    from the database in between (versions never change, so nothing can race)."""
+    config = call.api.config
+    refs = await asyncio.to_thread(vet_schema, schema, config.schema_limits)
+    versions = await call.api.read(lambda c: catalogue.referenced_versions(c, refs))
+    return await asyncio.to_thread(
+        catalogue.check_new_schema,
+        schema,
+        example,
+        limits=config.schema_limits,
+        versions=lambda _: versions,
+        budget=config.validation_budget,
+    )
+
+
 async def add_event_type(call: Call) -> Any:
     call.unscoped_only("change the event-type catalogue (every tenant shares it)")
     data = await call.body()
+    name = catalogue.valid_name(data.get("name") or "")
+    checked = await _checked_schema(call, data.get("schema"), data.get("example"))
     item = await call.api.write(
         lambda c: catalogue.add_event_type(
             c,
-            str(data.get("name") or ""),
-            schema=data.get("schema"),
+            name,
+            schema=checked.schema,
             description=str(data.get("description") or ""),
-            example=data.get("example"),
             actor=call.actor,
             request_id=call.request_id,
+            checked=checked,
         )
     )
     return item.as_json()
@@ -58,16 +78,33 @@ async def add_event_type(call: Call) -> Any:
 async def update_event_type(call: Call) -> Any:
     call.unscoped_only("change the event-type catalogue (every tenant shares it)")
     name, data = call.request.path_params["name"], await call.body()
+    schema, example = data.get("schema"), data.get("example")
+    checked = None
+    checked_for = None
+    if schema is not None:
+        if example is None:
+            # The current example must match the new schema too: checked here, off the loop.
+            current = await call.api.read(lambda c: catalogue.get_event_type(c, name))
+            example = current.example
+        checked = await _checked_schema(call, schema, example)
+    elif example is not None:
+        current = await call.api.read(lambda c: catalogue.get_event_type(c, name))
+        await asyncio.to_thread(
+            catalogue.check_example, example, current.schema, call.api.config.validation_budget
+        )
+        checked_for = current.current_version
     item = await call.api.write(
         lambda c: catalogue.update_event_type(
             c,
             name,
-            schema=data.get("schema"),
             description=data.get("description"),
-            example=data.get("example"),
+            example=example,
             status=data.get("status"),
             actor=call.actor,
             request_id=call.request_id,
+            checked=checked,
+            example_checked_for=checked_for,
+            budget=call.api.config.validation_budget,
         )
     )
     return item.as_json()

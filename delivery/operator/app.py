@@ -31,6 +31,7 @@ from outbox.errors import ConfigurationError
 from outbox.notify import Listener
 from outbox.queries import DELIVERIES_CHANNEL, EVENTS_CHANNEL
 from outbox.relay import Relay, RelayConfig
+from outbox.schema_rules import SchemaLimits
 from outbox.settings import Settings
 from outbox.stats import AlertThresholds
 
@@ -120,6 +121,16 @@ def relay_config(settings: Settings) -> RelayConfig:
             if rule.max_attempts is not None
         },
         event_types_mode=settings.event_types,
+        validation_budget=settings.validation_budget_ms / 1000,
+    )
+
+
+def schema_limits(settings: Settings) -> SchemaLimits:
+    """The caps `event-types add/update` (CLI and admin API) check a schema against."""
+    return SchemaLimits(
+        max_bytes=settings.max_schema_bytes,
+        max_depth=settings.max_schema_depth,
+        max_keywords=settings.max_schema_keywords,
     )
 
 
@@ -192,6 +203,8 @@ def admin_config(settings: Settings) -> AdminConfig:
         refused_interval=dt.timedelta(seconds=settings.admin_refused_interval_seconds),
         unauthenticated_per_minute=settings.admin_unauthenticated_per_minute,
         trusted_proxies=tuple(settings.trusted_proxies),
+        schema_limits=schema_limits(settings),
+        validation_budget=settings.validation_budget_ms / 1000,
         console=ConsoleConfig(
             app_name=settings.console_app_name,
             brand_color=settings.console_brand_color,

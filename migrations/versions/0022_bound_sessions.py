@@ -8,13 +8,13 @@ data. Sessions now carry the token's row (`token_row`) and the tenant's internal
 token may have an expiry (`admin_tokens.expires_at`).
 
 Online: three nullable columns without defaults (no rewrite) and foreign keys added NOT
-VALID then validated, each step under outbox.migrate's short lock_timeout. No index: sessions
+VALID (validated by 0024 in a transaction of its own), each step under outbox.migrate's short lock_timeout. No index: sessions
 are found by their primary key, and the tables are small (expired rows are pruned).
 Sessions and links from before this migration have no token or tenant id and are
 refused, so everyone signs in once more after the upgrade.
 
 Revision ID: 0022
-Revises: 0020
+Revises: 0021
 Create Date: 2026-12-01
 """
 
@@ -24,15 +24,15 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0022"
-down_revision = "0020"
+down_revision = "0021"
 branch_labels = None
 depends_on = None
 
 
 def upgrade() -> None:
     # outbox.migrate runs this under a short lock_timeout and retries. The foreign keys
-    # are added NOT VALID (no scan under the lock) and validated after, which takes only
-    # a SHARE UPDATE EXCLUSIVE lock: reads and writes go on.
+    # are added NOT VALID (no scan under the lock); 0024 validates them in a transaction
+    # of its own, which takes only a SHARE UPDATE EXCLUSIVE lock: reads and writes go on.
     op.add_column("admin_tokens", sa.Column("expires_at", sa.DateTime(timezone=True)))
     for table in ("console_sessions", "portal_links"):
         op.add_column(table, sa.Column("tenant_id", sa.BigInteger()))
@@ -47,12 +47,11 @@ def upgrade() -> None:
 
 
 def _foreign_key(name: str, table: str, column: str, target: str) -> None:
-    """ON DELETE CASCADE, added NOT VALID then validated (squawk: constraint-missing-not-valid)."""
+    """ON DELETE CASCADE, NOT VALID: enforced for new rows at once, validated by 0024."""
     op.execute(
         f"ALTER TABLE {table} ADD CONSTRAINT {name} FOREIGN KEY ({column})"
         f" REFERENCES {target} (id) ON DELETE CASCADE NOT VALID"
     )
-    op.execute(f"ALTER TABLE {table} VALIDATE CONSTRAINT {name}")
 
 
 def downgrade() -> None:

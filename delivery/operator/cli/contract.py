@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from delivery.operator.app import schema_limits
 from delivery.operator.cli.common import (
     database,
     default_actor,
@@ -23,6 +24,7 @@ from delivery.operator.cli.common import (
     json_option,
     print_table,
     reason_option,
+    settings,
 )
 from outbox import catalogue
 from outbox.clock import SystemClock
@@ -30,11 +32,19 @@ from outbox.errors import CatalogueError
 from outbox.testevents import read_test_outcome, send_test_event
 
 
-def _json_file(path: str | None, what: str) -> Any:
+def _json_file(path: str | None, what: str, max_bytes: int | None = None) -> Any:
     if path is None:
         return None
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        with Path(path).open("rb") as file:
+            data = file.read(max_bytes + 1) if max_bytes is not None else file.read()
+        if max_bytes is not None and len(data) > max_bytes:
+            # Refused before parsing: a 5 MB schema costs no time or memory here.
+            raise CatalogueError(
+                f"the {what} file {path} is over the {max_bytes}-byte limit: split the event "
+                "type, or raise OUTBOX_MAX_SCHEMA_BYTES"
+            )
+        return json.loads(data.decode("utf-8"))
     except OSError as exc:
         raise CatalogueError(f"cannot read the {what} file {path}: {exc.strerror}") from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -74,9 +84,10 @@ def event_types_add(
     name: str, schema_file: str, description: str, example_file: str | None, as_json: bool
 ) -> None:
     """Add an event type with its first schema version."""
-    schema = _json_file(schema_file, "schema")
+    current = settings()
+    schema = _json_file(schema_file, "schema", current.max_schema_bytes)
     example = _json_file(example_file, "example")
-    with database() as (_, db), db.engine.begin() as conn:
+    with database(current=current) as (_, db), db.engine.begin() as conn:
         item = catalogue.add_event_type(
             conn,
             name,
@@ -84,6 +95,8 @@ def event_types_add(
             description=description,
             example=example,
             actor=default_actor(),
+            limits=schema_limits(current),
+            budget=current.validation_budget_ms / 1000,
         )
     _print_type(item, as_json)
 
@@ -147,9 +160,10 @@ def event_types_update(
     as_json: bool,
 ) -> None:
     """A new schema version (older versions stay readable), description, example or status."""
-    schema = _json_file(schema_file, "schema")
+    current = settings()
+    schema = _json_file(schema_file, "schema", current.max_schema_bytes)
     example = _json_file(example_file, "example")
-    with database() as (_, db), db.engine.begin() as conn:
+    with database(current=current) as (_, db), db.engine.begin() as conn:
         item = catalogue.update_event_type(
             conn,
             name,
@@ -158,6 +172,8 @@ def event_types_update(
             example=example,
             status=status,
             actor=default_actor(),
+            limits=schema_limits(current),
+            budget=current.validation_budget_ms / 1000,
         )
     _print_type(item, as_json)
 
