@@ -105,6 +105,9 @@ class _Unexpected(Exception):
 # each value free of control characters but HTAB (NUL, CR or LF would end the line or
 # the head early and let a value write headers, or a request, of its own).
 _HEADER_LINES = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+: [^\x00-\x08\x0a-\x1f\x7f]*\r\n)*")
+# What RFC 9110 allows in no reason phrase or field value (NUL would not even fit in the
+# attempt's row).
+_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 # Headers `post` writes itself from the URL and the body: a caller's would stand beside them.
 _OWN_HEADERS = re.compile(r"(?im)^(?:host|content-length|transfer-encoding)[ \t]*:")
 # Methods the httpx API path sends: their responses are framed like a POST's (HEAD's
@@ -190,25 +193,29 @@ class WireResponse:
     def head_received(self, status: int, keep_alive: bool) -> None:
         """The final head is in: how the body ends, and whether the connection may stay.
 
-        A body is delimited by the connection's close only when neither a Content-Length
-        nor a Transfer-Encoding naming `chunked` is there (llhttp reads such a response,
-        `Transfer-Encoding: identity` too, to the close; anything else it frames or
-        refuses). Codings other than chunked and identity are refused: the body would
-        be encoded in a way nothing here undoes.
+        A body is delimited by the connection's close only when there is neither a
+        Content-Length nor `Transfer-Encoding: chunked` (llhttp reads such a response,
+        `Transfer-Encoding: identity` too, to the close). One Transfer-Encoding header
+        naming one coding, chunked or identity, is all that is accepted (as h11 does,
+        plus identity): a body in any other coding could not be read as sent, and a
+        list of codings is where parsers disagree on the framing.
         """
         self.status_code = status
         self.keep_alive = keep_alive
-        framed = False
+        framed = coded = False
         for name, value in self._raw_headers:
             lowered = name.lower()
             if lowered == b"content-length":
                 framed = True
             elif lowered == b"transfer-encoding":
-                codings = value.lower()
-                if b"chunked" in codings:
-                    framed = True
-                if codings.replace(b"chunked", b"").replace(b"identity", b"").strip(b" \t,"):
-                    raise _Unexpected(f"unsupported Transfer-Encoding {value.decode('latin-1')!r}")
+                coding = value.strip(b" \t").lower()
+                if coded or coding not in (b"chunked", b"identity"):
+                    raise _Unexpected(
+                        f"unsupported Transfer-Encoding {value.decode('latin-1')!r}"
+                        + (" (a second one)" if coded else "")
+                    )
+                coded = True
+                framed = framed or coding == b"chunked"
             elif lowered == b"keep-alive":
                 self.keep_alive_expiry = _keep_alive_expiry(value)
         self.framed = framed
@@ -308,6 +315,10 @@ class _Connection(asyncio.Protocol):
         self.response: WireResponse | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._interim = False  # a 1xx answer before the real one
+        self._interims = 0  # 1xx answers so far in this response
+        self._fresh = False  # the next read is a response's first
+        self._read = b""  # the read being parsed
+        self._earlier: list[bytes] = []  # this response's reads before it, while in its head
         self._head_bytes = 0  # bytes received before the response head was complete
         self._idle_bytes = 0  # bytes received since the head without a body byte
         self._trailer_bytes = 0
@@ -331,6 +342,11 @@ class _Connection(asyncio.Protocol):
                 raise _Unexpected("bytes with no request waiting for them")
             head_done = response._head.done()
             before = response._buffered  # the caller cannot read while this runs
+            self._read = data
+            if self._fresh:
+                self._fresh = False
+                if data[0] in b"\r\n":  # llhttp would skip blank lines before the status line
+                    raise _Unexpected("a blank line before the status line")
             if len(data) > 1:
                 view = memoryview(data)
                 self._parser.feed_data(view[:-1])
@@ -342,6 +358,7 @@ class _Connection(asyncio.Protocol):
                 self._parser.feed_data(data)
             if not head_done:
                 if not response._head.done():
+                    self._earlier.append(data)
                     self._head_bytes += len(data)
                     if self._head_bytes > MAX_HEAD_BYTES:
                         raise _Unexpected(f"the response head is over {MAX_HEAD_BYTES} bytes")
@@ -375,6 +392,8 @@ class _Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         response = self._current()  # a second message after the response is refused
+        if self._interims:
+            self._check_no_blank_line()
         response.reason = b""  # a 1xx answer's reason and headers are not the final one's
         response._raw_headers.clear()
 
@@ -396,7 +415,11 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         response = self._current()
         status = self._parser.get_status_code()
-        if 100 <= status < 200:
+        if _CONTROL.search(response.reason) is not None:  # llhttp lets NUL and others through
+            raise _Unexpected("a control character in the reason phrase")
+        if status < 200:
+            if status < 100:  # llhttp takes any three digits
+                raise _Unexpected(f"{status:03d} is not a status code")
             self._interim = True  # e.g. 100 Continue: the real answer follows
             return
         keep_alive = self._parser.should_keep_alive() and self._parser.get_http_version() == "1.1"
@@ -408,6 +431,7 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         if self._interim:
             self._interim = False
+            self._interims += 1
             return
         self._current().finished()
 
@@ -416,6 +440,16 @@ class _Connection(asyncio.Protocol):
         if response is None or response._complete:
             raise _Unexpected("bytes after the response")
         return response
+
+    def _check_no_blank_line(self) -> None:
+        """The message after a 1xx answer starts right at that answer's end: llhttp skips
+        blank lines between messages, and a strict parser (h11) refuses them."""
+        text = b"".join([*self._earlier, self._read])  # this response so far: heads only
+        end = 0
+        for _ in range(self._interims):
+            end = text.index(b"\r\n\r\n", end) + 4
+        if text[end : end + 1] in (b"\r", b"\n"):
+            raise _Unexpected("a blank line after an interim (1xx) response")
 
     def _leftover(self) -> None:
         """Bytes followed a complete response: it stands, the connection goes."""
@@ -430,7 +464,9 @@ class _Connection(asyncio.Protocol):
 
     def send(self, data: bytes, response: WireResponse) -> None:
         self.response = response
-        self._head_bytes = self._idle_bytes = self._trailer_bytes = 0
+        self._head_bytes = self._idle_bytes = self._trailer_bytes = self._interims = 0
+        self._fresh = True
+        self._earlier.clear()
         if not self.writable:
             response.failed(httpx.ConnectError("the connection closed before the request was sent"))
             return
