@@ -190,7 +190,9 @@ class WireResponse:
 
     # -- fed by the connection ------------------------------------------------------
 
-    def head_received(self, status: int, keep_alive: bool) -> None:
+    def head_received(
+        self, status: int, keep_alive: bool, parser: httptools.HttpResponseParser
+    ) -> None:
         """The final head is in: how the body ends, and whether the connection may stay.
 
         A body is delimited by the connection's close only when there is neither a
@@ -198,11 +200,12 @@ class WireResponse:
         `Transfer-Encoding: identity` too, to the close). One Transfer-Encoding header
         naming one coding, chunked or identity, is all that is accepted (as h11 does,
         plus identity): a body in any other coding could not be read as sent, and a
-        list of codings is where parsers disagree on the framing.
+        list of codings is where parsers disagree on the framing. Only HTTP/1.1 keeps a
+        connection (llhttp keeps an HTTP/1.0 one that says `Connection: keep-alive`;
+        h11 does not, so neither does the wire).
         """
         self.status_code = status
-        self.keep_alive = keep_alive
-        framed = coded = False
+        framed = coded = connection = False
         for name, value in self._raw_headers:
             lowered = name.lower()
             if lowered == b"content-length":
@@ -218,7 +221,11 @@ class WireResponse:
                 framed = framed or coding == b"chunked"
             elif lowered == b"keep-alive":
                 self.keep_alive_expiry = _keep_alive_expiry(value)
+            elif lowered == b"connection":
+                connection = True
         self.framed = framed
+        # Without a Connection header llhttp keeps only HTTP/1.1 (and later) connections.
+        self.keep_alive = keep_alive and (not connection or parser.get_http_version() == "1.1")
         if not self._head.done():
             self._head.set_result(None)
 
@@ -301,11 +308,13 @@ class WireResponse:
 class _Connection(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection; one request at a time.
 
-    Each read is fed to the parser in two steps, all but its last byte and then that
-    byte, so that a response ending before the read's end is seen for what it is:
-    bytes followed it (a stray byte, a line break, the start of another status line),
-    and the connection is not used again. llhttp alone would skip line breaks between
-    messages and keep a half-read next message for the next request to inherit.
+    Bytes after a complete response (a stray byte, a line break, the start of another
+    status line) mean the connection is not used again: llhttp alone would skip line
+    breaks between messages and keep a half-read next message for the next request
+    to inherit. Any such bytes that are not line breaks begin a message
+    (`on_message_begin`); a read that ends in a line break is fed in two steps, all
+    but its last byte and then that byte, so a response that was complete before it
+    is seen to be followed by something.
     """
 
     def __init__(self, pool: _Pool, key: tuple[bool, str, int]) -> None:
@@ -347,14 +356,14 @@ class _Connection(asyncio.Protocol):
                 self._fresh = False
                 if data[0] in b"\r\n":  # llhttp would skip blank lines before the status line
                     raise _Unexpected("a blank line before the status line")
-            if len(data) > 1:
-                view = memoryview(data)
+            if data[-1] in b"\r\n" and len(data) > 1:
+                view = memoryview(data) if len(data) > 4096 else data  # copy less, or nothing
                 self._parser.feed_data(view[:-1])
                 if response._complete:
                     self._leftover()  # the response ended before this read did
                     return
                 self._parser.feed_data(view[-1:])
-            else:
+            else:  # bytes after the end would include this last one: on_message_begin
                 self._parser.feed_data(data)
             if not head_done:
                 if not response._head.done():
@@ -391,11 +400,7 @@ class _Connection(asyncio.Protocol):
     # httptools' callbacks
 
     def on_message_begin(self) -> None:
-        response = self._current()  # a second message after the response is refused
-        if self._interims:
-            self._check_no_blank_line()
-        response.reason = b""  # a 1xx answer's reason and headers are not the final one's
-        response._raw_headers.clear()
+        self._current()  # a second message after the response is refused
 
     def on_status(self, status: bytes) -> None:
         response = self._current()
@@ -403,7 +408,7 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         response = self._current()
-        if not response._head.done():
+        if not response.status_code:  # set when the final head is complete
             response._raw_headers.append((name, value))
             return
         # A trailer, after a chunked body: counted and dropped, never a header (a trailer
@@ -415,6 +420,8 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         response = self._current()
         status = self._parser.get_status_code()
+        if self._interims:
+            self._check_no_blank_line()
         if _CONTROL.search(response.reason) is not None:  # llhttp lets NUL and others through
             raise _Unexpected("a control character in the reason phrase")
         if status < 200:
@@ -422,8 +429,7 @@ class _Connection(asyncio.Protocol):
                 raise _Unexpected(f"{status:03d} is not a status code")
             self._interim = True  # e.g. 100 Continue: the real answer follows
             return
-        keep_alive = self._parser.should_keep_alive() and self._parser.get_http_version() == "1.1"
-        response.head_received(status, keep_alive)
+        response.head_received(status, self._parser.should_keep_alive(), self._parser)
 
     def on_body(self, body: bytes) -> None:
         self._current().body_received(body)
@@ -432,6 +438,9 @@ class _Connection(asyncio.Protocol):
         if self._interim:
             self._interim = False
             self._interims += 1
+            response = self._current()
+            response.reason = b""  # a 1xx answer's reason and headers are not the final one's
+            response._raw_headers.clear()
             return
         self._current().finished()
 
@@ -677,7 +686,12 @@ class WireTransport(httpx.AsyncBaseTransport):
             raise InvalidEndpointURLError(
                 "a request header contains a line break or NUL; fix the endpoint's headers"
             )
-        own = _OWN_HEADERS.search(lines)
+        lowered = lines.lower()  # a cheap look first: the regex runs when a name might match
+        own = (
+            _OWN_HEADERS.search(lines)
+            if "host" in lowered or "content-length" in lowered or "transfer-encoding" in lowered
+            else None
+        )
         if own is not None:
             raise InvalidEndpointURLError(
                 f"a request header sets {own.group(0)[:-1].strip()!r}, which the wire writes "
