@@ -412,10 +412,13 @@ class _Connection(asyncio.Protocol):
             response._raw_headers.append((name, value))
             return
         # A trailer, after a chunked body: counted and dropped, never a header (a trailer
-        # Retry-After or Location must not decide an outcome the head did not).
+        # Retry-After or Location must not decide an outcome the head did not). Framing
+        # has no place there (RFC 9110, 6.5.1): such a response is refused, as h11 does.
         self._trailer_bytes += len(name) + len(value) + 4
         if self._trailer_bytes > MAX_HEAD_BYTES:
             raise _Unexpected(f"the response trailers are over {MAX_HEAD_BYTES} bytes")
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            raise _Unexpected(f"a {name.decode('latin-1')} trailer")
 
     def on_headers_complete(self) -> None:
         response = self._current()
