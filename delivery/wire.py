@@ -446,6 +446,8 @@ class _Connection(asyncio.Protocol):
             response._raw_headers.clear()
             return
         self._current().finished()
+        self._read = b""  # an idle connection keeps no read
+        self._earlier.clear()
 
     def _current(self) -> WireResponse:
         response = self.response
