@@ -64,6 +64,9 @@ KEEPALIVE_EXPIRY = 4.0
 # A server's own `Keep-Alive: timeout=N` is honoured this much early, for the same reason.
 _KEEPALIVE_MARGIN = 1.0
 _KEEPALIVE_TIMEOUT = re.compile(rb"(?i)(?:^|[,;\s])timeout\s*=\s*\"?(\d{1,9})")
+# Interim (1xx) answers before the final one: real servers send one or two (100 Continue,
+# 103 Early Hints); more is a receiver stalling inside the head cap.
+_MAX_INTERIMS = 8
 _SEND_STARTED = "http11.send_request_headers.started"
 # A name's checked addresses are reused this long for new connections (aiohttp's default).
 _DNS_TTL_SECONDS = 10.0
@@ -441,6 +444,8 @@ class _Connection(asyncio.Protocol):
         if self._interim:
             self._interim = False
             self._interims += 1
+            if self._interims > _MAX_INTERIMS:
+                raise _Unexpected(f"more than {_MAX_INTERIMS} interim (1xx) responses")
             response = self._current()
             response.reason = b""  # a 1xx answer's reason and headers are not the final one's
             response._raw_headers.clear()

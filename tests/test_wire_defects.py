@@ -68,7 +68,7 @@ def last_attempt(engine: Engine, delivery_id: int) -> Mapping[str, Any]:
         "SELECT * FROM delivery_attempts WHERE delivery_id = :d ORDER BY attempt_number DESC",
         d=delivery_id,
     )
-    return found[0]
+    return dict(found[0])
 
 
 @contextlib.asynccontextmanager
@@ -323,6 +323,18 @@ async def test_a_1xx_reason_does_not_carry_into_the_final_answer(
         500,
         "HTTP 500",
     )
+
+
+async def test_endless_interim_answers_are_cut(http: httpx.AsyncClient) -> None:
+    """Each 1xx answer checks the ones before it: their number is bounded, not only
+    their bytes, so a stream of them costs little."""
+    endless = b"HTTP/1.1 100 Continue\r\n\r\n" * 2000
+    began = time.monotonic()
+    async with scripted(endless) as server:
+        result = await attempt(http, server.url)
+    assert result.outcome is Outcome.AMBIGUOUS
+    assert "more than 8 interim (1xx) responses" in (result.error or "")
+    assert time.monotonic() - began < 2
 
 
 async def test_a_reason_split_across_reads_is_whole(http: httpx.AsyncClient) -> None:
