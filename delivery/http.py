@@ -383,8 +383,10 @@ async def send_attempt(
             result.retry_after = parse_retry_after(
                 response.headers.get("retry-after"), started_at, request.retry_after_max
             )
-    except (AddressRefusedError, InvalidEndpointURLError) as exc:
-        # The SSRF guard or the scheme rule: retrying cannot help until the URL changes.
+    except (AddressRefusedError, InvalidEndpointURLError, httpx.LocalProtocolError) as exc:
+        # The SSRF guard, the scheme rule, or a request the wire will not frame (a control
+        # character in a header, say), all before a byte is sent: the same request again
+        # cannot succeed, so retrying only spends attempts.
         result.outcome = Outcome.PERMANENT
         result.error = _one_line(str(exc))
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:

@@ -26,6 +26,13 @@ through both):
 - the progress callback (`trace`) fires when the request starts going out, so
   shutdown can tell queued attempts from started ones;
 - a response body not read to its end closes the connection instead of reusing it.
+
+What it trusts (tests/test_wire_defects.py, and tests/test_wire_fuzz.py against h11):
+a response counts only when it was parsed to its end; a connection goes back to the
+pool only when nothing at all followed that end, the server keeps it alive and speaks
+HTTP/1.1; the head, the trailers (dropped, never merged into the headers) and the
+bytes between body bytes are bounded; a discarded connection is aborted, so nothing
+it still had to send stays buffered.
 """
 
 from __future__ import annotations
@@ -53,7 +60,19 @@ from outbox.urls import ProxyURL, parse_proxy_url
 _READ_HIGH_WATER = 256 * 1024
 # A response head (status line and headers) larger than this is refused: the parser
 # would otherwise buffer a receiver's endless header for as long as the deadline allows.
+# The same cap bounds the trailers, and the bytes a body may go without a body byte
+# (chunk framing and extensions, trailers).
 MAX_HEAD_BYTES = 64 * 1024
+# An idle connection is kept at most this long: under the 5 s idle timeout common
+# servers use (Node, Apache, uvicorn), so a request rarely leaves on a connection the
+# server is closing at that moment (an ambiguous attempt, and likely a duplicate).
+KEEPALIVE_EXPIRY = 4.0
+# A server's own `Keep-Alive: timeout=N` is honoured this much early, for the same reason.
+_KEEPALIVE_MARGIN = 1.0
+_KEEPALIVE_TIMEOUT = re.compile(rb"(?i)(?:^|[,;\s])timeout\s*=\s*\"?(\d{1,9})")
+# Interim (1xx) answers before the final one: real servers send one or two (100 Continue,
+# 103 Early Hints); more is a receiver stalling inside the head cap.
+_MAX_INTERIMS = 8
 _SEND_STARTED = "http11.send_request_headers.started"
 # A name's checked addresses are reused this long for new connections (aiohttp's default).
 _DNS_TTL_SECONDS = 10.0
@@ -192,6 +211,28 @@ class _Unexpected(Exception):
     """Bytes after a complete response, or with no request waiting for them."""
 
 
+# Request header lines as the httpx API path writes them: each name an RFC 9110 token,
+# each value free of control characters but HTAB (NUL, CR or LF would end the line or
+# the head early and let a value write headers, or a request, of its own).
+_HEADER_LINES = re.compile(rb"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+: [^\x00-\x08\x0a-\x1f\x7f]*\r\n)*")
+# What RFC 9110 allows in no reason phrase or field value (NUL would not even fit in the
+# attempt's row).
+_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+# Headers `post` writes itself from the URL and the body: a caller's would stand beside them.
+_OWN_HEADERS = re.compile(r"(?im)^(?:host|content-length|transfer-encoding)[ \t]*:")
+# Methods the httpx API path sends: their responses are framed like a POST's (HEAD's
+# and CONNECT's are not, TRACE echoes the request).
+_METHODS = frozenset({b"POST", b"PUT", b"PATCH", b"DELETE", b"GET", b"OPTIONS"})
+
+
+def _keep_alive_expiry(value: bytes) -> float | None:
+    """How long a connection may idle by the server's `Keep-Alive` header (None: unsaid)."""
+    found = _KEEPALIVE_TIMEOUT.search(value)
+    if found is None:
+        return None
+    return max(0.0, int(found.group(1)) - _KEEPALIVE_MARGIN)
+
+
 class WireResponse:
     """One response as `send_attempt` reads it: status, reason, headers, raw body chunks.
 
@@ -213,7 +254,9 @@ class WireResponse:
         "closed",
         "framed",
         "keep_alive",
+        "keep_alive_expiry",
         "reason",
+        "released",
         "status_code",
     )
 
@@ -230,8 +273,10 @@ class WireResponse:
         self._error: httpx.TransportError | None = None
         self._waiter: asyncio.Future[None] | None = None
         self.keep_alive = False
+        self.keep_alive_expiry: float | None = None  # from the server's Keep-Alive: timeout
         self.framed = False  # Content-Length or chunked: the body's end is known
         self.closed = False
+        self.released = False  # the connection went back to the pool
 
     @property
     def reason_phrase(self) -> str:
@@ -255,13 +300,42 @@ class WireResponse:
 
     # -- fed by the connection ------------------------------------------------------
 
-    def head_received(self, status: int, keep_alive: bool) -> None:
+    def head_received(
+        self, status: int, keep_alive: bool, parser: httptools.HttpResponseParser
+    ) -> None:
+        """The final head is in: how the body ends, and whether the connection may stay.
+
+        A body is delimited by the connection's close only when there is neither a
+        Content-Length nor `Transfer-Encoding: chunked` (llhttp reads such a response,
+        `Transfer-Encoding: identity` too, to the close). One Transfer-Encoding header
+        naming one coding, chunked or identity, is all that is accepted (as h11 does,
+        plus identity): a body in any other coding could not be read as sent, and a
+        list of codings is where parsers disagree on the framing. Only HTTP/1.1 keeps a
+        connection (llhttp keeps an HTTP/1.0 one that says `Connection: keep-alive`;
+        h11 does not, so neither does the wire).
+        """
         self.status_code = status
-        self.keep_alive = keep_alive
-        self.framed = any(
-            name.lower() in (b"content-length", b"transfer-encoding")
-            for name, _ in self._raw_headers
-        )
+        framed = coded = connection = False
+        for name, value in self._raw_headers:
+            lowered = name.lower()
+            if lowered == b"content-length":
+                framed = True
+            elif lowered == b"transfer-encoding":
+                coding = value.strip(b" \t").lower()
+                if coded or coding not in (b"chunked", b"identity"):
+                    raise _Unexpected(
+                        f"unsupported Transfer-Encoding {value.decode('latin-1')!r}"
+                        + (" (a second one)" if coded else "")
+                    )
+                coded = True
+                framed = framed or coding == b"chunked"
+            elif lowered == b"keep-alive":
+                self.keep_alive_expiry = _keep_alive_expiry(value)
+            elif lowered == b"connection":
+                connection = True
+        self.framed = framed
+        # Without a Connection header llhttp keeps only HTTP/1.1 (and later) connections.
+        self.keep_alive = keep_alive and (not connection or parser.get_http_version() == "1.1")
         if not self._head.done():
             self._head.set_result(None)
 
@@ -336,13 +410,22 @@ class WireResponse:
         connection = self._connection
         connection.response = None
         if self._complete and self.keep_alive and self._error is None:
-            connection.release()
+            self.released = connection.release(self.keep_alive_expiry)
         else:
-            connection.close()
+            connection.abort()
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection; one request at a time."""
+    """One keep-alive HTTP/1.1 connection; one request at a time.
+
+    Bytes after a complete response (a stray byte, a line break, the start of another
+    status line) mean the connection is not used again: llhttp alone would skip line
+    breaks between messages and keep a half-read next message for the next request
+    to inherit. Any such bytes that are not line breaks begin a message
+    (`on_message_begin`); a read that ends in a line break is fed in two steps, all
+    but its last byte and then that byte, so a response that was complete before it
+    is seen to be followed by something.
+    """
 
     def __init__(self, pool: _Pool, key: tuple[bool, str, int]) -> None:
         self._pool = pool
@@ -351,11 +434,19 @@ class _Connection(asyncio.Protocol):
         self.response: WireResponse | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._interim = False  # a 1xx answer before the real one
+        self._interims = 0  # 1xx answers so far in this response
+        self._fresh = False  # the next read is a response's first
+        self._read = b""  # the read being parsed
+        self._earlier: list[bytes] = []  # this response's reads before it, while in its head
         self._head_bytes = 0  # bytes received before the response head was complete
+        self._idle_bytes = 0  # bytes received since the head without a body byte
+        self._trailer_bytes = 0
         self._reading_paused = False
         self.counted = False  # holds one of the pool's connections (set by the pool)
         self.closed = False
+        self.reusable = True  # nothing but whole responses has come over it
         self.idle_since = 0.0
+        self.expiry = 0.0
 
     # asyncio.Protocol
 
@@ -368,16 +459,42 @@ class _Connection(asyncio.Protocol):
             response = self.response
             if response is None or response._complete:
                 raise _Unexpected("bytes with no request waiting for them")
-            self._parser.feed_data(data)
-            if not response._head.done():
-                self._head_bytes += len(data)
-                if self._head_bytes > MAX_HEAD_BYTES:
-                    raise _Unexpected(f"the response head is over {MAX_HEAD_BYTES} bytes")
+            head_done = response._head.done()
+            before = response._buffered  # the caller cannot read while this runs
+            self._read = data
+            if self._fresh:
+                self._fresh = False
+                if data[0] in b"\r\n":  # llhttp would skip blank lines before the status line
+                    raise _Unexpected("a blank line before the status line")
+            if data[-1] in b"\r\n" and len(data) > 1:
+                view = memoryview(data) if len(data) > 4096 else data  # copy less, or nothing
+                self._parser.feed_data(view[:-1])
+                if response._complete:
+                    self._leftover()  # the response ended before this read did
+                    return
+                self._parser.feed_data(view[-1:])
+            else:  # bytes after the end would include this last one: on_message_begin
+                self._parser.feed_data(data)
+            if not head_done:
+                if not response._head.done():
+                    self._earlier.append(data)
+                    self._head_bytes += len(data)
+                    if self._head_bytes > MAX_HEAD_BYTES:
+                        raise _Unexpected(f"the response head is over {MAX_HEAD_BYTES} bytes")
+            elif not response._complete and response._buffered == before:
+                self._idle_bytes += len(data)
+                if self._idle_bytes > MAX_HEAD_BYTES:
+                    raise _Unexpected(
+                        f"over {MAX_HEAD_BYTES} bytes after the head without a body byte "
+                        "(trailers or chunk framing)"
+                    )
+            else:
+                self._idle_bytes = 0
         except httptools.HttpParserUpgrade:
             self._fail(httpx.RemoteProtocolError("the server switched protocols"))
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__ or exc
-            self._fail(httpx.RemoteProtocolError(f"unexpected bytes from the server: {cause}"))
+            self._fail(httpx.RemoteProtocolError(f"malformed response: {cause}"))
         except (httptools.HttpParserError, _Unexpected) as exc:
             self._fail(httpx.RemoteProtocolError(f"malformed response: {exc}"))
 
@@ -392,21 +509,40 @@ class _Connection(asyncio.Protocol):
 
     # httptools' callbacks
 
+    def on_message_begin(self) -> None:
+        self._current()  # a second message after the response is refused
+
     def on_status(self, status: bytes) -> None:
         response = self._current()
-        response.reason = status
+        response.reason += status  # a reason split across reads comes in pieces
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._current()._raw_headers.append((name, value))
+        response = self._current()
+        if not response.status_code:  # set when the final head is complete
+            response._raw_headers.append((name, value))
+            return
+        # A trailer, after a chunked body: counted and dropped, never a header (a trailer
+        # Retry-After or Location must not decide an outcome the head did not). Framing
+        # has no place there (RFC 9110, 6.5.1): such a response is refused, as h11 does.
+        self._trailer_bytes += len(name) + len(value) + 4
+        if self._trailer_bytes > MAX_HEAD_BYTES:
+            raise _Unexpected(f"the response trailers are over {MAX_HEAD_BYTES} bytes")
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            raise _Unexpected(f"a {name.decode('latin-1')} trailer")
 
     def on_headers_complete(self) -> None:
         response = self._current()
         status = self._parser.get_status_code()
-        if 100 <= status < 200:
+        if self._interims:
+            self._check_no_blank_line()
+        if _CONTROL.search(response.reason) is not None:  # llhttp lets NUL and others through
+            raise _Unexpected("a control character in the reason phrase")
+        if status < 200:
+            if status < 100:  # llhttp takes any three digits
+                raise _Unexpected(f"{status:03d} is not a status code")
             self._interim = True  # e.g. 100 Continue: the real answer follows
-            response._raw_headers.clear()
             return
-        response.head_received(status, self._parser.should_keep_alive())
+        response.head_received(status, self._parser.should_keep_alive(), self._parser)
 
     def on_body(self, body: bytes) -> None:
         self._current().body_received(body)
@@ -414,14 +550,37 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         if self._interim:
             self._interim = False
+            self._interims += 1
+            if self._interims > _MAX_INTERIMS:
+                raise _Unexpected(f"more than {_MAX_INTERIMS} interim (1xx) responses")
+            response = self._current()
+            response.reason = b""  # a 1xx answer's reason and headers are not the final one's
+            response._raw_headers.clear()
             return
         self._current().finished()
+        self._read = b""  # an idle connection keeps no read
+        self._earlier.clear()
 
     def _current(self) -> WireResponse:
         response = self.response
         if response is None or response._complete:
-            raise _Unexpected("a second response to one request")
+            raise _Unexpected("bytes after the response")
         return response
+
+    def _check_no_blank_line(self) -> None:
+        """The message after a 1xx answer starts right at that answer's end: llhttp skips
+        blank lines between messages, and a strict parser (h11) refuses them."""
+        text = b"".join([*self._earlier, self._read])  # this response so far: heads only
+        end = 0
+        for _ in range(self._interims):
+            end = text.index(b"\r\n\r\n", end) + 4
+        if text[end : end + 1] in (b"\r", b"\n"):
+            raise _Unexpected("a blank line after an interim (1xx) response")
+
+    def _leftover(self) -> None:
+        """Bytes followed a complete response: it stands, the connection goes."""
+        self.reusable = False
+        self.abort()
 
     # used by the pool and the response
 
@@ -431,15 +590,17 @@ class _Connection(asyncio.Protocol):
 
     def send(self, data: bytes, response: WireResponse) -> None:
         self.response = response
-        self._head_bytes = 0
+        self._head_bytes = self._idle_bytes = self._trailer_bytes = self._interims = 0
+        self._fresh = True
+        self._earlier.clear()
         if not self.writable:
-            response.failed(httpx.RemoteProtocolError("the connection closed while sending"))
+            response.failed(httpx.ConnectError("the connection closed before the request was sent"))
             return
         assert self.transport is not None
         self.transport.write(data)
 
-    def usable(self, now: float, expiry: float) -> bool:
-        return self.writable and now - self.idle_since < expiry
+    def usable(self, now: float) -> bool:
+        return self.writable and now - self.idle_since < self.expiry
 
     def pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None:
@@ -451,34 +612,48 @@ class _Connection(asyncio.Protocol):
             self._reading_paused = False
             self.transport.resume_reading()
 
-    def release(self) -> None:
-        if self.closed or self._reading_paused:
-            self.close()
-            return
-        self._pool.release(self)
+    def release(self, expiry: float | None) -> bool:
+        """Back to the pool (True), or closed when it cannot be trusted again (False)."""
+        if self.closed or self._reading_paused or not self.reusable:
+            self.abort()
+            return False
+        return self._pool.release(self, expiry)
 
-    def close(self) -> None:
+    def abort(self) -> None:
+        """Discard: abort, not close, so request bytes the peer never read are dropped
+        with it instead of staying buffered after the pool stopped counting them."""
         self.closed = True
         if self.transport is not None:
-            self.transport.close()
+            self.transport.abort()
         self._pool.forget(self)
+
+    close = abort  # a connection is never closed gracefully: see abort
 
     def _fail(self, error: httpx.TransportError) -> None:
         if self.response is not None:
             self.response.failed(error)
-        self.close()
+        self.abort()
 
 
 class _Pool:
     """Keep-alive connections by (tls, host, port), at most `limit` open in all.
 
     At the limit, an idle connection to another host is closed to make room; only
-    when every connection is busy does a request wait for one to come back.
+    when every connection is busy does a request wait for one to come back. An idle
+    connection expires after `keepalive_expiry` seconds, or sooner when the server's
+    `Keep-Alive: timeout` says so.
     """
 
-    def __init__(self, limit: int, keepalive_expiry: float) -> None:
+    def __init__(
+        self,
+        limit: int,
+        keepalive_expiry: float = KEEPALIVE_EXPIRY,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._limit = limit
         self._expiry = keepalive_expiry
+        self._monotonic = monotonic
         self._idle: dict[tuple[bool, str, int], list[_Connection]] = {}
         self._open = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
@@ -488,13 +663,13 @@ class _Pool:
         idle = self._idle.get(key)
         if not idle:
             return None
-        now = time.monotonic()
+        now = self._monotonic()
         while idle:
             connection = idle.pop()
-            if connection.usable(now, self._expiry):
+            if connection.usable(now):
                 return connection
-            connection.close()
-        del self._idle[key]
+            connection.abort()
+        self._idle.pop(key, None)
         return None
 
     async def acquire(
@@ -517,7 +692,10 @@ class _Pool:
                 connection.counted = True
                 if connection.closed:  # lost before it could be used
                     self.forget(connection)
-                    raise httpx.ConnectError("the connection closed as soon as it opened")
+                    raise httpx.ConnectError(
+                        "the connection opened and then closed before the request was sent;"
+                        " nothing was sent"
+                    )
                 return connection
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
@@ -530,10 +708,17 @@ class _Pool:
                     self._waiters.remove(waiter)
                 raise
 
-    def release(self, connection: _Connection) -> None:
-        connection.idle_since = time.monotonic()
+    def release(self, connection: _Connection, expiry: float | None = None) -> bool:
+        """Keep `connection` for its next request, for `expiry` seconds at most (the
+        pool's own expiry when the server named none); False when that is no time."""
+        connection.expiry = self._expiry if expiry is None else min(expiry, self._expiry)
+        if connection.expiry <= 0:
+            connection.abort()
+            return False
+        connection.idle_since = self._monotonic()
         self._idle.setdefault(connection.key, []).append(connection)
         self._wake_one()
+        return True
 
     def forget(self, connection: _Connection) -> None:
         """A connection closed: it no longer counts against the limit."""
@@ -548,7 +733,7 @@ class _Pool:
     def _close_one_idle(self) -> None:
         for key, idle in self._idle.items():
             if idle:
-                idle.pop(0).close()
+                idle.pop(0).abort()
                 if not idle:
                     del self._idle[key]
                 return
@@ -563,7 +748,7 @@ class _Pool:
     def close(self) -> None:
         for idle in list(self._idle.values()):
             for connection in list(idle):
-                connection.close()
+                connection.abort()
         self._idle.clear()
 
 
@@ -586,7 +771,7 @@ class WireTransport(httpx.AsyncBaseTransport):
         policy: AddressPolicy,
         https_only: bool = False,
         max_connections: int = 100,
-        keepalive_expiry: float = 15.0,
+        keepalive_expiry: float = KEEPALIVE_EXPIRY,
         ssl_context: ssl.SSLContext | None = None,
         resolver: Resolver | None = None,
         proxy: str | None = None,
@@ -644,7 +829,13 @@ class WireTransport(httpx.AsyncBaseTransport):
         """POST `body` with exactly `headers` (plus Host and Content-Length); returns once
         the response head is in. The caller's own deadline bounds the whole exchange;
         `deadline` bounds getting a connection, as a connect timeout. `proxy` overrides
-        the default proxy for this request (an endpoint's own)."""
+        the default proxy for this request (an endpoint's own).
+
+        A `Host`, `Content-Length` or `Transfer-Encoding` in `headers` is refused, not
+        overridden: the wire writes them from the URL and the body, and a second one
+        beside them would let the receiver (or a proxy before it) frame the request
+        differently. `InvalidEndpointURLError` then says which; nothing is sent.
+        """
         target = (
             self._targets.get(url)
             if proxy is None and self._proxy is None
@@ -658,6 +849,17 @@ class WireTransport(httpx.AsyncBaseTransport):
         ):
             raise InvalidEndpointURLError(
                 "a request header contains a line break or NUL; fix the endpoint's headers"
+            )
+        lowered = lines.lower()  # a cheap look first: the regex runs when a name might match
+        own = (
+            _OWN_HEADERS.search(lines)
+            if "host" in lowered or "content-length" in lowered or "transfer-encoding" in lowered
+            else None
+        )
+        if own is not None:
+            raise InvalidEndpointURLError(
+                f"a request header sets {own.group(0)[:-1].strip()!r}, which the wire writes "
+                "itself from the URL and the body; remove it from the headers"
             )
         head = (
             b"POST "
@@ -685,11 +887,18 @@ class WireTransport(httpx.AsyncBaseTransport):
                 raise httpx.ConnectTimeout(
                     f"no connection to {target.host}:{target.port} within {connect_timeout:g}s"
                 ) from exc
+        if not connection.writable:
+            # Lost between being opened (or taken) and now: nothing was sent, retry safely.
+            connection.abort()
+            raise httpx.ConnectError(
+                f"the connection to {target.host}:{target.port} closed before the request "
+                "was sent; nothing was sent"
+            )
         response = WireResponse(connection, asyncio.get_running_loop().create_future())
         try:
             if trace is not None:
                 await trace(_SEND_STARTED, {})
-            connection.send(data, response)
+            connection.send(data, response)  # unwritable by now: ConnectError, as above
             if read_timeout is None:
                 await response._head  # the caller's deadline bounds it
             else:
@@ -888,16 +1097,26 @@ class WireTransport(httpx.AsyncBaseTransport):
         return self._ssl_context
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """httpx's transport API on the same pool (for clients with mounts, hooks or auth)."""
-        if request.method == "HEAD":
-            raise httpx.UnsupportedProtocol("this wire sends webhooks; HEAD is not supported")
+        """httpx's transport API on the same pool (for clients with mounts, hooks or auth).
+
+        Refused with `httpx.LocalProtocolError` before anything is sent: a method other
+        than POST, PUT, PATCH, DELETE, GET or OPTIONS (a HEAD or CONNECT answer is framed
+        differently), a header name that is not a token, a header value with a control
+        character (NUL, CR, LF, ...). Content-Length and Transfer-Encoding are the wire's
+        own: the body is read whole and sent with its length.
+        """
+        method = request.method.encode("ascii", "replace")
+        if method not in _METHODS:
+            raise httpx.LocalProtocolError(
+                f"this wire sends webhooks; the method {request.method!r} is not supported "
+                f"(use one of {', '.join(sorted(m.decode() for m in _METHODS))})"
+            )
         proxy = request.extensions.get(PROXY_EXTENSION)
         target = (
             self._targets.get(str(request.url))
             if proxy is None and self._proxy is None
             else await self._proxied_target(str(request.url), proxy)
         )
-        body = await request.aread()
         # The body is read whole, so it goes out with a Content-Length, never chunked.
         kept = [
             (name, value)
@@ -905,9 +1124,17 @@ class WireTransport(httpx.AsyncBaseTransport):
             if name.lower() not in (b"content-length", b"transfer-encoding")
         ]
         lines = b"".join(name + b": " + value + b"\r\n" for name, value in kept)
-        if lines.count(b"\n") != len(kept) or lines.count(b"\r") != len(kept):
-            raise InvalidEndpointURLError("a request header contains a line break")
-        method = request.method.encode("ascii")
+        if _HEADER_LINES.fullmatch(lines) is None:
+            bad = next(
+                name
+                for name, value in kept
+                if not _HEADER_LINES.fullmatch(name + b": " + value + b"\r\n")
+            )
+            raise httpx.LocalProtocolError(
+                f"the request header {bad.decode('latin-1')!r} has a name that is not a token "
+                "or a value with a control character (NUL, CR, LF, ...); fix the header"
+            )
+        body = await request.aread()
         data = (
             method
             + b" "
