@@ -1,1 +1,1 @@
-"""The webhook-outbox benchmark: `python -m bench` (see the README's Performance section)."""
+"""The webhook-outbox benchmark: `python -m bench` (see docs/performance.md)."""

@@ -130,7 +130,7 @@ def build_http_client(
     followed and proxies from the environment are ignored. `transport="wire"` (our
     own HTTP/1.1 wire, delivery.wire, the default and production path) keeps httpx's
     API and is several times faster than `"httpx"` (httpcore's own pool, through the
-    same guard) under load (see the README's Performance section). `proxy`
+    same guard) under load (see docs/performance.md). `proxy`
     (`http://user:password@host:port`, OUTBOX_HTTP_PROXY) is the egress proxy of every
     attempt; endpoints may name their own. Only the wire sends through proxies.
     """

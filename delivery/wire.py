@@ -1,7 +1,7 @@
 """Our own HTTP/1.1 wire for webhook POSTs: asyncio protocols and httptools' parser.
 
 Why: on a drain to an instant receiver, aiohttp's request path was a quarter to a
-third of the worker's CPU (README, performance: where the time goes), as much per
+third of the worker's CPU (docs/performance-history.md: where the time goes), as much per
 request as the whole raw-ceiling client spends. A webhook POST needs little of a
 general client: one request per connection at a time, keep-alive, an egress proxy,
 and none of redirects, cookies, compression, auth or streaming uploads. This wire

@@ -12,7 +12,7 @@ another process is noticed in the same round trip, and the publish is retried ag
 the new schema. Nothing is queried per publish beyond that one statement.
 
 Unknown types are accepted by default, so adopting the catalogue breaks nobody;
-`OUTBOX_EVENT_TYPES=strict` refuses them (see the README's Contract section).
+`OUTBOX_EVENT_TYPES=strict` refuses them (see docs/contract.md).
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ class SchemaState:
     `state` is "current" (at this release's head), "pending" (migrations of this release
     to run: `pending` lists them) or "newer" (a revision this release does not know: a
     later release migrated it; a release works against the next one's schema, see the
-    README's Upgrading).
+    docs/operating.md, Upgrading).
     """
 
     current: str | None

@@ -1,5 +1,6 @@
-"""The README's publish example runs as written on a fresh machine (no OUTBOX_DATABASE_URL):
-`outbox.database_url()` starts and migrates the same embedded server the CLI uses."""
+"""The README's publish example (also the first example of docs/publishing.md) runs as
+written on a fresh machine (no OUTBOX_DATABASE_URL): `outbox.database_url()` starts and
+migrates the same embedded server the CLI uses."""
 
 from __future__ import annotations
 
@@ -23,12 +24,20 @@ ROOT = Path(__file__).resolve().parent.parent
 OUTBOX = [sys.executable, "-c", "from delivery.operator.cli import main; main()"]
 
 
-def readme_publish_example() -> str:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Publishing from application code", 1)[1]
+def publish_example(page: Path) -> str:
+    section = page.read_text().split("## Publishing from application code", 1)[1]
     match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert match, "the README's publishing section has no python example"
+    assert match, f"the publishing section of {page.name} has no python example"
     return match.group(1)
+
+
+def readme_publish_example() -> str:
+    return publish_example(ROOT / "README.md")
+
+
+def test_the_docs_site_opens_with_the_same_publish_example() -> None:
+    """The one run below covers both places: the docs page's example is the README's."""
+    assert publish_example(ROOT / "docs" / "publishing.md") == readme_publish_example()
 
 
 def _env(data_dir: Path) -> dict[str, str]:

@@ -8,8 +8,8 @@
   stale leases (no attempt spent) and every event arrives.
 
 These restart PostgreSQL, so they run on a server of their own, never the session's.
-(The 30-second outage of issue 14 was run by hand with OUTAGE_SECONDS=30; see the
-README's "Failure and recovery".)
+(The 30-second outage of issue 14 was run by hand with OUTAGE_SECONDS=30; see
+docs/operating.md, "Failure and recovery".)
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The README keeps telling the truth about settings and secrets."""
+"""The README and the documentation site keep telling the truth about settings and secrets,
+and the README stays a newcomer's first ten minutes (the depth lives under docs/)."""
 
 from __future__ import annotations
 
@@ -7,31 +8,68 @@ from pathlib import Path
 
 from outbox.settings import Settings
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-
-
-def _section(title: str) -> str:
-    return README.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
+PAGES = {path.relative_to(DOCS).as_posix(): path.read_text() for path in DOCS.rglob("*.md")}
+TRY_IT = "    python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/outbox demo"
+TEST_IT = (
+    "    python3 -m venv .venv && .venv/bin/pip install -e '.[test]'"
+    " && .venv/bin/python -m pytest -q"
+)
 
 
 def test_one_settings_table_lists_every_setting() -> None:
-    headings = re.findall(r"^#+ Settings$", README, re.MULTILINE)
-    assert headings == ["## Settings"]
-    table = _section("Settings")
+    headings = [
+        (name, heading)
+        for name, text in {"README.md": README, **PAGES}.items()
+        for heading in re.findall(r"^#+ Settings$", text, re.MULTILINE)
+    ]
+    assert headings == [("settings.md", "# Settings")]
+    table = PAGES["settings.md"]
     listed = set(re.findall(r"^\| `(OUTBOX_[A-Z0-9_]+)`", table, re.MULTILINE))
     expected = {f"OUTBOX_{name.upper()}" for name in Settings.model_fields}
     expected |= {"OUTBOX_ENV_FILE", "OUTBOX_PROCESSES"}
-    assert expected - listed == set(), "settings missing from the README's table"
-    assert listed - expected == set(), "README lists settings that do not exist"
+    assert expected - listed == set(), "settings missing from docs/settings.md's table"
+    assert listed - expected == set(), "docs/settings.md lists settings that do not exist"
 
 
 def test_secrets_are_documented_as_revealable_and_keys_as_rotatable() -> None:
     # Signing secrets can be printed again (API tokens really are shown once).
-    assert re.search(r"secret[^.|]*shown once", README, re.IGNORECASE) is None
-    assert "outbox endpoints reveal-secret" in README
-    assert "outbox keys rotate" in README
+    for name, text in {"README.md": README, **PAGES}.items():
+        assert re.search(r"secret[^.|]*shown once", text, re.IGNORECASE) is None, name
+    assert "outbox endpoints reveal-secret" in PAGES["publishing.md"]
+    assert "outbox keys rotate" in PAGES["security.md"]
 
 
 def test_the_contents_line_fits_one_screen() -> None:
     contents = README.split("Contents:", 1)[1].split("\n\n", 1)[0]
     assert len(contents.splitlines()) <= 8
+
+
+def test_the_readme_fits_the_first_ten_minutes_with_both_commands_at_the_top() -> None:
+    lines = README.splitlines()
+    assert len(lines) <= 250, f"the README has {len(lines)} lines; move the depth to docs/"
+    top = lines[:20]
+    assert TRY_IT in top and TEST_IT in top, "the Try it / Test it commands left the top"
+    assert top.index(TRY_IT) < top.index(TEST_IT)
+    sections = re.findall(r"^## (.+)$", README, re.MULTILINE)
+    assert sections == [
+        "Publishing from application code",
+        "Verifying on the receiver side",
+        "Running it",
+        "Where to go next",
+    ]
+
+
+def test_every_relative_link_in_the_readme_reaches_a_file() -> None:
+    """The README is read on the forge, not built by mkdocs: its links are checked here."""
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README)
+    relative = [t for t in targets if not re.match(r"[a-z]+:", t)]
+    assert relative, "the README links nowhere into the docs"
+    missing = [t for t in relative if not (ROOT / t).exists()]
+    assert missing == []
+    linked_pages = {t.removeprefix("docs/") for t in relative if t.startswith("docs/")}
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for page in linked_pages:
+        assert page in nav, f"{page} is linked from the README but not in mkdocs.yml's nav"

@@ -3,7 +3,7 @@
 The admin server hands OUTBOX_TRUSTED_PROXIES to uvicorn (delivery.operator.api.
 forwarded_options), whose proxy middleware then decides the client address that rate
 limits and the audit log use. This pins that decision, with uvicorn as installed, to
-the rule the README states: a peer that is not a trusted proxy is the client, whatever
+the rule docs/security.md states: a peer that is not a trusted proxy is the client, whatever
 it sends; behind a trusted proxy the client is the rightmost forwarded address that is
 not itself a trusted proxy (the leftmost when all are), and only then does
 X-Forwarded-Proto count.

@@ -1,4 +1,4 @@
-"""A rolling upgrade from the previous release, as the README's "Upgrading" tells it.
+"""A rolling upgrade from the previous release, as docs/operating.md's "Upgrading" tells it.
 
 The previous release (the commit in PREVIOUS_RELEASE) runs from its own checkout: it
 migrates the database, publishes continuously and delivers with two `outbox run`

@@ -1,4 +1,4 @@
-"""The previous release's code, for running it beside this one (README, "Upgrading").
+"""The previous release's code, for running it beside this one (docs/operating.md, "Upgrading").
 
 PREVIOUS_RELEASE names its commit. `checkout()` extracts that commit's files (`git
 archive`, so the repository's history is needed, not a shallow clone) into a

@@ -850,7 +850,7 @@ async def readyz(call: Call) -> Any:
             },
             503,
         )
-    # "newer": a later release migrated it, which this one runs on (README, Upgrading).
+    # "newer": a later release migrated it, which this one runs on (docs/operating.md, Upgrading).
     return {"status": "ready", "schema": revision, "schema_state": state.state, **release}
 
 

@@ -54,7 +54,7 @@ def open_database(
     The embedded database is private, so it is migrated automatically. A database
     the user runs is only checked: `outbox migrate` changes it, nothing else does.
     A schema a newer release migrated is accepted (a release runs on the next one's
-    schema: README, Upgrading); one with this release's migrations pending is not.
+    schema: docs/operating.md, Upgrading); one with this release's migrations pending is not.
     """
     with contextlib.ExitStack() as stack:
         if settings.database_url:

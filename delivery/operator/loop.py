@@ -2,7 +2,7 @@
 
 Why: the event loop's own socket handling and callbacks are a visible share of a
 worker's profile, and uvloop does that part in C. Measured on the backlog drain its
-effect on worker CPU per delivery was within the shared box's noise (README,
+effect on worker CPU per delivery was within the shared box's noise (docs/performance.md,
 performance; docs/performance-history.md), so it is optional, not a dependency:
 without it (or with OUTBOX_EVENT_LOOP=asyncio) the standard loop runs the same code.
 """

@@ -13,7 +13,7 @@ only the scheduled ones are indexed): 0.9-1.3 s for the whole migration over 1,0
 deliveries on the bench machine, while publishing 200 events/s never took longer than
 0.05 s and deliveries never paused longer than 0.08 s. Done the old way (0019's drop and
 CREATE INDEX) the same builds stopped deliveries for their whole duration, 0.45 s here,
-growing with the table (docs/migration-stall-2026-12-01.json, `python -m bench --only
+growing with the table (bench/results/migration-stall-2026-12-01.json, `python -m bench --only
 migration`).
 
 Both paths end the same: a database at 0019 (the indexes already end with `id`) gets
