@@ -30,7 +30,6 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection
 
-from outbox import queries
 from outbox.audit import record_audit
 from outbox.errors import (
     CatalogueError,
@@ -47,6 +46,7 @@ from outbox.schema_rules import (
     compile_schema,
     vet_schema,
 )
+from outbox.sql import catalogue as queries
 
 Mode = Literal["accept", "strict"]
 MODES: tuple[Mode, ...] = ("accept", "strict")
