@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +57,16 @@ MODULES: dict[str, list[str]] = {
         "tests/test_tenant_routing.py",
         "tests/test_handoff.py",
     ],
-    "outbox/operations.py": [
+    "outbox/deliveries.py": [
         "tests/test_operations.py",
         "tests/test_operations_replay.py",
-        "tests/test_operations_endpoints.py",
         "tests/test_operations_views.py",
         # Each write's own tenant scope (the lookup before it made unscoped on purpose).
+        "tests/test_tenant_scope.py",
+    ],
+    "outbox/endpoints.py": [
+        "tests/test_operations_endpoints.py",
+        "tests/test_operations.py",
         "tests/test_tenant_scope.py",
     ],
 }
@@ -105,7 +109,19 @@ _REPLAY = ("tests/test_operations.py",)
 _HANDOFF = ("tests/test_handoff.py",)
 _ROUTING = ("tests/test_relay.py", "tests/test_tenant_routing.py", "tests/test_publish.py")
 Q = "delivery/queries.py"
-OQ = "outbox/queries.py"
+# outbox/'s SQL, by subject (before, all of it was in outbox/queries.py: see _sql_mutants).
+RELAY_SQL = "outbox/sql/relay.py"
+DELIVERIES_SQL = "outbox/sql/deliveries.py"
+OLD_OQ = "outbox/queries.py"
+
+
+def _defined_in(statement: str) -> str:
+    """The outbox/sql module that defines `statement`, so a scope mutant names no path."""
+    for path in sorted((ROOT / "outbox" / "sql").glob("*.py")):
+        if f"\n{statement} = " in path.read_text():
+            return str(path.relative_to(ROOT))
+    return OLD_OQ  # defined nowhere: the mutant reports "not applicable"
+
 
 # Operator-side tenant scope: each mutant drops one statement's scope condition.
 _SCOPE = (
@@ -118,8 +134,8 @@ _TEXT_SCOPE = "(CAST(:scope AS text) IS NULL OR {} = :scope)"
 
 
 def _S(column: str) -> str:
-    """outbox/queries.py's source text of a scope condition on `column`."""
-    return '{_in_scope("' + column + '")}'
+    """outbox/sql's source text of a scope condition on `column`."""
+    return '{in_scope("' + column + '")}'
 
 
 def _AND_S(column: str) -> str:
@@ -240,28 +256,28 @@ SQL_MUTANTS = [
     # replay and discard
     SqlMutant(
         "replay: state re-check dropped",
-        OQ,
+        DELIVERIES_SQL,
         "WHERE d.state = ANY(CAST(:allowed AS text[]))",
         "WHERE true",
         _REPLAY,
     ),
     SqlMutant(
         "replay: originals not locked (a concurrent replay does not wait)",
-        OQ,
+        DELIVERIES_SQL,
         "ORDER BY id FOR UPDATE",
         "ORDER BY id",
         ("tests/test_replay_once.py", "-k", "concurrent"),
     ),
     SqlMutant(
         "discard: in-flight rows not left alone",
-        OQ,
+        DELIVERIES_SQL,
         "AND state IN ('scheduled', 'dead')",
         "AND state IN ('scheduled', 'dead', 'in_flight')",
         _REPLAY,
     ),
     SqlMutant(
         "discard: terminal rows discarded again",
-        OQ,
+        DELIVERIES_SQL,
         "AND state IN ('scheduled', 'dead')",
         "",
         _REPLAY,
@@ -269,21 +285,21 @@ SQL_MUTANTS = [
     # relay routing
     SqlMutant(
         "routing: disabled endpoints get deliveries",
-        OQ,
+        RELAY_SQL,
         "WHERE x.id = r.endpoint_id AND x.enabled LIMIT 1",
         "WHERE x.id = r.endpoint_id LIMIT 1",
         _ROUTING,
     ),
     SqlMutant(
         "routing: tenant ignored",
-        OQ,
+        RELAY_SQL,
         "WHERE pattern = c.pattern AND tenant_id = b.tenant_id",
         "WHERE pattern = c.pattern",
         _ROUTING,
     ),
     SqlMutant(
         "routing: all-tenants endpoints ignored",
-        OQ,
+        RELAY_SQL,
         "            UNION ALL\n"
         "            SELECT endpoint_id FROM endpoint_subscriptions\n"
         "            WHERE pattern = c.pattern AND tenant_id IS NULL",
@@ -292,21 +308,21 @@ SQL_MUTANTS = [
     ),
     SqlMutant(
         "routing: no 'prefix.*' candidates",
-        OQ,
+        RELAY_SQL,
         "WHERE substr(b.event_type, i, 1) = '.'",
         "WHERE substr(b.event_type, i, 1) = '_'",
         _ROUTING,
     ),
     SqlMutant(
         "routing: '*' is not a candidate",
-        OQ,
+        RELAY_SQL,
         "SELECT '*' AS pattern\n    WHERE b.event_type NOT IN",
         "SELECT '*' AS pattern\n    WHERE false AND b.event_type NOT IN",
         _ROUTING,
     ),
     SqlMutant(
         "handoff: ordered endpoints handed off",
-        OQ,
+        RELAY_SQL,
         "{HEALTH_GATED} OR h.ordered)",
         "{HEALTH_GATED})",
         _HANDOFF,
@@ -315,7 +331,7 @@ SQL_MUTANTS = [
     SqlMutant(
         # the gate condition is one fragment, shared with the claim and its quick path
         "handoff: open breaker ignored",
-        OQ,
+        RELAY_SQL,
         "(h.breaker_state <> 'closed' OR ",
         "(false OR ",
         _HANDOFF,
@@ -323,7 +339,7 @@ SQL_MUTANTS = [
     ),
     SqlMutant(
         "handoff: capped tenants handed off",
-        OQ,
+        RELAY_SQL,
         "AND t.max_in_flight IS NULL AND t.max_per_second IS NULL",
         "",
         _HANDOFF,
@@ -331,7 +347,7 @@ SQL_MUTANTS = [
     ),
     SqlMutant(
         "handoff: disabled tenants handed off",
-        OQ,
+        RELAY_SQL,
         "WHERE t.id = e.tenant_id AND t.enabled",
         "WHERE t.id = e.tenant_id",
         _HANDOFF,
@@ -339,7 +355,7 @@ SQL_MUTANTS = [
     ),
     SqlMutant(
         "handoff: the worker's slots left per endpoint ignored",
-        OQ,
+        RELAY_SQL,
         "COALESCE(s.slots, :endpoint_slots)",
         ":endpoint_slots",
         _HANDOFF,
@@ -347,7 +363,7 @@ SQL_MUTANTS = [
     ),
     SqlMutant(
         "handoff: more than the reserved slots",
-        OQ,
+        RELAY_SQL,
         ":handoff_limit AS handed",
         ":handoff_limit + 1 AS handed",
         _HANDOFF,
@@ -355,7 +371,7 @@ SQL_MUTANTS = [
     ),
     SqlMutant(
         "handoff: no lease on a handed-off delivery",
-        OQ,
+        RELAY_SQL,
         "CAST(:lease_expires_at AS timestamptz) END",
         "NULL END",
         _HANDOFF,
@@ -363,21 +379,21 @@ SQL_MUTANTS = [
     ),
     SqlMutant(
         "routing: events marked relayed twice (relayed_at filter dropped)",
-        OQ,
+        RELAY_SQL,
         "WHERE relayed_at IS NULL AND NOT validate_pending\n    ORDER BY id",
         "WHERE NOT validate_pending\n    ORDER BY id",
         _ROUTING,
     ),
     SqlMutant(
         "rules: least specific max-attempts rule wins",
-        OQ,
+        RELAY_SQL,
         "ORDER BY r.pattern = b.event_type DESC, length(r.pattern) DESC",
         "ORDER BY r.pattern = b.event_type DESC, length(r.pattern)",
         ("tests/test_documented_rules.py", "-k", "not aiohttp"),
     ),
     SqlMutant(
         "rules: exact type not preferred over an equally long prefix",
-        OQ,
+        RELAY_SQL,
         "ORDER BY r.pattern = b.event_type DESC, length(r.pattern) DESC",
         "ORDER BY length(r.pattern) DESC",
         ("tests/test_documented_rules.py", "-k", "not aiohttp"),
@@ -408,7 +424,9 @@ SQL_MUTANTS = [
         ("tests/test_claim_rank.py", "-k", "falls_back"),
     ),
     *(
-        SqlMutant(f"scope: {name}", OQ, old, new, _SCOPE, within=f"{statement} = ")
+        SqlMutant(
+            f"scope: {name}", _defined_in(statement), old, new, _SCOPE, within=f"{statement} = "
+        )
         for name, statement, old, new in [
             # endpoints
             ("endpoint list", "SELECT_ENDPOINTS", _S("e.tenant_id"), "true"),
@@ -421,7 +439,7 @@ SQL_MUTANTS = [
             (
                 "endpoint secret reveal",
                 "SELECT_ENDPOINT_SECRET",
-                "AND {_in_scope('tenant_id')}",
+                "AND {in_scope('tenant_id')}",
                 "",
             ),
             # deliveries: list, lookup by id, replay, bulk replay, discard
@@ -434,7 +452,7 @@ SQL_MUTANTS = [
             # audit
             ("audit list", "SELECT_AUDIT", _TEXT_SCOPE.format("tenant_uid"), "true"),
             # stats and metrics
-            ("stats counts by state", "STATS_COUNTS_BY_STATE", "{_in_scope('tenant_id')}", "true"),
+            ("stats counts by state", "STATS_COUNTS_BY_STATE", "{in_scope('tenant_id')}", "true"),
             ("stats oldest due", "STATS_OLDEST_DUE", _AND_S("d.tenant_id"), ""),
             ("stats relay lag", "STATS_RELAY_LAG", _AND_S("tenant_id"), ""),
             ("stats and metrics attempts", "_SCOPED_ATTEMPTS", _AND_S("sd.tenant_id"), ""),
@@ -618,6 +636,11 @@ def _sql_mutants(
             continue
         if match is not None and match not in mutant.name:
             continue
+        if not (copy / mutant.file).exists() and (copy / OLD_OQ).exists():
+            # A revision from before outbox/sql/: all of outbox's SQL in one file.
+            mutant = replace(
+                mutant, file=OLD_OQ, old=mutant.old.replace("{in_scope(", "{_in_scope(")
+            )
         path = copy / mutant.file
         original = path.read_text()
         mutated = apply_mutant(original, mutant)
@@ -670,9 +693,12 @@ def main(argv: list[str] | None = None) -> int:
         "--sql-match", metavar="TEXT", help="only the SQL mutants whose name contains TEXT"
     )
     args = parser.parse_args(argv)
-    unknown = [m for m in args.modules if m not in MODULES and m not in {Q, OQ}]
+    sql_files = sorted({mutant.file for mutant in SQL_MUTANTS})
+    unknown = [m for m in args.modules if m not in MODULES and m not in sql_files]
     if unknown:
-        parser.error(f"unknown module {unknown[0]!r}; choose from {', '.join(MODULES)}, {Q}, {OQ}")
+        parser.error(
+            f"unknown module {unknown[0]!r}; choose from {', '.join([*MODULES, *sql_files])}"
+        )
     modules = [m for m in (args.modules or list(MODULES)) if m in MODULES]
 
     from outbox.embedded import EmbeddedPostgres
@@ -698,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
             if not args.no_sql:
-                wanted = set(args.modules) & {Q, OQ} if args.modules else None
+                wanted = set(args.modules) & set(sql_files) if args.modules else None
                 report["sql"] = _sql_mutants(copy, wanted, args.sql_match)
         finally:
             server.stop()
