@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from outbox.queries import HEALTH_GATED, claimed_columns
+from outbox.sql.relay import HEALTH_GATED, claimed_columns
 
 # Claim due deliveries of enabled endpoints and lease them; the claim commits before
 # any HTTP request starts. It starts from :endpoint_ids, at most :limit endpoints with
@@ -32,7 +32,7 @@ from outbox.queries import HEALTH_GATED, claimed_columns
 #     event of the key still waiting for the relay.
 # Candidates are over-picked (2 * limit) and locked with SKIP LOCKED, so two workers
 # claiming at once both get a full batch.
-# (The f-string inserts outbox.queries.claimed_columns, a constant fragment, never input.)
+# (The f-string inserts outbox.sql.relay.claimed_columns, a constant fragment, never input.)
 CLAIM_DUE_DELIVERIES = text(
     f"""
     WITH gate AS (

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox import queries
 from outbox.clock import Clock
 from outbox.operations import LATENCY_BUCKETS
 from outbox.outage import OUTAGE
+from outbox.sql import retention as queries
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.worker import BatchStats
-from outbox import queries
 from outbox.clock import Clock
 from outbox.outage import OUTAGE
+from outbox.sql import stats as queries
 
 log = logging.getLogger("outbox.summary")
 

@@ -14,11 +14,11 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from outbox import queries
 from outbox.audit import record_audit
 from outbox.endpoints import get_endpoint
 from outbox.errors import EndpointError
 from outbox.settings import check_retry_schedule
+from outbox.sql import endpoints as queries
 
 # Outcomes an endpoint may give a status code; 'ambiguous' describes the transport,
 # not an answer, so it cannot be assigned.

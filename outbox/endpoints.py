@@ -1,17 +1,22 @@
-"""Endpoints: where events go, which events they want, and the secret that signs them."""
+"""Endpoints: where events go, which events they want, and the secret that signs them.
+
+Every change an operator makes to an endpoint (add, update, enable or disable, rotate or
+reveal its secret, set its proxy, delete) is here and writes its audit row in the
+caller's transaction. Its delivery rules and custom headers have modules of their own
+(outbox.endpoint_rules, outbox.headers); `create_endpoint` is the unaudited insert that
+`add_endpoint` audits (tests, the demo and the benchmark create endpoints directly)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection
 
-from outbox import queries
-from outbox.audit import record_audit
+from outbox.audit import record_audit, require_reason
 from outbox.crypto import (
     SIGNATURE_SCHEMES,
     InvalidSecretError,
@@ -24,6 +29,8 @@ from outbox.crypto import (
 )
 from outbox.errors import EndpointError, EndpointNotFoundError, SecretKeyError
 from outbox.ids import new_endpoint_id
+from outbox.schema import LATENCY_BUCKETS
+from outbox.sql import endpoints as queries
 from outbox.tenants import DEFAULT_TENANT, scope_params, validate_tenant_uid
 from outbox.urls import parse_proxy_url, validate_endpoint_url
 
@@ -372,3 +379,207 @@ def reveal_secret(
         request_id=request_id,
     )
     return box.decrypt(row.signing_secret, context=secret_context(uid))
+
+
+def add_endpoint(
+    conn: Connection,
+    box: SecretBox,
+    *,
+    actor: str,
+    url: str,
+    event_types: str | Sequence[str],
+    secret: str | None = None,
+    description: str = "",
+    request_id: str | None = None,
+    https_only: bool = False,
+    signature: str | None = None,
+    tenant: str = DEFAULT_TENANT,
+    all_tenants: bool = False,
+) -> CreatedEndpoint:
+    """`create_endpoint` (which validates the URL) plus an audit row; the secret is never logged."""
+    created = create_endpoint(
+        conn,
+        box,
+        url=url,
+        event_types=event_types,
+        secret=secret,
+        description=description,
+        https_only=https_only,
+        signature=signature,
+        tenant=tenant,
+        all_tenants=all_tenants,
+    )
+    record_audit(
+        conn,
+        actor=actor,
+        action="endpoint.create",
+        target_type="endpoint",
+        target_id=created.endpoint.uid,
+        details={
+            "url": created.endpoint.url,
+            "event_types": created.endpoint.event_types,
+            "all_tenants": all_tenants,
+        },
+        request_id=request_id,
+    )
+    return created
+
+
+def update_endpoint(
+    conn: Connection,
+    uid: str,
+    *,
+    actor: str,
+    url: str | None = None,
+    description: str | None = None,
+    event_types: str | Sequence[str] | None = None,
+    timeout_seconds: float | None = None,
+    max_attempts: int | None = None,
+    reason: str | None = None,
+    request_id: str | None = None,
+    https_only: bool = False,
+    scope: str | None = None,
+) -> Endpoint:
+    """Change what is given and nothing else; the audit row keeps the before and after."""
+    before = get_endpoint(conn, uid, scope=scope)
+    patterns = parse_event_patterns(event_types) if event_types is not None else None
+    if timeout_seconds is not None and timeout_seconds <= 0:
+        raise EndpointError("the timeout must be a positive number of seconds")
+    if max_attempts is not None and not 0 < max_attempts <= 100:
+        raise EndpointError("max attempts must be between 1 and 100")
+    changes = {
+        "url": validate_endpoint_url(url, https_only=https_only) if url is not None else None,
+        "description": description,
+        "event_types": patterns,
+        "timeout_seconds": timeout_seconds,
+        "max_attempts": max_attempts,
+    }
+    changed = {key: value for key, value in changes.items() if value is not None}
+    if not changed:
+        raise EndpointError("nothing to change: give --url, --events, --description, ...")
+    conn.execute(
+        queries.UPDATE_ENDPOINT,
+        {
+            "uid": uid,
+            **changes,
+            "set_timeout": timeout_seconds is not None,
+            "set_max_attempts": max_attempts is not None,
+            **scope_params(conn, scope),
+        },
+    )
+    record_audit(
+        conn,
+        actor=actor,
+        action="endpoint.update",
+        target_type="endpoint",
+        target_id=uid,
+        reason=reason,
+        details={
+            "changed": changed,
+            "before": {k: v for k, v in before.as_json().items() if k in changed},
+        },
+        request_id=request_id,
+    )
+    return get_endpoint(conn, uid, scope=scope)
+
+
+@dataclass(frozen=True, slots=True)
+class RotatedSecret:
+    endpoint: Endpoint
+    secret: str  # the new secret, shown once
+    previous_expires_at: dt.datetime
+
+
+def rotate_secret(
+    conn: Connection,
+    box: SecretBox,
+    uid: str,
+    *,
+    actor: str,
+    now: dt.datetime,
+    grace: dt.timedelta,
+    secret: str | None = None,
+    reason: str | None = None,
+    request_id: str | None = None,
+    signature: str | None = None,
+    scope: str | None = None,
+) -> RotatedSecret:
+    """Install a new signing secret; the old one keeps signing too until `now + grace`.
+
+    The new secret keeps the endpoint's scheme unless `signature` names the other one
+    ('hmac' or 'ed25519'); during the grace both signatures go out, whatever schemes."""
+    if grace < dt.timedelta(0):
+        raise EndpointError("the grace period cannot be negative")
+    if signature is None and secret is None:
+        signature = get_endpoint(conn, uid, scope=scope).signature_scheme  # keep its scheme
+    new_secret = check_signing_secret(secret, signature)
+    expires = now + grace
+    updated = conn.execute(
+        queries.ROTATE_ENDPOINT_SECRET,
+        {
+            "uid": uid,
+            "expires_at": expires,
+            **secret_columns(box, uid, new_secret),
+            **scope_params(conn, scope),
+        },
+    ).first()
+    if updated is None:
+        raise endpoint_not_found(uid)
+    record_audit(
+        conn,
+        actor=actor,
+        action="endpoint.rotate_secret",
+        target_type="endpoint",
+        target_id=uid,
+        reason=reason,
+        details={
+            "previous_expires_at": expires.isoformat(),
+            "signature_scheme": signature_scheme(new_secret),
+        },
+        request_id=request_id,
+    )
+    return RotatedSecret(get_endpoint(conn, uid, scope=scope), new_secret, expires)
+
+
+def delete_endpoint(
+    conn: Connection,
+    uid: str,
+    *,
+    actor: str,
+    reason: str | None,
+    force: bool = False,
+    request_id: str | None = None,
+    scope: str | None = None,
+) -> dict[str, int]:
+    """Delete an endpoint and its delivery history; refused while deliveries are pending.
+
+    Pending deliveries would be lost silently, so they must be discarded first (or
+    `force` given). Disabling is the reversible alternative.
+    """
+    why = require_reason(reason, "deleting an endpoint")
+    endpoint = get_endpoint(conn, uid, scope=scope)
+    counts = conn.execute(
+        queries.COUNT_ENDPOINT_DELIVERIES, {"uid": uid, **scope_params(conn, scope)}
+    ).one()
+    if counts.pending and not force:
+        raise EndpointError(
+            f"endpoint {uid} has {counts.pending} pending deliveries: discard them, or disable "
+            "the endpoint instead, or pass --force to delete them too"
+        )
+    row = conn.execute(
+        queries.DELETE_ENDPOINT,
+        {"uid": uid, "buckets": list(LATENCY_BUCKETS), **scope_params(conn, scope)},
+    ).one()
+    result = {"deliveries": int(counts.total), "attempts": int(row.attempts)}
+    record_audit(
+        conn,
+        actor=actor,
+        action="endpoint.delete",
+        target_type="endpoint",
+        target_id=uid,
+        reason=why,
+        details={**result, "pending": int(counts.pending), "forced": force},
+        request_id=request_id,
+        tenant=endpoint.tenant,  # the row is gone: name its tenant explicitly
+    )
+    return result

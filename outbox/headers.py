@@ -13,11 +13,11 @@ from collections.abc import Mapping
 
 from sqlalchemy import Connection
 
-from outbox import queries
 from outbox.audit import record_audit
 from outbox.crypto import SecretBox
 from outbox.endpoints import get_endpoint, headers_context
 from outbox.errors import EndpointError
+from outbox.sql import endpoints as queries
 
 # Names a custom header may not use, compared case-insensitively.
 RESERVED_HEADERS = frozenset(

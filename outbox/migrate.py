@@ -30,8 +30,8 @@ from alembic.script import Script, ScriptDirectory
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from outbox import queries
 from outbox.errors import ConfigurationError, OutboxError
+from outbox.sql import migrations as queries
 
 VERSION_TABLE = "outbox_alembic_version"
 DISTRIBUTION = "webhook-outbox"

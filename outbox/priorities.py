@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from sqlalchemy import Connection
 
-from outbox import queries
 from outbox.audit import record_audit
 from outbox.errors import PublishError
 from outbox.publish import _EVENT_TYPE, _PRIORITY_RANGE
+from outbox.sql import events as queries
 
 
 def set_event_type_priority(

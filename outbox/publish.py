@@ -28,11 +28,8 @@ from outbox import tracing
 from outbox.catalogue import CACHE, OPERATIONAL_EVENT_TYPES, Entry, Mode, mode_from_environment
 from outbox.errors import ConfigurationError, PublishError
 from outbox.ids import new_message_id
-from outbox.queries import (
-    FIND_EVENT_BY_IDEMPOTENCY_KEY,
-    INSERT_EVENT,
-    SELECT_EVENT_TYPE_FOR_PUBLISH,
-)
+from outbox.sql.catalogue import SELECT_EVENT_TYPE_FOR_PUBLISH
+from outbox.sql.events import FIND_EVENT_BY_IDEMPOTENCY_KEY, INSERT_EVENT
 from outbox.tenants import DEFAULT_TENANT, validate_tenant_uid
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024

@@ -11,12 +11,12 @@ from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from outbox import queries
 from outbox.catalogue import Mode, validate_pending
 from outbox.clock import Clock
 from outbox.notify import wait_for_any
 from outbox.outage import OUTAGE
 from outbox.schema_rules import DEFAULT_VALIDATION_BUDGET
+from outbox.sql import relay as queries
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class RelayConfig:
     # Pattern -> max attempts (OUTBOX_EVENT_TYPE_RETRY); an endpoint's own value wins.
     max_attempts_by_event_type: Mapping[str, int] = field(default_factory=dict)
     # After a pass that found work and one that found none, look once more this soon:
-    # publish() only wakes an idle relay (see queries.INSERT_EVENT), so this catches
+    # publish() only wakes an idle relay (see outbox.sql.events.INSERT_EVENT), so this catches
     # an event whose transaction committed while the relay was finishing its backlog.
     linger: float = 0.05
     # After a partial batch, wait this long before the next pass so the next one is

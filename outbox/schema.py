@@ -411,6 +411,12 @@ pruned_totals = Table(
     Column("value", Float, nullable=False, server_default=text("0")),
 )
 
+# Bucket bounds (seconds) of the attempt latency histogram. Pruned attempts are tallied
+# into pruned_totals under these bounds ('attempt_seconds_le:<bound>'), so /metrics and
+# every tally (retention, endpoint and tenant deletion) must use the same ones: changed,
+# the exported histogram would go backwards.
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
 
 BREAKER_STATES = ("closed", "open", "half_open")
 DEAD_HEAD_MODES = ("block", "skip")

@@ -17,9 +17,9 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from outbox import queries
 from outbox.schema import ATTEMPT_OUTCOMES as OUTCOMES
 from outbox.schema import BREAKER_STATES, DELIVERY_STATES
+from outbox.sql import stats as queries
 from outbox.tenants import scope_params
 
 TOP_ERRORS = 5

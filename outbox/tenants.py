@@ -24,10 +24,10 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from outbox import queries
 from outbox.audit import record_audit
 from outbox.errors import TenantError, TenantNotFoundError
-from outbox.schema import DEFAULT_TENANT, DELIVERY_STATES
+from outbox.schema import DEFAULT_TENANT, DELIVERY_STATES, LATENCY_BUCKETS
+from outbox.sql import tenants as queries
 
 MAX_TENANT_ID = 255
 MAX_TENANT_PAGE = 1000
@@ -442,8 +442,6 @@ def delete_tenant(
             f"pending on all-tenants endpoints and {detail.unrelayed_events} unrelayed events: "
             "disable it instead, or pass --force to delete them too"
         )
-    from outbox.operations import LATENCY_BUCKETS  # operations imports this module
-
     tally = conn.execute(
         queries.DELETE_TENANT_ATTEMPTS_TALLIED,
         {"id": detail.tenant.id, "buckets": list(LATENCY_BUCKETS)},

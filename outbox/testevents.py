@@ -16,12 +16,12 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from outbox import queries
 from outbox.audit import record_audit
 from outbox.catalogue import get_event_type
 from outbox.endpoints import get_endpoint
 from outbox.errors import CatalogueError, EndpointError
 from outbox.ids import new_message_id
+from outbox.sql import deliveries as queries
 
 PING_EVENT_TYPE = "webhook.test"
 

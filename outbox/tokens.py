@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection
 
-from outbox import queries
 from outbox.audit import record_audit
 from outbox.errors import NotFoundError, OperationError, OutboxError
+from outbox.sql import tokens as queries
 from outbox.tenants import require_tenant
 
 Role = Literal["viewer", "operator"]

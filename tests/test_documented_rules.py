@@ -23,7 +23,7 @@ from delivery.worker import Worker, WorkerConfig
 from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
-from outbox.operations import rotate_secret
+from outbox.endpoints import rotate_secret
 from outbox.relay import Relay, RelayConfig
 from tests.helpers import LOOPBACK, add_endpoint, rows
 

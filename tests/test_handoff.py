@@ -30,7 +30,7 @@ from delivery.worker import Worker, WorkerConfig
 from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
-from outbox.operations import rotate_secret
+from outbox.endpoints import rotate_secret
 from outbox.relay import Capacity, Relay, RelayConfig
 from outbox.tenants import create_tenant, set_tenant_enabled, update_tenant
 from tests.helpers import LOOPBACK, add_endpoint, rows, scalar

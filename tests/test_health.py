@@ -28,8 +28,8 @@ from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.db import make_async_engine
+from outbox.deliveries import discard, replay
 from outbox.endpoints import set_enabled
-from outbox.operations import discard, replay
 from outbox.priorities import set_event_type_priority
 from outbox.relay import Relay, RelayConfig
 from tests.helpers import LOOPBACK, add_endpoint, rows, scalar

@@ -112,7 +112,7 @@ def test_upgrade_to_tenants_keeps_existing_rows_working_under_the_default_tenant
             # The old idempotency key still deduplicates for the default tenant.
             assert publish(conn, "order.created", {}, idempotency_key="k-1") == "msg_old"
             fresh = publish(conn, "order.paid", {"n": 1})
-        from outbox import queries
+        from outbox.sql import relay as queries
 
         with engine.begin() as conn:
             fanned = conn.execute(

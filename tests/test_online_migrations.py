@@ -24,8 +24,8 @@ from outbox.migrate import (
     offline_sql,
     upgrade,
 )
-from outbox.queries import MIGRATION_LOCK_KEY
 from outbox.schema import metadata
+from outbox.sql.migrations import MIGRATION_LOCK_KEY
 from tests.helpers import rows, scalar
 
 RANKED = {

@@ -19,12 +19,12 @@ from delivery.operator.cli import main
 from delivery.receiver import Receiver
 from delivery.worker import Worker, WorkerConfig
 from outbox import PublishError, publish
-from outbox.catalogue import OPERATIONAL_SCHEMAS
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox, generate_key
 from outbox.endpoints import secret_columns
 from outbox.relay import Relay, RelayConfig
 from outbox.tenants import create_tenant
+from outbox.webhook_contract import OPERATIONAL_SCHEMAS
 from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
 
 OPS = "endpoint.*,delivery.dead,tenant.disabled"

@@ -9,7 +9,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.receiver import Receiver
-from outbox import operations as ops
+from outbox import deliveries as delivery_ops
+from outbox import endpoints as endpoint_ops
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.errors import EndpointError, OperationError
@@ -31,26 +32,38 @@ async def test_search_finds_a_delivery_by_error_text_and_filters(
     await deliver(async_engine, box, clock)
 
     with engine.connect() as conn:
-        found = ops.search_deliveries(conn, ops.DeliveryFilter(error="not FOUND"))
+        found = delivery_ops.search_deliveries(conn, delivery_ops.DeliveryFilter(error="not FOUND"))
         assert {d.endpoint_uid for d in found} == {gone.endpoint.uid}
         assert len(found) == 2 and all(d.state == "dead" for d in found)
-        assert ops.search_deliveries(conn, ops.DeliveryFilter(error="no such text")) == []
-        assert len(ops.search_deliveries(conn, ops.DeliveryFilter(states=("succeeded",)))) == 3
-        by_type = ops.search_deliveries(
-            conn, ops.DeliveryFilter(endpoint=fine.endpoint.uid, event_type="invoice.paid")
+        assert (
+            delivery_ops.search_deliveries(conn, delivery_ops.DeliveryFilter(error="no such text"))
+            == []
+        )
+        assert (
+            len(
+                delivery_ops.search_deliveries(
+                    conn, delivery_ops.DeliveryFilter(states=("succeeded",))
+                )
+            )
+            == 3
+        )
+        by_type = delivery_ops.search_deliveries(
+            conn, delivery_ops.DeliveryFilter(endpoint=fine.endpoint.uid, event_type="invoice.paid")
         )
         assert [d.event_type for d in by_type] == ["invoice.paid"]
-        later = ops.search_deliveries(
-            conn, ops.DeliveryFilter(since=clock.now() + dt.timedelta(seconds=1))
+        later = delivery_ops.search_deliveries(
+            conn, delivery_ops.DeliveryFilter(since=clock.now() + dt.timedelta(seconds=1))
         )
         assert later == []
         # Keyset paging walks every row exactly once, newest first.
-        first = ops.search_deliveries(conn, ops.DeliveryFilter(limit=3))
-        second = ops.search_deliveries(conn, ops.DeliveryFilter(limit=3, before_id=first[-1].id))
+        first = delivery_ops.search_deliveries(conn, delivery_ops.DeliveryFilter(limit=3))
+        second = delivery_ops.search_deliveries(
+            conn, delivery_ops.DeliveryFilter(limit=3, before_id=first[-1].id)
+        )
         ids = [d.id for d in first + second]
         assert ids == sorted(ids, reverse=True) and len(set(ids)) == 5
         with pytest.raises(OperationError, match="unknown state"):
-            ops.DeliveryFilter(states=("lost",))
+            delivery_ops.DeliveryFilter(states=("lost",))
 
 
 async def test_replay_creates_a_new_delivery_and_leaves_the_old_one_unchanged(
@@ -71,7 +84,9 @@ async def test_replay_creates_a_new_delivery_and_leaves_the_old_one_unchanged(
     receiver.route("/flaky", status=200)
     clock.advance(60)
     with engine.begin() as conn:
-        result = ops.replay(conn, [dead_id], actor="alice", reason="partner fixed", now=clock.now())
+        result = delivery_ops.replay(
+            conn, [dead_id], actor="alice", reason="partner fixed", now=clock.now()
+        )
     [(old, new)] = result.replayed
     assert old == dead_id and new != dead_id
     await deliver(async_engine, box, clock)
@@ -87,7 +102,7 @@ async def test_replay_creates_a_new_delivery_and_leaves_the_old_one_unchanged(
     assert audit[0]["details"]["replay_id"] == new
 
     with engine.connect() as conn:
-        shown = ops.get_delivery(conn, dead_id).as_json()
+        shown = delivery_ops.get_delivery(conn, dead_id).as_json()
     assert shown["event"]["message_id"] == message_id
     assert [a["status_code"] for a in shown["attempt_history"]] == [400]
     assert shown["replays"] == [
@@ -114,15 +129,19 @@ async def test_replay_refusals_change_nothing(
     done = scalar(engine, "SELECT id FROM deliveries")
     with engine.begin() as conn:
         with pytest.raises(OperationError, match="--force"):
-            ops.replay(conn, [done], actor="a", reason="again", now=clock.now())
+            delivery_ops.replay(conn, [done], actor="a", reason="again", now=clock.now())
         with pytest.raises(OperationError, match="needs a reason"):
-            ops.replay(conn, [done], actor="a", reason=" ", now=clock.now(), force=True)
+            delivery_ops.replay(conn, [done], actor="a", reason=" ", now=clock.now(), force=True)
         with pytest.raises(OperationError, match="no delivery 999"):
-            ops.replay(conn, [done, 999], actor="a", reason="x", now=clock.now(), force=True)
+            delivery_ops.replay(
+                conn, [done, 999], actor="a", reason="x", now=clock.now(), force=True
+            )
     assert scalar(engine, "SELECT count(*) FROM deliveries") == 1
     assert scalar(engine, "SELECT count(*) FROM audit_log") == 0
     with engine.begin() as conn:
-        forced = ops.replay(conn, [done], actor="a", reason="x", now=clock.now(), force=True)
+        forced = delivery_ops.replay(
+            conn, [done], actor="a", reason="x", now=clock.now(), force=True
+        )
     assert len(forced.replayed) == 1
     assert scalar(engine, "SELECT count(*) FROM audit_log WHERE action = 'delivery.replay'") == 1
 
@@ -140,18 +159,18 @@ async def test_bulk_dry_run_changes_nothing_and_the_real_run_is_rate_capped(
     await deliver(async_engine, box, clock)
     tables = "SELECT (SELECT count(*) FROM deliveries), (SELECT count(*) FROM audit_log)"
     counts_before = rows(engine, tables)
-    flt = ops.DeliveryFilter(endpoint=failing.endpoint.uid, error="404")
+    flt = delivery_ops.DeliveryFilter(endpoint=failing.endpoint.uid, error="404")
 
     with engine.begin() as conn:
-        dry = ops.bulk_replay(
+        dry = delivery_ops.bulk_replay(
             conn, flt, actor="bob", reason="outage over", now=clock.now(), dry_run=True
         )
     assert (dry.dry_run, dry.matched, dry.replayed) == (True, 6, [])
-    assert len(dry.sample) == ops.SAMPLE_SIZE
+    assert len(dry.sample) == delivery_ops.SAMPLE_SIZE
     assert rows(engine, tables) == counts_before
 
     with engine.begin() as conn:
-        real = ops.bulk_replay(
+        real = delivery_ops.bulk_replay(
             conn, flt, actor="bob", reason="outage over", now=clock.now(),
             max_count=4, rate_per_minute=60,
         )  # fmt: skip
@@ -164,13 +183,17 @@ async def test_bulk_dry_run_changes_nothing_and_the_real_run_is_rate_capped(
     assert sorted(due) == [clock.now() + dt.timedelta(seconds=s) for s in range(4)]
     # A second run only takes what was not replayed yet.
     with engine.begin() as conn:
-        rest = ops.bulk_replay(conn, flt, actor="bob", reason="the rest", now=clock.now())
+        rest = delivery_ops.bulk_replay(conn, flt, actor="bob", reason="the rest", now=clock.now())
     assert (rest.matched, len(rest.replayed)) == (2, 2)
     assert {old for old, _ in real.replayed}.isdisjoint(old for old, _ in rest.replayed)
     assert scalar(engine, "SELECT count(*) FROM audit_log WHERE action = 'delivery.replay'") == 6
     with engine.begin() as conn, pytest.raises(OperationError, match="--force"):
-        ops.bulk_replay(
-            conn, ops.DeliveryFilter(states=("succeeded",)), actor="b", reason="r", now=clock.now()
+        delivery_ops.bulk_replay(
+            conn,
+            delivery_ops.DeliveryFilter(states=("succeeded",)),
+            actor="b",
+            reason="r",
+            now=clock.now(),
         )
 
 
@@ -188,14 +211,14 @@ async def test_discard_is_audited_and_refuses_finished_deliveries(
     retrying = scalar(engine, "SELECT id FROM deliveries WHERE state = 'scheduled'")
     done = scalar(engine, "SELECT id FROM deliveries WHERE state = 'succeeded'")
     with engine.begin() as conn, pytest.raises(OperationError, match="succeeded"):
-        ops.discard(conn, [retrying, done], actor="c", reason="stale", now=clock.now())
+        delivery_ops.discard(conn, [retrying, done], actor="c", reason="stale", now=clock.now())
     assert scalar(engine, "SELECT state FROM deliveries WHERE id = :id", id=retrying) == (
         "scheduled"
     )
     with engine.begin() as conn:
-        assert ops.discard(conn, [retrying], actor="c", reason="stale", now=clock.now()) == [
-            retrying
-        ]
+        assert delivery_ops.discard(
+            conn, [retrying], actor="c", reason="stale", now=clock.now()
+        ) == [retrying]
     row = rows(engine, "SELECT * FROM deliveries WHERE id = :id", id=retrying)[0]
     assert (row["state"], row["final_reason"]) == ("discarded", "stale")
     audit = rows(engine, "SELECT * FROM audit_log")
@@ -214,14 +237,14 @@ async def test_endpoint_update_rotate_and_delete_are_audited(
     created = add_endpoint(engine, box, receiver.route("/a"), "order.*")
     uid = created.endpoint.uid
     with engine.begin() as conn:
-        updated = ops.update_endpoint(
+        updated = endpoint_ops.update_endpoint(
             conn, uid, actor="d", url=receiver.route("/b"), event_types="order.*,invoice.*"
         )
         assert updated.event_types == ["order.*", "invoice.*"]
         with pytest.raises(EndpointError, match="http"):
-            ops.update_endpoint(conn, uid, actor="d", url="ftp://x")
+            endpoint_ops.update_endpoint(conn, uid, actor="d", url="ftp://x")
     with engine.begin() as conn:
-        rotated = ops.rotate_secret(
+        rotated = endpoint_ops.rotate_secret(
             conn, box, uid, actor="d", now=clock.now(), grace=dt.timedelta(hours=1)
         )
     assert rotated.secret != created.secret
@@ -231,7 +254,7 @@ async def test_endpoint_update_rotate_and_delete_are_audited(
     # Both secrets sign during the grace period.
     assert len(request.headers["webhook-signature"].split(" ")) == 2
     with engine.begin() as conn:
-        result = ops.delete_endpoint(conn, uid, actor="d", reason="partner left")
+        result = endpoint_ops.delete_endpoint(conn, uid, actor="d", reason="partner left")
     assert result == {"deliveries": 1, "attempts": 1}
     assert scalar(engine, "SELECT count(*) FROM endpoints") == 0
     actions = [r["action"] for r in rows(engine, "SELECT action FROM audit_log ORDER BY id")]
@@ -273,7 +296,7 @@ async def test_a_state_change_between_discard_check_and_write_is_refused_by_the_
             "SELECT id, 'dead' AS state FROM deliveries WHERE id = ANY(CAST(:ids AS bigint[]))"
             " AND (CAST(:scope_id AS bigint) IS NULL OR tenant_id = :scope_id)"
         )
-        monkeypatch.setattr(ops.queries, "LOCK_DELIVERIES_FOR_REPLAY", stale)
+        monkeypatch.setattr(delivery_ops.queries, "LOCK_DELIVERIES_FOR_REPLAY", stale)
         with (
             engine.begin() as conn,
             pytest.raises(
@@ -281,9 +304,9 @@ async def test_a_state_change_between_discard_check_and_write_is_refused_by_the_
                 match=r"^deliveries changed while replaying; nothing was replayed, try again$",
             ),
         ):
-            ops.replay(conn, [target], actor="a", reason="x", now=clock.now())
+            delivery_ops.replay(conn, [target], actor="a", reason="x", now=clock.now())
     if now_state != "scheduled":  # a scheduled delivery may be discarded
-        monkeypatch.setattr(ops, "_states", lambda conn, ids, scope: {target: "scheduled"})
+        monkeypatch.setattr(delivery_ops, "_states", lambda conn, ids, scope: {target: "scheduled"})
         with (
             engine.begin() as conn,
             pytest.raises(
@@ -291,7 +314,7 @@ async def test_a_state_change_between_discard_check_and_write_is_refused_by_the_
                 match=r"^deliveries changed while discarding; nothing was discarded, try again$",
             ),
         ):
-            ops.discard(conn, [target], actor="c", reason="stale", now=clock.now())
+            delivery_ops.discard(conn, [target], actor="c", reason="stale", now=clock.now())
     assert snapshot(engine, target) == before
     assert scalar(engine, "SELECT count(*) FROM deliveries") == 1
     assert scalar(engine, "SELECT count(*) FROM audit_log") == 0

@@ -13,7 +13,8 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox import operations as ops
+from outbox import audit as audit_ops
+from outbox import endpoints as endpoint_ops
 from outbox.audit import record_audit, record_audit_many
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox, generate_secret
@@ -34,7 +35,7 @@ def _stored_secret(engine: Engine, box: SecretBox, uid: str, column: str) -> str
 def test_add_endpoint_passes_every_setting_on_and_audits_it(engine: Engine, box: SecretBox) -> None:
     with engine.begin() as conn:
         create_tenant(conn, "acme")
-        plain = ops.add_endpoint(
+        plain = endpoint_ops.add_endpoint(
             conn,
             box,
             actor="ann",
@@ -43,7 +44,7 @@ def test_add_endpoint_passes_every_setting_on_and_audits_it(engine: Engine, box:
             request_id="req-1",
         )
         secret = generate_secret()
-        given = ops.add_endpoint(
+        given = endpoint_ops.add_endpoint(
             conn,
             box,
             actor="ann",
@@ -53,7 +54,7 @@ def test_add_endpoint_passes_every_setting_on_and_audits_it(engine: Engine, box:
             description="billing",
             tenant="acme",
         )
-        everyone = ops.add_endpoint(
+        everyone = endpoint_ops.add_endpoint(
             conn,
             box,
             actor="ann",
@@ -66,7 +67,7 @@ def test_add_endpoint_passes_every_setting_on_and_audits_it(engine: Engine, box:
             EndpointError,
             "the endpoint URL must start with https:// (this deployment only sends over https)",
         ):
-            ops.add_endpoint(
+            endpoint_ops.add_endpoint(
                 conn, box, actor="ann", url="http://x.example/", event_types="*", https_only=True
             )
     first = plain.endpoint
@@ -114,17 +115,19 @@ def test_update_endpoint_bounds_messages_and_audit(engine: Engine, box: SecretBo
     with engine.begin() as conn:
         for timeout in (0, -1):
             with refused(EndpointError, "the timeout must be a positive number of seconds"):
-                ops.update_endpoint(conn, uid, actor="d", timeout_seconds=timeout)
+                endpoint_ops.update_endpoint(conn, uid, actor="d", timeout_seconds=timeout)
         for attempts in (0, 101):
             with refused(EndpointError, "max attempts must be between 1 and 100"):
-                ops.update_endpoint(conn, uid, actor="d", max_attempts=attempts)
+                endpoint_ops.update_endpoint(conn, uid, actor="d", max_attempts=attempts)
         with refused(EndpointError, "nothing to change: give --url, --events, --description, ..."):
-            ops.update_endpoint(conn, uid, actor="d")
+            endpoint_ops.update_endpoint(conn, uid, actor="d")
         with refused(
             EndpointError,
             "the endpoint URL must start with https:// (this deployment only sends over https)",
         ):
-            ops.update_endpoint(conn, uid, actor="d", url="http://x.example/", https_only=True)
+            endpoint_ops.update_endpoint(
+                conn, uid, actor="d", url="http://x.example/", https_only=True
+            )
     assert scalar(engine, "SELECT count(*) FROM audit_log") == 0
 
     def settings() -> tuple[Any, ...]:
@@ -138,7 +141,7 @@ def test_update_endpoint_bounds_messages_and_audit(engine: Engine, box: SecretBo
 
     def update(**kwargs: Any) -> Any:
         with engine.begin() as conn:
-            return ops.update_endpoint(conn, uid, **kwargs)
+            return endpoint_ops.update_endpoint(conn, uid, **kwargs)
 
     update(actor="d", timeout_seconds=0.5, max_attempts=1)
     assert settings() == (URL, "old", ["order.*"], 0.5, 1)
@@ -181,12 +184,14 @@ def test_rotate_secret_keeps_the_scheme_and_audits_the_grace(
     now = clock.now()
     with engine.begin() as conn:
         with refused(EndpointError, "the grace period cannot be negative"):
-            ops.rotate_secret(conn, box, hmac, actor="r", now=now, grace=dt.timedelta(seconds=-1))
+            endpoint_ops.rotate_secret(
+                conn, box, hmac, actor="r", now=now, grace=dt.timedelta(seconds=-1)
+            )
         with refused(
             EndpointError,
             "a signing secret is 'whsec_' followed by base64, e.g. from `outbox endpoints add`",
         ):
-            ops.rotate_secret(
+            endpoint_ops.rotate_secret(
                 conn, box, hmac, actor="r", now=now, grace=dt.timedelta(0), secret="whsec_!!!"
             )
         for secret in (None, generate_secret()):
@@ -194,7 +199,7 @@ def test_rotate_secret_keeps_the_scheme_and_audits_the_grace(
                 EndpointNotFoundError,
                 "no endpoint 'ep_nope'; `outbox endpoints list` shows the ids",
             ):
-                ops.rotate_secret(
+                endpoint_ops.rotate_secret(
                     conn, box, "ep_nope", actor="r", now=now, grace=dt.timedelta(0), secret=secret
                 )
     assert scalar(engine, "SELECT count(*) FROM audit_log") == 0
@@ -203,7 +208,7 @@ def test_rotate_secret_keeps_the_scheme_and_audits_the_grace(
     given = generate_secret()
     with engine.begin() as conn:
         # A zero grace is allowed: the old secret stops signing at once.
-        now_only = ops.rotate_secret(
+        now_only = endpoint_ops.rotate_secret(
             conn, box, hmac, actor="rita", now=now, grace=dt.timedelta(0), secret=given,
             reason="leaked", request_id="req-3",
         )  # fmt: skip
@@ -218,8 +223,8 @@ def test_rotate_secret_keeps_the_scheme_and_audits_the_grace(
 
     hour = dt.timedelta(hours=1)
     with engine.begin() as conn:
-        kept = ops.rotate_secret(conn, box, edwards, actor="rita", now=now, grace=hour)
-        switched = ops.rotate_secret(
+        kept = endpoint_ops.rotate_secret(conn, box, edwards, actor="rita", now=now, grace=hour)
+        switched = endpoint_ops.rotate_secret(
             conn, box, edwards, actor="rita", now=now, grace=hour, signature="hmac"
         )
     assert kept.secret.startswith("whsk_") and kept.endpoint.signature_scheme == "ed25519"
@@ -270,20 +275,22 @@ async def test_delete_endpoint_refuses_pending_work_unless_forced_and_audits_the
             OperationError,
             "deleting an endpoint needs a reason (--reason TEXT): it goes in the audit log",
         ):
-            ops.delete_endpoint(conn, uid, actor="d", reason=None, force=True)
+            endpoint_ops.delete_endpoint(conn, uid, actor="d", reason=None, force=True)
         with refused(
             EndpointError,
             f"endpoint {uid} has 2 pending deliveries: discard them, or disable the endpoint"
             " instead, or pass --force to delete them too",
         ):
-            ops.delete_endpoint(conn, uid, actor="d", reason="gone")
+            endpoint_ops.delete_endpoint(conn, uid, actor="d", reason="gone")
         with refused(
             EndpointNotFoundError, f"no endpoint {uid!r}; `outbox endpoints list` shows the ids"
         ):
-            ops.delete_endpoint(conn, uid, actor="d", reason="gone", force=True, scope="default")
+            endpoint_ops.delete_endpoint(
+                conn, uid, actor="d", reason="gone", force=True, scope="default"
+            )
     assert scalar(engine, "SELECT count(*) FROM deliveries") == 4
     with engine.begin() as conn:
-        result = ops.delete_endpoint(
+        result = endpoint_ops.delete_endpoint(
             conn, uid, actor="dan", reason=" partner left ", force=True, request_id="req-4",
             scope="acme",
         )  # fmt: skip
@@ -315,23 +322,25 @@ def test_endpoint_actions_cannot_reach_another_tenants_endpoint(
     before = rows(engine, "SELECT * FROM endpoints")
     with engine.begin() as conn:
         with refused(EndpointNotFoundError, missing):
-            ops.update_endpoint(conn, uid, actor="g", description="x", scope="globex")
+            endpoint_ops.update_endpoint(conn, uid, actor="g", description="x", scope="globex")
         for secret in (None, generate_secret()):
             with refused(EndpointNotFoundError, missing):
-                ops.rotate_secret(
+                endpoint_ops.rotate_secret(
                     conn, box, uid, actor="g", now=clock.now(), grace=hour, secret=secret,
                     scope="globex",
                 )  # fmt: skip
         with refused(EndpointNotFoundError, missing):
-            ops.delete_endpoint(conn, uid, actor="g", reason="x", scope="globex")
+            endpoint_ops.delete_endpoint(conn, uid, actor="g", reason="x", scope="globex")
     assert rows(engine, "SELECT * FROM endpoints") == before
     assert scalar(engine, "SELECT count(*) FROM audit_log") == 0
     with engine.begin() as conn:
         assert (
-            ops.update_endpoint(conn, uid, actor="a", description="x", scope="acme").description
+            endpoint_ops.update_endpoint(
+                conn, uid, actor="a", description="x", scope="acme"
+            ).description
             == "x"
         )
-        rotated = ops.rotate_secret(
+        rotated = endpoint_ops.rotate_secret(
             conn, box, uid, actor="a", now=clock.now(), grace=hour, scope="acme"
         )
     assert _stored_secret(engine, box, uid, "signing_secret") == rotated.secret
@@ -366,14 +375,14 @@ def test_list_audit_filters_pages_and_shows_each_field(engine: Engine, clock: Ma
 
     def listed(**kwargs: Any) -> list[int]:
         with engine.connect() as conn:
-            return [entry.id for entry in ops.list_audit(conn, **kwargs)]
+            return [entry.id for entry in audit_ops.list_audit(conn, **kwargs)]
 
     assert listed() == ids[:50]  # newest first, 50 by default
     assert listed(limit=1) == ids[:1]
-    assert listed(limit=ops.MAX_PAGE) == ids
-    for wrong in (0, ops.MAX_PAGE + 1):
+    assert listed(limit=audit_ops.MAX_AUDIT_PAGE) == ids
+    for wrong in (0, audit_ops.MAX_AUDIT_PAGE + 1):
         with engine.connect() as conn, refused(OperationError, "limit must be between 1 and 1000"):
-            ops.list_audit(conn, limit=wrong)
+            audit_ops.list_audit(conn, limit=wrong)
     assert listed(actor="ann") == [update_id, replay_id]
     assert listed(action="delivery", limit=3) == [replay_id, ids[3], ids[4]]  # not 'deliveryish'
     assert listed(action="deliveryish") == [odd_id]
@@ -382,7 +391,7 @@ def test_list_audit_filters_pages_and_shows_each_field(engine: Engine, clock: Ma
     assert listed(before_id=odd_id, limit=2) == [replay_id, ids[3]]
     assert listed(scope="acme") == [replay_id]
     with engine.connect() as conn:
-        [entry] = ops.list_audit(conn, action="delivery.replay")
+        [entry] = audit_ops.list_audit(conn, action="delivery.replay")
     assert entry.as_json() == {
         "id": replay_id,
         "at": clock.now().isoformat(),

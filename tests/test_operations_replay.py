@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox import operations as ops
+from outbox import deliveries as delivery_ops
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.errors import NotFoundError, OperationError
@@ -47,28 +47,30 @@ async def test_replay_refusals_name_each_delivery_and_the_way_out(
         with refused(
             OperationError, "a replay needs a reason (--reason TEXT): it goes in the audit log"
         ):
-            ops.replay(conn, [dead], actor="a", reason=None, now=now)
+            delivery_ops.replay(conn, [dead], actor="a", reason=None, now=now)
         with refused(OperationError, "give at least one delivery id to replay"):
-            ops.replay(conn, [], actor="a", reason="r", now=now)
+            delivery_ops.replay(conn, [], actor="a", reason="r", now=now)
         with refused(NotFoundError, "no delivery 998, 999; nothing was replayed"):
-            ops.replay(conn, [dead, 998, 999], actor="a", reason="r", now=now)
+            delivery_ops.replay(conn, [dead, 998, 999], actor="a", reason="r", now=now)
         # Still being delivered: no hint about --force, which would not help.
         with refused(
             OperationError,
             f"cannot replay: {waiting} is scheduled, {flying} is in_flight; nothing was replayed",
         ):
-            ops.replay(conn, [dead, waiting, flying], actor="a", reason="r", now=now, force=True)
+            delivery_ops.replay(
+                conn, [dead, waiting, flying], actor="a", reason="r", now=now, force=True
+            )
         with refused(
             OperationError,
             f"cannot replay: {done} is succeeded (replaying a succeeded delivery sends it"
             " again: add --force if that is meant); nothing was replayed",
         ):
-            ops.replay(conn, [dead, done], actor="a", reason="r", now=now)
+            delivery_ops.replay(conn, [dead, done], actor="a", reason="r", now=now)
     assert scalar(engine, "SELECT count(*) FROM deliveries") == 4
     assert scalar(engine, "SELECT count(*) FROM audit_log") == 0
 
     with engine.begin() as conn:
-        [(_, first)] = ops.replay(conn, [dead], actor="a", reason="r", now=now).replayed
+        [(_, first)] = delivery_ops.replay(conn, [dead], actor="a", reason="r", now=now).replayed
     with engine.begin() as conn:
         with refused(
             OperationError,
@@ -76,7 +78,7 @@ async def test_replay_refusals_name_each_delivery_and_the_way_out(
             " finish (`outbox deliveries show ID`) or discard that replay first; nothing was"
             " replayed",
         ):
-            ops.replay(conn, [dead], actor="a", reason="r", now=now, again=True)
+            delivery_ops.replay(conn, [dead], actor="a", reason="r", now=now, again=True)
         set_state(conn, first, "in_flight")
     with engine.begin() as conn:
         with refused(
@@ -85,7 +87,7 @@ async def test_replay_refusals_name_each_delivery_and_the_way_out(
             " finish (`outbox deliveries show ID`) or discard that replay first; nothing was"
             " replayed",
         ):
-            ops.replay(conn, [dead], actor="a", reason="r", now=now, again=True)
+            delivery_ops.replay(conn, [dead], actor="a", reason="r", now=now, again=True)
         set_state(conn, first, "dead")
     with engine.begin() as conn:
         with refused(
@@ -93,8 +95,8 @@ async def test_replay_refusals_name_each_delivery_and_the_way_out(
             f"already replayed: {dead} as {first} (dead); replaying again sends the message"
             ' again: add --again (API: "again": true) if that is meant; nothing was replayed',
         ):
-            ops.replay(conn, [dead], actor="a", reason="r", now=now)
-        [(_, second)] = ops.replay(
+            delivery_ops.replay(conn, [dead], actor="a", reason="r", now=now)
+        [(_, second)] = delivery_ops.replay(
             conn, [dead], actor="a", reason="r", now=now, again=True
         ).replayed
     details = [a["details"] for a in audit_rows(engine, "delivery.replay")]
@@ -113,7 +115,7 @@ async def test_replay_writes_one_full_audit_row_each_and_paces_the_new_deliverie
     )
     now = clock.now()
     with engine.begin() as conn:
-        result = ops.replay(
+        result = delivery_ops.replay(
             conn,
             [c, a, c, b],  # a repeated id counts once; the order given is kept
             actor="alice",
@@ -150,7 +152,9 @@ async def test_replay_writes_one_full_audit_row_each_and_paces_the_new_deliverie
     ]
 
     with engine.begin() as conn:
-        forced = ops.replay(conn, [done], actor="bob", reason="resend", now=now, force=True)
+        forced = delivery_ops.replay(
+            conn, [done], actor="bob", reason="resend", now=now, force=True
+        )
     assert (forced.first_due, forced.last_due) == (now, now)
     assert audit_rows(engine, "delivery.replay")[-1]["details"] == {
         "replay_id": forced.replayed[0][1],
@@ -165,24 +169,26 @@ async def test_bulk_replay_refusals_and_limits_are_exact(
     await deliveries_in(engine, async_engine, clock, uid, ["dead", "dead"])
     now = clock.now()
 
-    def bulk(flt: ops.DeliveryFilter, **kwargs: Any) -> ops.ReplayResult:
+    def bulk(flt: delivery_ops.DeliveryFilter, **kwargs: Any) -> delivery_ops.ReplayResult:
         with engine.begin() as conn:
-            return ops.bulk_replay(conn, flt, actor="a", now=now, **{"reason": "r", **kwargs})
+            return delivery_ops.bulk_replay(
+                conn, flt, actor="a", now=now, **{"reason": "r", **kwargs}
+            )
 
-    dead = ops.DeliveryFilter()
+    dead = delivery_ops.DeliveryFilter()
     with refused(
         OperationError, "a replay needs a reason (--reason TEXT): it goes in the audit log"
     ):
         bulk(dead, reason="")
     with refused(OperationError, "cannot bulk-replay in_flight, scheduled deliveries"):
-        bulk(ops.DeliveryFilter(states=("scheduled", "dead", "in_flight")), force=True)
+        bulk(delivery_ops.DeliveryFilter(states=("scheduled", "dead", "in_flight")), force=True)
     with refused(
         OperationError,
         "cannot bulk-replay succeeded deliveries: add --force to replay succeeded ones",
     ):
-        bulk(ops.DeliveryFilter(states=("succeeded", "dead")))
+        bulk(delivery_ops.DeliveryFilter(states=("succeeded", "dead")))
     with refused(OperationError, "cannot bulk-replay scheduled, succeeded deliveries"):
-        bulk(ops.DeliveryFilter(states=("succeeded", "scheduled")))
+        bulk(delivery_ops.DeliveryFilter(states=("succeeded", "scheduled")))
     for wrong in (0, 100_001):
         with refused(OperationError, "the bulk replay limit must be between 1 and 100000"):
             bulk(dead, max_count=wrong, dry_run=True)
@@ -197,7 +203,7 @@ async def test_bulk_replay_refusals_and_limits_are_exact(
     paced = bulk(dead, dry_run=True, rate_per_minute=60)
     assert (paced.first_due, paced.last_due) == (now, now + dt.timedelta(seconds=1))
     assert paced.as_json()["first_due"] == now.isoformat()
-    nothing = bulk(ops.DeliveryFilter(event_type="nothing.matches"), dry_run=True)
+    nothing = bulk(delivery_ops.DeliveryFilter(event_type="nothing.matches"), dry_run=True)
     assert (nothing.matched, nothing.first_due, nothing.last_due) == (0, None, None)
 
 
@@ -206,9 +212,9 @@ async def test_bulk_replay_of_succeeded_deliveries_with_force_is_audited_as_bulk
 ) -> None:
     uid = add_endpoint(engine, box, URL).endpoint.uid
     done = await deliveries_in(engine, async_engine, clock, uid, ["succeeded", "succeeded"])
-    flt = ops.DeliveryFilter(states=("succeeded",), endpoint=uid)
+    flt = delivery_ops.DeliveryFilter(states=("succeeded",), endpoint=uid)
     with engine.begin() as conn:
-        result = ops.bulk_replay(
+        result = delivery_ops.bulk_replay(
             conn, flt, actor="ops", reason="resend", now=clock.now(), force=True,
             request_id="req-9",
         )  # fmt: skip
@@ -257,26 +263,27 @@ async def test_bulk_replay_applies_every_filter(
         id=plain,
     )
     yesterday = now - dt.timedelta(days=1)
-    cases: list[tuple[ops.DeliveryFilter, list[int]]] = [
-        (ops.DeliveryFilter(), [old, plain, typed, theirs]),
-        (ops.DeliveryFilter(endpoint=one), [old, plain]),
-        (ops.DeliveryFilter(event_type="invoice.paid"), [typed]),
-        (ops.DeliveryFilter(error="gone"), [typed]),
-        (ops.DeliveryFilter(message_id=message), [plain]),
-        (ops.DeliveryFilter(since=yesterday), [plain, typed, theirs]),
-        (ops.DeliveryFilter(until=yesterday), [old]),
-        (ops.DeliveryFilter(tenant="acme"), [theirs]),
+    cases: list[tuple[delivery_ops.DeliveryFilter, list[int]]] = [
+        (delivery_ops.DeliveryFilter(), [old, plain, typed, theirs]),
+        (delivery_ops.DeliveryFilter(endpoint=one), [old, plain]),
+        (delivery_ops.DeliveryFilter(event_type="invoice.paid"), [typed]),
+        (delivery_ops.DeliveryFilter(error="gone"), [typed]),
+        (delivery_ops.DeliveryFilter(message_id=message), [plain]),
+        (delivery_ops.DeliveryFilter(since=yesterday), [plain, typed, theirs]),
+        (delivery_ops.DeliveryFilter(until=yesterday), [old]),
+        (delivery_ops.DeliveryFilter(tenant="acme"), [theirs]),
     ]
     for flt, expected in cases:
         with engine.begin() as conn:
-            dry = ops.bulk_replay(conn, flt, actor="a", reason="r", now=now, dry_run=True)
+            dry = delivery_ops.bulk_replay(conn, flt, actor="a", reason="r", now=now, dry_run=True)
         assert (dry.matched, [s.id for s in dry.sample]) == (
             len(expected),
             sorted(expected, reverse=True),
         ), flt
     with engine.begin() as conn:
-        real = ops.bulk_replay(conn, ops.DeliveryFilter(since=yesterday), actor="a", reason="r",
-                               now=now)  # fmt: skip
+        real = delivery_ops.bulk_replay(
+            conn, delivery_ops.DeliveryFilter(since=yesterday), actor="a", reason="r", now=now
+        )
     assert sorted(old for old, _ in real.replayed) == [plain, typed, theirs]
     assert real.sample != [] and real.matched == 3
     # Newest first, as paged; each audit row takes its delivery's tenant.
@@ -297,18 +304,18 @@ async def test_bulk_replay_pages_through_more_than_one_page(
     """Pages of MAX_PAGE ids, each starting below the last: every id once, up to the limit.
 
     The page size is lowered so a few rows make three pages (the paging is the same)."""
-    everything = ops.DeliveryFilter()
-    monkeypatch.setattr(ops, "MAX_PAGE", 5)
+    everything = delivery_ops.DeliveryFilter()
+    monkeypatch.setattr(delivery_ops, "MAX_PAGE", 5)
     uid = add_endpoint(engine, box, URL).endpoint.uid
     dead = await deliveries_in(engine, async_engine, clock, uid, ["dead"] * 12)
     with engine.begin() as conn:
-        result = ops.bulk_replay(
+        result = delivery_ops.bulk_replay(
             conn, everything, actor="a", reason="r", now=clock.now(), max_count=11
         )
     newest_first = sorted(dead, reverse=True)
     assert [old for old, _ in result.replayed] == newest_first[:11]
-    assert (result.matched, len(result.sample)) == (12, ops.SAMPLE_SIZE)
-    assert [s.id for s in result.sample] == newest_first[: ops.SAMPLE_SIZE]
+    assert (result.matched, len(result.sample)) == (12, delivery_ops.SAMPLE_SIZE)
+    assert [s.id for s in result.sample] == newest_first[: delivery_ops.SAMPLE_SIZE]
 
 
 async def test_discard_refusals_and_audit_rows_are_exact(
@@ -323,22 +330,22 @@ async def test_discard_refusals_and_audit_rows_are_exact(
         with refused(
             OperationError, "a discard needs a reason (--reason TEXT): it goes in the audit log"
         ):
-            ops.discard(conn, [dead], actor="c", reason="  ", now=now)
+            delivery_ops.discard(conn, [dead], actor="c", reason="  ", now=now)
         with refused(OperationError, "give at least one delivery id to discard"):
-            ops.discard(conn, [], actor="c", reason="r", now=now)
+            delivery_ops.discard(conn, [], actor="c", reason="r", now=now)
         with refused(NotFoundError, "no delivery 998, 999; nothing was discarded"):
-            ops.discard(conn, [dead, 998, 999], actor="c", reason="r", now=now)
+            delivery_ops.discard(conn, [dead, 998, 999], actor="c", reason="r", now=now)
         with refused(
             OperationError,
             f"cannot discard: {flying} is in_flight, {done} is succeeded (only scheduled or"
             " dead deliveries can be); nothing was discarded",
         ):
-            ops.discard(conn, [dead, flying, done], actor="c", reason="r", now=now)
+            delivery_ops.discard(conn, [dead, flying, done], actor="c", reason="r", now=now)
     assert scalar(engine, "SELECT count(*) FROM audit_log") == 0
     assert scalar(engine, "SELECT count(*) FROM deliveries WHERE state = 'discarded'") == 0
 
     with engine.begin() as conn:
-        gone = ops.discard(
+        gone = delivery_ops.discard(
             conn, [waiting, dead, waiting], actor="carol", reason=" stale ", now=now,
             request_id="req-7",
         )  # fmt: skip
@@ -373,19 +380,27 @@ async def test_a_tenant_scope_hides_other_tenants_deliveries_from_every_action(
     now = clock.now()
     with engine.begin() as conn:
         with refused(NotFoundError, f"no delivery {mine}; nothing was replayed"):
-            ops.replay(conn, [mine], actor="g", reason="r", now=now, scope="globex")
+            delivery_ops.replay(conn, [mine], actor="g", reason="r", now=now, scope="globex")
         with refused(NotFoundError, f"no delivery {mine}; nothing was discarded"):
-            ops.discard(conn, [mine], actor="g", reason="r", now=now, scope="globex")
+            delivery_ops.discard(conn, [mine], actor="g", reason="r", now=now, scope="globex")
         with refused(NotFoundError, f"no delivery {mine}; `outbox deliveries list` shows the ids"):
-            ops.get_delivery(conn, mine, scope="globex")
-        assert ops.search_deliveries(conn, ops.DeliveryFilter(tenant="globex")) == []
-        assert ops.count_deliveries(conn, ops.DeliveryFilter(tenant="globex")) == 0
+            delivery_ops.get_delivery(conn, mine, scope="globex")
+        assert (
+            delivery_ops.search_deliveries(conn, delivery_ops.DeliveryFilter(tenant="globex")) == []
+        )
+        assert (
+            delivery_ops.count_deliveries(conn, delivery_ops.DeliveryFilter(tenant="globex")) == 0
+        )
     assert scalar(engine, "SELECT count(*) FROM audit_log") == 0
     with engine.begin() as conn:
-        assert len(ops.replay(conn, [mine], actor="a", reason="r", now=now, scope="acme").replayed)
-        assert ops.discard(conn, [other], actor="a", reason="r", now=now, scope="acme") == [other]
-        assert ops.get_delivery(conn, mine, scope="acme").delivery.tenant == "acme"
-        assert ops.count_deliveries(conn, ops.DeliveryFilter(tenant="acme")) == 3
+        assert len(
+            delivery_ops.replay(conn, [mine], actor="a", reason="r", now=now, scope="acme").replayed
+        )
+        assert delivery_ops.discard(
+            conn, [other], actor="a", reason="r", now=now, scope="acme"
+        ) == [other]
+        assert delivery_ops.get_delivery(conn, mine, scope="acme").delivery.tenant == "acme"
+        assert delivery_ops.count_deliveries(conn, delivery_ops.DeliveryFilter(tenant="acme")) == 3
 
 
 async def test_bulk_replay_leaves_out_what_another_operator_replayed_meanwhile(
@@ -403,16 +418,18 @@ async def test_bulk_replay_leaves_out_what_another_operator_replayed_meanwhile(
     uid = add_endpoint(engine, box, URL).endpoint.uid
     older, newer = await deliveries_in(engine, async_engine, clock, uid, ["dead", "dead"])
     now = clock.now()
-    real_search = ops.search_deliveries
+    real_search = delivery_ops.search_deliveries
 
     def other_operator_replays(ids: list[int]) -> None:
         with engine.begin() as other:
-            ops.replay(other, ids, actor="other", reason="mine", now=now)
+            delivery_ops.replay(other, ids, actor="other", reason="mine", now=now)
 
     def racing(after_read: int, ids: list[int]) -> Any:
         reads: list[int] = []
 
-        def search(conn: Any, flt: ops.DeliveryFilter) -> list[ops.DeliverySummary]:
+        def search(
+            conn: Any, flt: delivery_ops.DeliveryFilter
+        ) -> list[delivery_ops.DeliverySummary]:
             found = real_search(conn, flt)
             reads.append(1)
             if len(reads) == after_read:
@@ -422,9 +439,11 @@ async def test_bulk_replay_leaves_out_what_another_operator_replayed_meanwhile(
         return search
 
     # Between the page read and the lock: the stale page still lists `older`.
-    monkeypatch.setattr(ops, "search_deliveries", racing(2, [older]))
+    monkeypatch.setattr(delivery_ops, "search_deliveries", racing(2, [older]))
     with engine.begin() as conn:
-        result = ops.bulk_replay(conn, ops.DeliveryFilter(), actor="a", reason="r", now=now)
+        result = delivery_ops.bulk_replay(
+            conn, delivery_ops.DeliveryFilter(), actor="a", reason="r", now=now
+        )
     assert [old for old, _ in result.replayed] == [newer]
     assert (result.matched, result.skipped, len(result.sample)) == (2, 1, 2)
     assert result.as_json()["skipped"] == 1
@@ -435,9 +454,11 @@ async def test_bulk_replay_leaves_out_what_another_operator_replayed_meanwhile(
 
     # Between the count and the page read: nothing is left to replay.
     third, fourth = await deliveries_in(engine, async_engine, clock, uid, ["dead", "dead"])
-    monkeypatch.setattr(ops, "search_deliveries", racing(1, [third, fourth]))
+    monkeypatch.setattr(delivery_ops, "search_deliveries", racing(1, [third, fourth]))
     with engine.begin() as conn:
-        late = ops.bulk_replay(conn, ops.DeliveryFilter(), actor="a", reason="r", now=now)
+        late = delivery_ops.bulk_replay(
+            conn, delivery_ops.DeliveryFilter(), actor="a", reason="r", now=now
+        )
     assert late.as_json() == {
         "dry_run": False,
         "matched": 2,
@@ -459,7 +480,7 @@ async def test_replay_refusals_list_every_delivery_already_replayed(
     a, b = await deliveries_in(engine, async_engine, clock, uid, ["dead", "dead"])
     now = clock.now()
     with engine.begin() as conn:
-        made = dict(ops.replay(conn, [a, b], actor="x", reason="r", now=now).replayed)
+        made = dict(delivery_ops.replay(conn, [a, b], actor="x", reason="r", now=now).replayed)
     with engine.begin() as conn:
         with refused(
             OperationError,
@@ -467,7 +488,7 @@ async def test_replay_refusals_list_every_delivery_already_replayed(
             f" {made[b]} (scheduled); wait for it to finish (`outbox deliveries show ID`) or"
             " discard that replay first; nothing was replayed",
         ):
-            ops.replay(conn, [a, b], actor="x", reason="r", now=now, again=True)
+            delivery_ops.replay(conn, [a, b], actor="x", reason="r", now=now, again=True)
         set_state(conn, made[a], "succeeded")
         set_state(conn, made[b], "dead")
     both = (
@@ -476,7 +497,7 @@ async def test_replay_refusals_list_every_delivery_already_replayed(
         " nothing was replayed"
     )
     with engine.begin() as conn, refused(OperationError, both):
-        ops.replay(conn, [a, b], actor="x", reason="r", now=now)
+        delivery_ops.replay(conn, [a, b], actor="x", reason="r", now=now)
 
 
 async def test_a_scoped_bulk_replay_replays_only_its_tenants_deliveries_itself(
@@ -496,24 +517,26 @@ async def test_a_scoped_bulk_replay_replays_only_its_tenants_deliveries_itself(
     globex = add_endpoint(engine, box, "https://globex.example/h", tenant="globex").endpoint.uid
     [mine] = await deliveries_in(engine, async_engine, clock, acme, ["dead"], tenant="acme")
     [theirs] = await deliveries_in(engine, async_engine, clock, globex, ["dead"], tenant="globex")
-    real_search = ops.search_deliveries
+    real_search = delivery_ops.search_deliveries
 
-    def unscoped_pages(conn: Any, flt: ops.DeliveryFilter) -> list[ops.DeliverySummary]:
+    def unscoped_pages(
+        conn: Any, flt: delivery_ops.DeliveryFilter
+    ) -> list[delivery_ops.DeliverySummary]:
         return real_search(conn, replace(flt, tenant=None))
 
-    monkeypatch.setattr(ops, "search_deliveries", unscoped_pages)
-    scoped = ops.DeliveryFilter(tenant="acme")
+    monkeypatch.setattr(delivery_ops, "search_deliveries", unscoped_pages)
+    scoped = delivery_ops.DeliveryFilter(tenant="acme")
     with (
         engine.begin() as conn,
         refused(NotFoundError, f"no delivery {theirs}; nothing was replayed"),
     ):
-        ops.bulk_replay(conn, scoped, actor="a", reason="r", now=clock.now())
+        delivery_ops.bulk_replay(conn, scoped, actor="a", reason="r", now=clock.now())
     assert _replays(engine) == {}
     assert scalar(engine, "SELECT count(*) FROM audit_log") == 0
-    monkeypatch.setattr(ops, "search_deliveries", real_search)
+    monkeypatch.setattr(delivery_ops, "search_deliveries", real_search)
     with engine.begin() as conn:
-        done = ops.bulk_replay(
-            conn, ops.DeliveryFilter(tenant="acme"), actor="a", reason="r", now=clock.now()
+        done = delivery_ops.bulk_replay(
+            conn, delivery_ops.DeliveryFilter(tenant="acme"), actor="a", reason="r", now=clock.now()
         )
     assert [old for old, _ in done.replayed] == [mine]
 
@@ -532,9 +555,11 @@ async def test_a_replay_that_skips_every_delivery_replays_nothing_and_says_so(
     older, newer = await deliveries_in(engine, async_engine, clock, uid, ["dead", "dead"])
     now = clock.now()
     with engine.begin() as conn:
-        ops.replay(conn, [older], actor="other", reason="mine", now=now)
+        delivery_ops.replay(conn, [older], actor="other", reason="mine", now=now)
     with engine.begin() as conn:
-        alone = ops.replay(conn, [older], actor="a", reason="r", now=now, skip_replayed=True)
+        alone = delivery_ops.replay(
+            conn, [older], actor="a", reason="r", now=now, skip_replayed=True
+        )
     assert alone.as_json() == {
         "dry_run": False,
         "matched": 0,
@@ -545,20 +570,22 @@ async def test_a_replay_that_skips_every_delivery_replays_nothing_and_says_so(
         "last_due": None,
     }
 
-    real_search = ops.search_deliveries
+    real_search = delivery_ops.search_deliveries
     reads: list[int] = []
 
-    def search(conn: Any, flt: ops.DeliveryFilter) -> list[ops.DeliverySummary]:
+    def search(conn: Any, flt: delivery_ops.DeliveryFilter) -> list[delivery_ops.DeliverySummary]:
         found = real_search(conn, flt)
         reads.append(1)
         if len(reads) == 2:  # the page is read: the other operator replays all of it
             with engine.begin() as other:
-                ops.replay(other, [newer], actor="other", reason="mine", now=now)
+                delivery_ops.replay(other, [newer], actor="other", reason="mine", now=now)
         return found
 
-    monkeypatch.setattr(ops, "search_deliveries", search)
+    monkeypatch.setattr(delivery_ops, "search_deliveries", search)
     with engine.begin() as conn:
-        late = ops.bulk_replay(conn, ops.DeliveryFilter(), actor="a", reason="r", now=now)
+        late = delivery_ops.bulk_replay(
+            conn, delivery_ops.DeliveryFilter(), actor="a", reason="r", now=now
+        )
     assert late.as_json() == {
         "dry_run": False,
         "matched": 1,

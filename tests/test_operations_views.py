@@ -12,7 +12,7 @@ import datetime as dt
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox import operations as ops
+from outbox import deliveries as delivery_ops
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.errors import NotFoundError, OperationError
@@ -62,7 +62,9 @@ async def test_a_delivery_shows_every_field_under_its_documented_key(
         id=dead,
     )[0]
     with engine.begin() as conn:
-        [(_, replay_id)] = ops.replay(conn, [dead], actor="al", reason="why", now=now).replayed
+        [(_, replay_id)] = delivery_ops.replay(
+            conn, [dead], actor="al", reason="why", now=now
+        ).replayed
     replay_created = rows(engine, "SELECT created_at FROM deliveries WHERE id = :id", id=replay_id)
 
     summary = {
@@ -85,11 +87,11 @@ async def test_a_delivery_shows_every_field_under_its_documented_key(
         "event_type": "order.created",
     }
     with engine.connect() as conn:
-        listed = ops.search_deliveries(conn, ops.DeliveryFilter(states=("dead",)))
-        shown = ops.get_delivery(conn, dead).as_json()
-        leased = ops.get_delivery(conn, flying).as_json()
+        listed = delivery_ops.search_deliveries(conn, delivery_ops.DeliveryFilter(states=("dead",)))
+        shown = delivery_ops.get_delivery(conn, dead).as_json()
+        leased = delivery_ops.get_delivery(conn, flying).as_json()
         with refused(NotFoundError, "no delivery 999; `outbox deliveries list` shows the ids"):
-            ops.get_delivery(conn, 999)
+            delivery_ops.get_delivery(conn, 999)
     assert [item.as_json() for item in listed] == [summary]
     assert shown == {
         **summary,
@@ -133,8 +135,8 @@ async def test_a_delivery_shows_every_field_under_its_documented_key(
     assert leased["completed_at"] is None and leased["event"]["payload"] == {"n": 1}
 
     with engine.begin() as conn:
-        dry = ops.bulk_replay(
-            conn, ops.DeliveryFilter(states=("dead",)), actor="a", reason="r", now=now,
+        dry = delivery_ops.bulk_replay(
+            conn, delivery_ops.DeliveryFilter(states=("dead",)), actor="a", reason="r", now=now,
             dry_run=True,
         )  # fmt: skip
     # The original has a replay now, so nothing is left to bulk-replay.
@@ -154,14 +156,14 @@ def test_a_filter_refuses_unknown_states_and_bad_limits_and_describes_itself() -
         OperationError,
         "unknown state lost, zzz: use one of scheduled, in_flight, succeeded, dead, discarded",
     ):
-        ops.DeliveryFilter(states=("dead", "zzz", "lost"))
-    for wrong in (0, ops.MAX_PAGE + 1):
+        delivery_ops.DeliveryFilter(states=("dead", "zzz", "lost"))
+    for wrong in (0, delivery_ops.MAX_PAGE + 1):
         with refused(OperationError, "limit must be between 1 and 1000"):
-            ops.DeliveryFilter(limit=wrong)
-    assert ops.DeliveryFilter(limit=1).limit == 1
-    assert ops.DeliveryFilter(limit=ops.MAX_PAGE).limit == ops.MAX_PAGE
+            delivery_ops.DeliveryFilter(limit=wrong)
+    assert delivery_ops.DeliveryFilter(limit=1).limit == 1
+    assert delivery_ops.DeliveryFilter(limit=delivery_ops.MAX_PAGE).limit == delivery_ops.MAX_PAGE
     since = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
-    described = ops.DeliveryFilter(
+    described = delivery_ops.DeliveryFilter(
         states=("dead",), event_type="a.b", since=since, limit=7, tenant="acme"
     ).describe()
     # Empty values and the page size are left out; times are ISO 8601.

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import IntegrityError
 
 from delivery.operator.cli import main
-from outbox import operations as ops
+from outbox import deliveries as delivery_ops
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox, generate_key
 from outbox.errors import OperationError
@@ -107,7 +107,7 @@ async def test_two_concurrent_replays_of_one_delivery_make_one_replay(
     [dead] = await _dead_deliveries(engine, async_engine, box, clock, 1)
 
     def replay(conn: Connection) -> Any:
-        return ops.replay(conn, [dead], actor="shell", reason="fixed", now=clock.now())
+        return delivery_ops.replay(conn, [dead], actor="shell", reason="fixed", now=clock.now())
 
     first, [second] = _race(engine, replay, [replay])
     assert len(first.replayed) == 1
@@ -121,15 +121,17 @@ async def test_four_concurrent_bulk_replays_replay_each_dead_delivery_once(
     engine: Engine, async_engine: Any, box: SecretBox, clock: ManualClock
 ) -> None:
     dead = await _dead_deliveries(engine, async_engine, box, clock, 200)
-    flt = ops.DeliveryFilter(error="500")
+    flt = delivery_ops.DeliveryFilter(error="500")
 
     def bulk(conn: Connection) -> Any:
-        return ops.bulk_replay(conn, flt, actor="oncall", reason="outage over", now=clock.now())
+        return delivery_ops.bulk_replay(
+            conn, flt, actor="oncall", reason="outage over", now=clock.now()
+        )
 
     first, others = _race(engine, bulk, [bulk, bulk, bulk])
     assert len(first.replayed) == 200
     for result in others:
-        assert isinstance(result, ops.ReplayResult), result
+        assert isinstance(result, delivery_ops.ReplayResult), result
         assert result.replayed == [] and result.skipped == 200
     assert _replays_per_original(engine) == dict.fromkeys(dead, 1)
     # And once more, afterwards: nothing left to replay.
@@ -143,16 +145,18 @@ async def test_a_replayed_delivery_needs_again_and_never_two_pending(
 ) -> None:
     [dead] = await _dead_deliveries(engine, async_engine, box, clock, 1)
     with engine.begin() as conn:
-        [(_, first)] = ops.replay(conn, [dead], actor="a", reason="r", now=clock.now()).replayed
+        [(_, first)] = delivery_ops.replay(
+            conn, [dead], actor="a", reason="r", now=clock.now()
+        ).replayed
     # While the replay is pending, not even --again makes a second one.
     with engine.begin() as conn, pytest.raises(OperationError, match="already being replayed"):
-        ops.replay(conn, [dead], actor="a", reason="r", now=clock.now(), again=True)
+        delivery_ops.replay(conn, [dead], actor="a", reason="r", now=clock.now(), again=True)
     with engine.begin() as conn:
         conn.execute(text("UPDATE deliveries SET state = 'dead' WHERE id = :id"), {"id": first})
     with engine.begin() as conn, pytest.raises(OperationError, match="add --again"):
-        ops.replay(conn, [dead], actor="a", reason="r", now=clock.now())
+        delivery_ops.replay(conn, [dead], actor="a", reason="r", now=clock.now())
     with engine.begin() as conn:
-        [(_, second)] = ops.replay(
+        [(_, second)] = delivery_ops.replay(
             conn, [dead], actor="a", reason="r", now=clock.now(), again=True
         ).replayed
     assert second not in (dead, first)

@@ -11,7 +11,7 @@ from delivery.operator import app
 from delivery.receiver import Receiver
 from delivery.retention import Retention, RetentionConfig
 from delivery.worker import WorkerConfig
-from outbox import operations as ops
+from outbox import deliveries as delivery_ops
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.relay import RelayConfig
@@ -53,10 +53,14 @@ async def test_pruning_removes_exactly_the_old_finished_history(
     await deliver(async_engine, box, clock)
     receiver.route("/fixed", status=200)
     with engine.begin() as conn:
-        fixed = ops.search_deliveries(conn, ops.DeliveryFilter(error="404", event_type="c.x"))
-        ops.replay(conn, [fixed[0].id], actor="t", reason="fixed", now=clock.now())
-        dropped = ops.search_deliveries(conn, ops.DeliveryFilter(event_type="e.x", error="500"))
-        ops.discard(conn, [dropped[0].id], actor="t", reason="obsolete", now=clock.now())
+        fixed = delivery_ops.search_deliveries(
+            conn, delivery_ops.DeliveryFilter(error="404", event_type="c.x")
+        )
+        delivery_ops.replay(conn, [fixed[0].id], actor="t", reason="fixed", now=clock.now())
+        dropped = delivery_ops.search_deliveries(
+            conn, delivery_ops.DeliveryFilter(event_type="e.x", error="500")
+        )
+        delivery_ops.discard(conn, [dropped[0].id], actor="t", reason="obsolete", now=clock.now())
     await deliver(async_engine, box, clock)
     disable(engine, flaky.endpoint.uid)  # keeps its delivery scheduled and untouched
 

@@ -14,9 +14,9 @@ from delivery.receiver import Receiver
 from delivery.retention import Retention, RetentionConfig
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
-from outbox.operations import LATENCY_BUCKETS
 from outbox.publish import publish
 from outbox.relay import Relay
+from outbox.schema import LATENCY_BUCKETS
 from outbox.stats import AlertThresholds, Totals, collect_stats, read_totals
 from outbox.tenants import create_tenant
 from tests.helpers import add_endpoint, disable, rows, scalar

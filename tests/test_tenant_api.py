@@ -24,7 +24,7 @@ from outbox import publish
 from outbox.catalogue import add_event_type
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
-from outbox.operations import update_endpoint
+from outbox.endpoints import update_endpoint
 from outbox.tenants import create_tenant
 from outbox.tokens import create_token
 from tests.helpers import add_endpoint, rows, scalar

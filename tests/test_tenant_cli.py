@@ -15,7 +15,7 @@ from delivery.receiver import Receiver
 from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox, generate_key
-from outbox.operations import LATENCY_BUCKETS
+from outbox.schema import LATENCY_BUCKETS
 from outbox.stats import read_totals
 from tests.helpers import rows, scalar
 from tests.operator_helpers import deliver

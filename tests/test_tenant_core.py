@@ -21,7 +21,7 @@ from delivery.worker import ClaimedDelivery, Worker, WorkerConfig
 from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
-from outbox.operations import delete_endpoint, update_endpoint
+from outbox.endpoints import delete_endpoint, update_endpoint
 from outbox.relay import Relay
 from outbox.tenants import create_tenant
 from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
@@ -419,7 +419,7 @@ async def test_relay_and_claim_do_not_visit_idle_endpoints(
 ) -> None:
     from delivery import health
     from delivery import queries as delivery_queries
-    from outbox import queries as outbox_queries
+    from outbox.sql import relay as relay_queries
 
     tenants(engine, "busy")
     busy = add_endpoint(engine, box, "http://127.0.0.1:1/busy", "order.*", tenant="busy").endpoint
@@ -434,7 +434,7 @@ async def test_relay_and_claim_do_not_visit_idle_endpoints(
 
     with engine.begin() as conn:
         plan = conn.execute(
-            text(explain(outbox_queries.RELAY_BATCH)),
+            text(explain(relay_queries.RELAY_BATCH)),
             {
                 "limit": 100,
                 "now": clock.now(),

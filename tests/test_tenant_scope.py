@@ -12,12 +12,14 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.health import EndpointLimits, get_endpoint_limits, set_endpoint_limits
-from outbox import operations as ops
+from outbox import deliveries as delivery_ops
+from outbox import endpoints as endpoint_ops
 from outbox.crypto import SecretBox
 from outbox.endpoint_rules import DeliveryRules, get_delivery_rules, set_delivery_rules
 from outbox.endpoints import get_endpoint, reveal_secret, set_enabled
 from outbox.errors import NotFoundError
 from outbox.headers import get_headers, set_headers
+from outbox.schema import LATENCY_BUCKETS
 from outbox.tenants import create_tenant, get_tenant, show_tenant
 from tests.helpers import add_endpoint, rows
 
@@ -30,13 +32,13 @@ CALLS: dict[str, Call] = {
     "set_enabled": lambda c, box, uid: set_enabled(
         c, uid, enabled=False, reason="x", actor="t", scope="a"
     ),
-    "update_endpoint": lambda c, box, uid: ops.update_endpoint(
+    "update_endpoint": lambda c, box, uid: endpoint_ops.update_endpoint(
         c, uid, actor="t", description="x", scope="a"
     ),
-    "rotate_secret": lambda c, box, uid: ops.rotate_secret(
+    "rotate_secret": lambda c, box, uid: endpoint_ops.rotate_secret(
         c, box, uid, actor="t", now=NOW, grace=dt.timedelta(0), scope="a"
     ),
-    "delete_endpoint": lambda c, box, uid: ops.delete_endpoint(
+    "delete_endpoint": lambda c, box, uid: endpoint_ops.delete_endpoint(
         c, uid, actor="t", reason="x", force=True, scope="a"
     ),
     "reveal_secret": lambda c, box, uid: reveal_secret(
@@ -95,11 +97,13 @@ def test_a_scope_naming_no_tenant_matches_nothing_never_everything(
         publish(conn, "order.created", {})
         assert list_endpoints(conn, scope="nobody") == []
         assert len(list_endpoints(conn)) == 1
-        assert ops.search_deliveries(conn, ops.DeliveryFilter(tenant="nobody")) == []
+        assert (
+            delivery_ops.search_deliveries(conn, delivery_ops.DeliveryFilter(tenant="nobody")) == []
+        )
         stats = collect_stats(conn, now=NOW + dt.timedelta(days=1), scope="nobody")
         assert stats.unrelayed_events == 0 and stats.endpoints == []
         assert collect_stats(conn, now=NOW + dt.timedelta(days=1)).unrelayed_events == 1
-        assert read_totals(conn, ops.LATENCY_BUCKETS, scope="nobody").events_published == 0
+        assert read_totals(conn, LATENCY_BUCKETS, scope="nobody").events_published == 0
 
 
 # Each write re-checks the scope itself: a lookup before it that went wrong (here made
@@ -148,8 +152,8 @@ async def test_an_endpoint_write_is_scoped_itself_not_only_by_the_lookup_before_
     name: str,
 ) -> None:
     theirs, _ = await _theirs_with_a_dead_delivery(engine, async_engine, box)
-    real = ops.get_endpoint
-    monkeypatch.setattr(ops, "get_endpoint", lambda conn, uid, scope=None: real(conn, uid))
+    real = endpoint_ops.get_endpoint
+    monkeypatch.setattr(endpoint_ops, "get_endpoint", lambda conn, uid, scope=None: real(conn, uid))
     before = rows(engine, "SELECT * FROM endpoints ORDER BY id")
     deliveries = rows(engine, "SELECT * FROM deliveries ORDER BY id")
     with engine.begin() as conn:
@@ -178,12 +182,14 @@ async def test_replay_and_discard_writes_are_scoped_themselves(
         "SELECT id, state FROM deliveries WHERE id = ANY(CAST(:ids AS bigint[]))"
         " AND CAST(:scope_id AS bigint) IS NOT DISTINCT FROM :scope_id ORDER BY id FOR UPDATE"
     )
-    monkeypatch.setattr(ops.queries, "LOCK_DELIVERIES_FOR_REPLAY", unscoped_lock)
+    monkeypatch.setattr(delivery_ops.queries, "LOCK_DELIVERIES_FOR_REPLAY", unscoped_lock)
     with engine.begin() as conn, pytest.raises(OperationError, match="changed while replaying"):
-        ops.replay(conn, [dead], actor="t", reason="x", now=NOW, scope="a")
-    monkeypatch.setattr(ops, "_states", lambda conn, ids, scope: dict.fromkeys(ids, "dead"))
+        delivery_ops.replay(conn, [dead], actor="t", reason="x", now=NOW, scope="a")
+    monkeypatch.setattr(
+        delivery_ops, "_states", lambda conn, ids, scope: dict.fromkeys(ids, "dead")
+    )
     with engine.begin() as conn, pytest.raises(OperationError, match="changed while discarding"):
-        ops.discard(conn, [dead], actor="t", reason="x", now=NOW, scope="a")
+        delivery_ops.discard(conn, [dead], actor="t", reason="x", now=NOW, scope="a")
     assert rows(engine, "SELECT * FROM deliveries ORDER BY id") == before
 
 
@@ -247,8 +253,8 @@ async def test_every_figure_of_scoped_stats_and_metrics_is_the_tenants_own(
     with engine.begin() as conn:
         ours = collect_stats(conn, now=now, scope="a")
         everyone = collect_stats(conn, now=now)
-        our_totals = read_totals(conn, ops.LATENCY_BUCKETS, scope="a")
-        all_totals = read_totals(conn, ops.LATENCY_BUCKETS)
+        our_totals = read_totals(conn, LATENCY_BUCKETS, scope="a")
+        all_totals = read_totals(conn, LATENCY_BUCKETS)
     assert set(ours.counts_by_state.values()) == {0}
     assert (ours.due_now, ours.oldest_due_age_seconds) == (0, None)
     assert (ours.unrelayed_events, ours.relay_lag_seconds) == (0, None)

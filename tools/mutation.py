@@ -10,8 +10,8 @@ Two kinds of mutant, each judged by the fastest test subset that covers the modu
   operators, constants, conditions and arguments, and runs, for each mutant, only
   the tests of the subset that call the mutated function.
 * SQL guards are plain strings to mutmut (it can only turn a whole statement into
-  'XX...XX', which proves nothing about the guard). SQL_MUTANTS below removes or
-  weakens one guard condition at a time; each mutant runs its own tests.
+  'XX...XX', which proves nothing about the guard). SQL_MUTANTS (tools/sql_mutants.py)
+  removes or weakens one guard condition at a time; each mutant runs its own tests.
 
 Everything happens in a scratch copy (`git archive` of the revision, or of the
 working tree's files), so the checkout is never modified. One PostgreSQL server is
@@ -32,11 +32,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from tools.sql_mutants import OLD_OQ, ROOT, SQL_MUTANTS, apply_mutant
 
 # Module -> the fastest tests that pin its behaviour. Parametrized transports run on
 # httpx only here: the transport is not what these modules decide.
@@ -57,450 +57,19 @@ MODULES: dict[str, list[str]] = {
         "tests/test_tenant_routing.py",
         "tests/test_handoff.py",
     ],
-    "outbox/operations.py": [
+    "outbox/deliveries.py": [
         "tests/test_operations.py",
         "tests/test_operations_replay.py",
-        "tests/test_operations_endpoints.py",
         "tests/test_operations_views.py",
         # Each write's own tenant scope (the lookup before it made unscoped on purpose).
         "tests/test_tenant_scope.py",
     ],
+    "outbox/endpoints.py": [
+        "tests/test_operations_endpoints.py",
+        "tests/test_operations.py",
+        "tests/test_tenant_scope.py",
+    ],
 }
-
-
-@dataclass(frozen=True)
-class SqlMutant:
-    name: str
-    file: str
-    old: str  # replaced once; a mutant whose text is absent is reported not applicable
-    new: str
-    tests: tuple[str, ...]
-    # The statement the change belongs to (e.g. "SELECT_DELIVERY = text("): `old` is
-    # replaced at its first occurrence after this text and before the next statement,
-    # for conditions written the same way in several statements.
-    within: str = ""
-
-
-def apply_mutant(source: str, mutant: SqlMutant) -> str | None:
-    """`source` with the mutant applied, or None if its text is not where it should be."""
-    start = 0
-    if mutant.within:
-        start = source.find(mutant.within)
-        if start < 0:
-            return None
-        start += len(mutant.within)
-    at = source.find(mutant.old, start)
-    if at < 0 or (mutant.within and "= text(" in source[start:at]):
-        return None
-    return source[:at] + mutant.new + source[at + len(mutant.old) :]
-
-
-_LEASES = (
-    "tests/test_fencing.py",
-    "tests/test_rules.py",
-    "-k",
-    "not aiohttp and (lease or rescue or reaper or shutdown or late or release or outcome)",
-)
-_REPLAY = ("tests/test_operations.py",)
-_HANDOFF = ("tests/test_handoff.py",)
-_ROUTING = ("tests/test_relay.py", "tests/test_tenant_routing.py", "tests/test_publish.py")
-Q = "delivery/queries.py"
-OQ = "outbox/queries.py"
-
-# Operator-side tenant scope: each mutant drops one statement's scope condition.
-_SCOPE = (
-    "tests/test_tenant_scope.py",
-    "tests/test_tenant_api.py",
-    "-k",
-    "not unscoped and not deleted_tenant and not bad_tenant",
-)
-_TEXT_SCOPE = "(CAST(:scope AS text) IS NULL OR {} = :scope)"
-
-
-def _S(column: str) -> str:
-    """outbox/queries.py's source text of a scope condition on `column`."""
-    return '{_in_scope("' + column + '")}'
-
-
-def _AND_S(column: str) -> str:
-    return " AND " + _S(column)
-
-
-SQL_MUTANTS = [
-    # claim
-    SqlMutant(
-        "claim: no claim number bump",
-        Q,
-        "updated_at = :now, claims = d.claims + 1",
-        "updated_at = :now, claims = d.claims",
-        _LEASES,
-    ),
-    SqlMutant(
-        "claim: final re-check of state dropped",
-        Q,
-        "WHERE d.id = due.id AND ev.id = d.event_id AND e.id = d.endpoint_id\n"
-        "      AND d.state = 'scheduled'",
-        "WHERE d.id = due.id AND ev.id = d.event_id AND e.id = d.endpoint_id",
-        ("tests/test_claim_contention.py", "tests/test_delivery.py", "-k", "not aiohttp"),
-    ),
-    # outcome
-    SqlMutant(
-        "outcome: state guard dropped",
-        Q,
-        "WHERE d.id = o.id AND d.state = 'in_flight'",
-        "WHERE d.id = o.id",
-        _LEASES,
-    ),
-    SqlMutant(
-        "outcome: claim guard dropped",
-        Q,
-        "AND d.claims = o.claim",
-        "",
-        _LEASES,
-    ),
-    SqlMutant(
-        "outcome: worker guard dropped",
-        Q,
-        "AND d.locked_by = :worker_id\n        RETURNING d.id",
-        "\n        RETURNING d.id",
-        _LEASES,
-    ),
-    SqlMutant(
-        "outcome: attempt numbered by attempts, not by claim",
-        Q,
-        "SELECT o.id, o.claim, o.started_at",
-        "SELECT o.id, o.attempts, o.started_at",
-        _LEASES,
-    ),
-    SqlMutant(
-        "outcome: repeated write not absorbed",
-        Q,
-        "ON CONFLICT (delivery_id, attempt_number) DO NOTHING",
-        "",
-        _LEASES,
-    ),
-    # release
-    SqlMutant(
-        "release: claim guard dropped",
-        Q,
-        "AND d.claims = c.claim",
-        "",
-        _LEASES,
-    ),
-    SqlMutant(
-        "release: state guard dropped",
-        Q,
-        "WHERE d.id = c.id AND d.state = 'in_flight'",
-        "WHERE d.id = c.id",
-        _LEASES,
-    ),
-    SqlMutant(  # main before issue 15: the guard was the worker name only
-        "release (old): worker guard dropped",
-        Q,
-        "AND state = 'in_flight' AND locked_by = :worker_id",
-        "AND state = 'in_flight'",
-        _LEASES,
-    ),
-    # rescue
-    SqlMutant(
-        "rescue: lease expiry test dropped",
-        Q,
-        "WHERE state = 'in_flight' AND lease_expires_at < :now",
-        "WHERE state = 'in_flight'",
-        _LEASES,
-    ),
-    SqlMutant(
-        "rescue: lease expiry off by one (<=)",
-        Q,
-        "WHERE state = 'in_flight' AND lease_expires_at < :now",
-        "WHERE state = 'in_flight' AND lease_expires_at <= :now",
-        _LEASES,
-    ),
-    SqlMutant(
-        "rescue: SKIP LOCKED dropped (waits for the writer)",
-        Q,
-        "ORDER BY lease_expires_at\n        LIMIT :limit\n        FOR UPDATE SKIP LOCKED",
-        "ORDER BY lease_expires_at\n        LIMIT :limit\n        FOR UPDATE",
-        _LEASES,
-    ),
-    SqlMutant(
-        "rescue: claim re-check dropped",
-        Q,
-        "AND d.state = 'in_flight' AND d.claims = expired.claims",
-        "AND d.state = 'in_flight'",
-        _LEASES,
-    ),
-    SqlMutant(
-        "rescue: poison limit off by one",
-        Q,
-        "SET state = CASE WHEN d.rescues + 1 >= :max_rescues",
-        "SET state = CASE WHEN d.rescues + 1 > :max_rescues",
-        _LEASES,
-    ),
-    # replay and discard
-    SqlMutant(
-        "replay: state re-check dropped",
-        OQ,
-        "WHERE d.state = ANY(CAST(:allowed AS text[]))",
-        "WHERE true",
-        _REPLAY,
-    ),
-    SqlMutant(
-        "replay: originals not locked (a concurrent replay does not wait)",
-        OQ,
-        "ORDER BY id FOR UPDATE",
-        "ORDER BY id",
-        ("tests/test_replay_once.py", "-k", "concurrent"),
-    ),
-    SqlMutant(
-        "discard: in-flight rows not left alone",
-        OQ,
-        "AND state IN ('scheduled', 'dead')",
-        "AND state IN ('scheduled', 'dead', 'in_flight')",
-        _REPLAY,
-    ),
-    SqlMutant(
-        "discard: terminal rows discarded again",
-        OQ,
-        "AND state IN ('scheduled', 'dead')",
-        "",
-        _REPLAY,
-    ),
-    # relay routing
-    SqlMutant(
-        "routing: disabled endpoints get deliveries",
-        OQ,
-        "WHERE x.id = r.endpoint_id AND x.enabled LIMIT 1",
-        "WHERE x.id = r.endpoint_id LIMIT 1",
-        _ROUTING,
-    ),
-    SqlMutant(
-        "routing: tenant ignored",
-        OQ,
-        "WHERE pattern = c.pattern AND tenant_id = b.tenant_id",
-        "WHERE pattern = c.pattern",
-        _ROUTING,
-    ),
-    SqlMutant(
-        "routing: all-tenants endpoints ignored",
-        OQ,
-        "            UNION ALL\n"
-        "            SELECT endpoint_id FROM endpoint_subscriptions\n"
-        "            WHERE pattern = c.pattern AND tenant_id IS NULL",
-        "",
-        _ROUTING,
-    ),
-    SqlMutant(
-        "routing: no 'prefix.*' candidates",
-        OQ,
-        "WHERE substr(b.event_type, i, 1) = '.'",
-        "WHERE substr(b.event_type, i, 1) = '_'",
-        _ROUTING,
-    ),
-    SqlMutant(
-        "routing: '*' is not a candidate",
-        OQ,
-        "SELECT '*' AS pattern\n    WHERE b.event_type NOT IN",
-        "SELECT '*' AS pattern\n    WHERE false AND b.event_type NOT IN",
-        _ROUTING,
-    ),
-    SqlMutant(
-        "handoff: ordered endpoints handed off",
-        OQ,
-        "{HEALTH_GATED} OR h.ordered)",
-        "{HEALTH_GATED})",
-        _HANDOFF,
-        within="RELAY_BATCH_HANDOFF = text(",
-    ),
-    SqlMutant(
-        # the gate condition is one fragment, shared with the claim and its quick path
-        "handoff: open breaker ignored",
-        OQ,
-        "(h.breaker_state <> 'closed' OR ",
-        "(false OR ",
-        _HANDOFF,
-        within="HEALTH_GATED = ",
-    ),
-    SqlMutant(
-        "handoff: capped tenants handed off",
-        OQ,
-        "AND t.max_in_flight IS NULL AND t.max_per_second IS NULL",
-        "",
-        _HANDOFF,
-        within="RELAY_BATCH_HANDOFF = text(",
-    ),
-    SqlMutant(
-        "handoff: disabled tenants handed off",
-        OQ,
-        "WHERE t.id = e.tenant_id AND t.enabled",
-        "WHERE t.id = e.tenant_id",
-        _HANDOFF,
-        within="RELAY_BATCH_HANDOFF = text(",
-    ),
-    SqlMutant(
-        "handoff: the worker's slots left per endpoint ignored",
-        OQ,
-        "COALESCE(s.slots, :endpoint_slots)",
-        ":endpoint_slots",
-        _HANDOFF,
-        within="RELAY_BATCH_HANDOFF = text(",
-    ),
-    SqlMutant(
-        "handoff: more than the reserved slots",
-        OQ,
-        ":handoff_limit AS handed",
-        ":handoff_limit + 1 AS handed",
-        _HANDOFF,
-        within="RELAY_BATCH_HANDOFF = text(",
-    ),
-    SqlMutant(
-        "handoff: no lease on a handed-off delivery",
-        OQ,
-        "CAST(:lease_expires_at AS timestamptz) END",
-        "NULL END",
-        _HANDOFF,
-        within="RELAY_BATCH_HANDOFF = text(",
-    ),
-    SqlMutant(
-        "routing: events marked relayed twice (relayed_at filter dropped)",
-        OQ,
-        "WHERE relayed_at IS NULL AND NOT validate_pending\n    ORDER BY id",
-        "WHERE NOT validate_pending\n    ORDER BY id",
-        _ROUTING,
-    ),
-    SqlMutant(
-        "rules: least specific max-attempts rule wins",
-        OQ,
-        "ORDER BY r.pattern = b.event_type DESC, length(r.pattern) DESC",
-        "ORDER BY r.pattern = b.event_type DESC, length(r.pattern)",
-        ("tests/test_documented_rules.py", "-k", "not aiohttp"),
-    ),
-    SqlMutant(
-        "rules: exact type not preferred over an equally long prefix",
-        OQ,
-        "ORDER BY r.pattern = b.event_type DESC, length(r.pattern) DESC",
-        "ORDER BY length(r.pattern) DESC",
-        ("tests/test_documented_rules.py", "-k", "not aiohttp"),
-    ),
-    # a disabled tenant's deliveries wait (the claim only visits enabled tenants' heads)
-    SqlMutant(
-        "claim: disabled tenant not held",
-        Q,
-        "WHERE x.id = e.tenant_id AND x.enabled LIMIT 1",
-        "WHERE x.id = e.tenant_id LIMIT 1",
-        ("tests/test_tenant_core.py", "-k", "disabled_tenant"),
-        within="LOCK_CLAIM_GATES = text(",
-    ),
-    # the quick path (QUICK_CLAIM_GATES) answers only when its batch is plain
-    SqlMutant(
-        "claim ranking: a disabled tenant taken as plain",
-        Q,
-        "SELECT y.enabled AND y.max_in_flight IS NULL",
-        "SELECT y.max_in_flight IS NULL",
-        ("tests/test_claim_rank.py", "-k", "falls_back"),
-        within='_PLAIN = f"""',
-    ),
-    SqlMutant(
-        "claim ranking: set-aside tenants' first turns not checked",
-        Q,
-        "        SELECT f.* FROM firsts f WHERE f.set_aside",
-        "        SELECT f.* FROM firsts f WHERE false",
-        ("tests/test_claim_rank.py", "-k", "falls_back"),
-    ),
-    *(
-        SqlMutant(f"scope: {name}", OQ, old, new, _SCOPE, within=f"{statement} = ")
-        for name, statement, old, new in [
-            # endpoints
-            ("endpoint list", "SELECT_ENDPOINTS", _S("e.tenant_id"), "true"),
-            ("endpoint by id", "SELECT_ENDPOINT_BY_UID", _AND_S("e.tenant_id"), ""),
-            ("endpoint enable/disable", "SET_ENDPOINT_ENABLED", _AND_S("tenant_id"), ""),
-            ("endpoint update", "UPDATE_ENDPOINT", _AND_S("tenant_id"), ""),
-            ("endpoint secret rotation", "ROTATE_ENDPOINT_SECRET", _AND_S("tenant_id"), ""),
-            ("endpoint delivery counts", "COUNT_ENDPOINT_DELIVERIES", _AND_S("e.tenant_id"), ""),
-            ("endpoint delete", "DELETE_ENDPOINT", _AND_S("tenant_id"), ""),
-            (
-                "endpoint secret reveal",
-                "SELECT_ENDPOINT_SECRET",
-                "AND {_in_scope('tenant_id')}",
-                "",
-            ),
-            # deliveries: list, lookup by id, replay, bulk replay, discard
-            ("delivery search and count", "_DELIVERY_FILTER", _S("d.tenant_id"), "true"),
-            ("delivery by id", "SELECT_DELIVERY", _AND_S("d.tenant_id"), ""),
-            ("delivery states (discard check)", "SELECT_DELIVERY_STATES", _AND_S("tenant_id"), ""),
-            ("replay lock", "LOCK_DELIVERIES_FOR_REPLAY", _AND_S("tenant_id"), ""),
-            ("replay insert", "INSERT_REPLAYS", _AND_S("d.tenant_id"), ""),
-            ("discard write", "DISCARD_DELIVERIES", _AND_S("tenant_id"), ""),
-            # audit
-            ("audit list", "SELECT_AUDIT", _TEXT_SCOPE.format("tenant_uid"), "true"),
-            # stats and metrics
-            ("stats counts by state", "STATS_COUNTS_BY_STATE", "{_in_scope('tenant_id')}", "true"),
-            ("stats oldest due", "STATS_OLDEST_DUE", _AND_S("d.tenant_id"), ""),
-            ("stats relay lag", "STATS_RELAY_LAG", _AND_S("tenant_id"), ""),
-            ("stats and metrics attempts", "_SCOPED_ATTEMPTS", _AND_S("sd.tenant_id"), ""),
-            (
-                "stats window succeeded",
-                "STATS_WINDOW_RATES",
-                "state = 'succeeded' AND completed_at >= :since AND completed_at <= :now\n"
-                "          " + _AND_S("tenant_id"),
-                "state = 'succeeded' AND completed_at >= :since AND completed_at <= :now\n",
-            ),
-            (
-                "stats window dead",
-                "STATS_WINDOW_RATES",
-                "state = 'dead' AND completed_at >= :since AND completed_at <= :now\n"
-                "          " + _AND_S("tenant_id"),
-                "state = 'dead' AND completed_at >= :since AND completed_at <= :now\n",
-            ),
-            (
-                "stats window dead in the previous window",
-                "STATS_WINDOW_RATES",
-                "completed_at >= :previous AND completed_at < :since\n"
-                "          " + _AND_S("tenant_id"),
-                "completed_at >= :previous AND completed_at < :since\n",
-            ),
-            (
-                "stats window published",
-                "STATS_WINDOW_RATES",
-                "created_at <= :now" + _AND_S("tenant_id"),
-                "created_at <= :now",
-            ),
-            ("stats endpoints: attempts", "STATS_ENDPOINTS", _AND_S("d.tenant_id"), ""),
-            (
-                "stats endpoints: backlog",
-                "STATS_ENDPOINTS",
-                "\n         " + _AND_S("tenant_id"),
-                "",
-            ),
-            (
-                "stats endpoints: endpoints",
-                "STATS_ENDPOINTS",
-                "WHERE " + _S("e.tenant_id") + "\n    ORDER BY e.id",
-                "WHERE true\n    ORDER BY e.id",
-            ),
-            ("stats top errors", "STATS_TOP_ERRORS", _AND_S("d.tenant_id"), ""),
-            ("metrics events", "METRICS_EVENTS", _S("tenant_id"), "true"),
-            ("metrics pruned totals", "SELECT_PRUNED_TOTALS", _S("tenant_id"), "true"),
-            # tenants, tokens, rejected events
-            ("tenant list", "SELECT_TENANTS", _TEXT_SCOPE.format("t.uid"), "true"),
-            ("tenant by id", "SELECT_TENANT", _TEXT_SCOPE.format("t.uid"), "true"),
-            ("token list", "SELECT_TOKENS", _TEXT_SCOPE.format("tenant_uid"), "true"),
-            (
-                "token revoke lookup",
-                "SELECT_TOKENS_TO_REVOKE",
-                _TEXT_SCOPE.format("tenant_uid"),
-                "true",
-            ),
-            ("rejected events list", "SELECT_REJECTED_EVENTS", _TEXT_SCOPE.format("t.uid"), "true"),
-            (
-                "rejected event requeue",
-                "REQUEUE_REJECTED_EVENT",
-                "AND (CAST(:scope AS text) IS NULL",
-                "AND (true",
-            ),
-        ]
-    ),
-]
 
 
 def _export(rev: str | None, into: Path) -> None:
@@ -618,6 +187,11 @@ def _sql_mutants(
             continue
         if match is not None and match not in mutant.name:
             continue
+        if not (copy / mutant.file).exists() and (copy / OLD_OQ).exists():
+            # A revision from before outbox/sql/: all of outbox's SQL in one file.
+            mutant = replace(
+                mutant, file=OLD_OQ, old=mutant.old.replace("{in_scope(", "{_in_scope(")
+            )
         path = copy / mutant.file
         original = path.read_text()
         mutated = apply_mutant(original, mutant)
@@ -670,9 +244,12 @@ def main(argv: list[str] | None = None) -> int:
         "--sql-match", metavar="TEXT", help="only the SQL mutants whose name contains TEXT"
     )
     args = parser.parse_args(argv)
-    unknown = [m for m in args.modules if m not in MODULES and m not in {Q, OQ}]
+    sql_files = sorted({mutant.file for mutant in SQL_MUTANTS})
+    unknown = [m for m in args.modules if m not in MODULES and m not in sql_files]
     if unknown:
-        parser.error(f"unknown module {unknown[0]!r}; choose from {', '.join(MODULES)}, {Q}, {OQ}")
+        parser.error(
+            f"unknown module {unknown[0]!r}; choose from {', '.join([*MODULES, *sql_files])}"
+        )
     modules = [m for m in (args.modules or list(MODULES)) if m in MODULES]
 
     from outbox.embedded import EmbeddedPostgres
@@ -698,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
             if not args.no_sql:
-                wanted = set(args.modules) & {Q, OQ} if args.modules else None
+                wanted = set(args.modules) & set(sql_files) if args.modules else None
                 report["sql"] = _sql_mutants(copy, wanted, args.sql_match)
         finally:
             server.stop()

@@ -29,10 +29,10 @@ from outbox.embedded import EmbeddedPostgres
 from outbox.endpoints import check_keys_cover_stored_secrets
 from outbox.errors import ConfigurationError
 from outbox.notify import Listener
-from outbox.queries import DELIVERIES_CHANNEL, EVENTS_CHANNEL
 from outbox.relay import Relay, RelayConfig
 from outbox.schema_rules import SchemaLimits
 from outbox.settings import Settings
+from outbox.sql.relay import DELIVERIES_CHANNEL, EVENTS_CHANNEL
 from outbox.stats import AlertThresholds
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection
 from starlette.requests import Request
 
-from outbox import queries
+from outbox.sql import audit as queries
 
 MAX_PATH = 200
 MAX_USER_AGENT = 120
