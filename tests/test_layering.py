@@ -53,3 +53,68 @@ def test_the_check_sees_an_import_when_there_is_one(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text("from delivery.operator.api import x\nimport delivery.operator.cli\n")
     assert _imported_modules(sample) == {"delivery.operator.api", "delivery.operator.cli"}
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the modules of `package` it imports (`from a import b` counts as a.b
+    when b is a module), read with ast: nothing is imported to find out."""
+    folder = root / package.replace(".", "/")
+    modules = {_module_name(path, root): path for path in sorted(folder.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    found.add(sub if sub in modules else node.module)
+        graph[name] = {module for module in found if module in modules and module != name}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle, as the path that closes it (a depth-first search)."""
+    circles: list[list[str]] = []
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = "open"
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                circles.append([*stack[stack.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        stack.pop()
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    return circles
+
+
+def test_the_operator_side_has_no_import_circle() -> None:
+    graph = _import_graph(ROOT, "delivery.operator")
+    assert "delivery.operator.api.core" in graph["delivery.operator.api.deliveries"]
+    assert _circles(graph) == []
+
+
+def test_the_circle_check_finds_a_circle(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg.sub import b\n")
+    (package / "sub" / "b.py").write_text("def f() -> None:\n    import pkg.c\n")
+    (package / "c.py").write_text("from pkg import a\n")
+    assert _circles(_import_graph(tmp_path, "pkg")) == [["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]]

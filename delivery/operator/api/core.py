@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
+from pydantic.json_schema import GenerateJsonSchema
+from pydantic_core import CoreSchema
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -100,8 +102,14 @@ class Operation:
     tenant_filter: bool = False  # takes ?tenant= (resolved against the database)
 
     def query_names(self) -> set[str]:
-        names = set(self.query.model_fields) if self.query is not None else set()
+        """The query parameters the route takes (what its document lists)."""
+        names = input_names(self.query) if self.query is not None else set()
         return names | {"tenant"} if self.tenant_filter else names
+
+
+def input_names(model: type[BaseModel]) -> set[str]:
+    """The names a model reads from the input: its fields, by alias where they have one."""
+    return {field.alias or name for name, field in model.model_fields.items()}
 
 
 class _DeclaredBody(dict[str, Any]):
@@ -109,7 +117,7 @@ class _DeclaredBody(dict[str, Any]):
 
     def __init__(self, data: dict[str, Any], model: type[BaseModel], op: Operation) -> None:
         super().__init__(data)
-        self._known = set(model.model_fields)
+        self._known = input_names(model)
         self._route = f"{op.method} {op.path}"
 
     def _check(self, key: str) -> None:
@@ -407,11 +415,37 @@ def _by_method(
 # -- the OpenAPI document ---------------------------------------------------------------
 
 
+class _WithoutFieldTitles(GenerateJsonSchema):
+    """pydantic's schemas, less the "Max Count" titles it derives from field names."""
+
+    def field_title_should_be_set(self, schema: CoreSchema) -> bool:
+        return False
+
+
 def _schema(model: type[BaseModel], components: dict[str, Any]) -> dict[str, Any]:
     """The model's JSON schema; nested models go to components/schemas, referenced there."""
-    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-    components.update(schema.pop("$defs", {}))
-    return schema
+    schema = model.model_json_schema(
+        ref_template="#/components/schemas/{model}", schema_generator=_WithoutFieldTitles
+    )
+    components.update(_standard_bounds(schema.pop("$defs", {})))
+    return _standard_bounds(schema)
+
+
+_BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
+
+
+def _standard_bounds(schema: Any) -> Any:
+    """JSON Schema's names for the bounds pydantic leaves as `ge`/`le` on a number that
+    goes through a BeforeValidator first (delivery.operator.validation's strict integers)."""
+    if isinstance(schema, list):
+        return [_standard_bounds(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    numeric = schema.get("type") in ("integer", "number")
+    return {
+        (_BOUNDS[key] if numeric and key in _BOUNDS else key): _standard_bounds(value)
+        for key, value in schema.items()
+    }
 
 
 def _query_parameters(op: Operation, components: dict[str, Any]) -> list[dict[str, Any]]:
