@@ -428,7 +428,8 @@ def _schema(model: type[BaseModel], components: dict[str, Any]) -> dict[str, Any
         ref_template="#/components/schemas/{model}", schema_generator=_WithoutFieldTitles
     )
     components.update(_standard_bounds(schema.pop("$defs", {})))
-    return _standard_bounds(schema)
+    bounded: dict[str, Any] = _standard_bounds(schema)
+    return bounded
 
 
 _BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
