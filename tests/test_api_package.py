@@ -138,7 +138,11 @@ async def test_real_routes_answer_400_for_refused_input(
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://admin", headers=operator
     ) as http:
+        assert (await http.post("/v1/tenants", json={"id": "acme"})).status_code == 200
         for answer in (
+            # Both were unhandled errors (a 500) before: caller input, not our bug.
+            await http.post("/v1/tenants/acme/disable", json={"reason": ["why"]}),
+            await http.post("/v1/tenants/acme/portal-links", json={"ttl_seconds": 10**20}),
             await http.get("/v1/deliveries", params={"limit": "0"}),
             await http.get("/v1/deliveries", params={"unreplayed": "maybe"}),
             await http.post("/v1/replays", json={"reason": "x", "ids": ["one"]}),

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from delivery.operator.api.core import ApiError, Call, Operation, Param
-from delivery.operator.console.sessions import issue_portal_link, portal_link
+from delivery.operator.console.sessions import MAX_LINK_TTL, issue_portal_link, portal_link
 from delivery.operator.validation import (
     PortalLinkCreate,
     TenantAction,
@@ -31,6 +31,8 @@ async def create_portal_link(call: Call) -> Any:
     ttl = (await call.body()).get("ttl_seconds", 900)
     if isinstance(ttl, bool) or not isinstance(ttl, int):
         raise ApiError(400, "ttl_seconds must be a whole number of seconds, e.g. 900")
+    if not 0 < ttl <= MAX_LINK_TTL.total_seconds():  # before timedelta, which overflows
+        raise ApiError(400, "a portal link's lifetime must be above 0 and at most 7 days")
     lifetime = dt.timedelta(seconds=ttl)
     now = call.api.clock.now()
     scope = call.scope
@@ -82,6 +84,13 @@ async def show_tenant_route(call: Call) -> Any:
     return (await call.api.read(lambda c: tenant_ops.show_tenant(c, uid, scope=scope))).as_json()
 
 
+def _reason(data: dict[str, Any]) -> str | None:
+    reason = data.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise ApiError(400, 'reason must be a string, e.g. {"reason": "customer left"}')
+    return reason
+
+
 def _caps(data: dict[str, Any]) -> dict[str, Any]:
     """Caps present in a body: 0 or null clears one (no limit); absent keys stay."""
     return {key: data[key] or None for key in ("max_in_flight", "max_per_second") if key in data}
@@ -121,7 +130,7 @@ async def update_tenant_route(call: Call) -> Any:
             now=now,
             name=name,
             metadata=data.get("metadata"),
-            reason=data.get("reason"),
+            reason=_reason(data),
             request_id=call.request_id,
             **_caps(data),
         )
@@ -139,7 +148,7 @@ async def _tenant_enabled(call: Call, enabled: bool) -> Any:
             enabled=enabled,
             actor=call.actor,
             now=now,
-            reason=data.get("reason"),
+            reason=_reason(data),
             request_id=call.request_id,
         )
     )
