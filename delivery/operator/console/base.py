@@ -60,7 +60,7 @@ class ConsoleBase:
             autoescape=True,
             undefined=jinja2.StrictUndefined,
         )
-        self.env.filters["when"] = _when
+        self.env.filters["when"] = moment
         self.env.filters["ms"] = _ms
         self.env.filters["pct"] = _pct
         # Readable JSON; the template's autoescaping then makes it safe HTML.
@@ -191,7 +191,7 @@ class ConsoleBase:
         return endpoint
 
 
-def _when(value: dt.datetime | None) -> str:
+def moment(value: dt.datetime | None) -> str:
     """A moment as a UTC date and time to the second (the pages state times, not ages)."""
     if value is None:
         return "-"

@@ -25,7 +25,7 @@ from delivery.operator.console.base import (
     PORTAL_COOKIE,
     ConsoleBase,
     PageError,
-    _when,
+    moment,
 )
 from delivery.operator.console.sessions import (
     WebSession,
@@ -508,7 +508,7 @@ class Console(ConsoleBase):
         if not self.config.public_url:
             link = f"{request.url.scheme}://{request.url.netloc}{link}"
         return await self.tenants(
-            request, session, issued={"tenant": tenant, "link": link, "expires": _when(now + ttl)}
+            request, session, issued={"tenant": tenant, "link": link, "expires": moment(now + ttl)}
         )
 
     async def audit(self, request: Request, session: WebSession) -> Response:
