@@ -36,8 +36,8 @@ import httpx
 from sqlalchemy import Engine, text
 
 from delivery.operator.api import AdminConfig, create_app, serve
+from delivery.operator.console.config import ConsoleConfig
 from delivery.operator.console.sessions import issue_portal_link, portal_link
-from delivery.operator.console.web import ConsoleConfig
 from outbox.clock import SystemClock
 from outbox.crypto import SecretBox, generate_key
 from outbox.db import make_async_engine, make_engine

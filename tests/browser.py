@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.operator.api import AdminConfig, create_app, serve
-from delivery.operator.console.web import ConsoleConfig
+from delivery.operator.console.config import ConsoleConfig
 from delivery.receiver import Receiver
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, text
 
 from delivery.operator.cli import main
-from delivery.operator.console.web import ConsoleConfig
+from delivery.operator.console.config import ConsoleConfig
 from delivery.receiver import Behaviour
 from outbox import publish
 from outbox.catalogue import add_event_type

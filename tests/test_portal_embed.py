@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from delivery.operator.console.web import ConsoleConfig
+from delivery.operator.console.config import ConsoleConfig
 from tests.browser import Site
 
 

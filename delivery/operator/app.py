@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.health import HealthConfig
 from delivery.http import DEFAULT_TRANSPORT, build_http_client
-from delivery.operator.api import AdminConfig
-from delivery.operator.console.web import ConsoleConfig
+from delivery.operator.console.config import ConsoleConfig
+from delivery.operator.context import AdminConfig
 from delivery.reaper import Reaper, ReaperConfig
 from delivery.retention import Retention, RetentionConfig
 from delivery.summary import Summary

@@ -184,16 +184,22 @@ class _Input(BaseModel):
 class DeliverySearch(_Input):
     """The delivery filter of `deliveries list`, `GET /v1/deliveries` and bulk replay."""
 
-    state: States = ()
-    endpoint: Text | None = None
-    event_type: Text | None = None
-    error: Text | None = None
-    message_id: Text | None = None
-    since: Time | None = None
-    until: Time | None = None
-    unreplayed: StrictBool = False
-    before: Id | None = None
-    limit: Limit = 50
+    state: States = Field(
+        (), description="Comma-separated states: scheduled, in_flight, succeeded, dead, discarded."
+    )
+    endpoint: Text | None = Field(None, description="Endpoint id.")
+    event_type: Text | None = Field(None, description="Exact event type.")
+    error: Text | None = Field(
+        None, description="Text contained in the last error or any attempt's error (any case)."
+    )
+    message_id: Text | None = Field(
+        None, description="The event's message id (the webhook-id header), e.g. msg_..."
+    )
+    since: Time | None = Field(None, description="Created at or after (ISO 8601).")
+    until: Time | None = Field(None, description="Created before (ISO 8601).")
+    unreplayed: StrictBool = Field(False, description="Only deliveries never replayed.")
+    before: Id | None = Field(None, description="Paging: only ids below this (pass next_before).")
+    limit: Limit = Field(50, description="Page size, 1..1000 (default 50).")
 
     def to_filter(self, *, tenant: str | None = None) -> ops.DeliveryFilter:
         """`tenant` is resolved by the caller (it must exist, and a scope wins)."""
@@ -317,8 +323,10 @@ def _flag(value: Any) -> Any:
 
 
 class EndpointDelete(_Input):
-    reason: Reason | None = None
-    force: Annotated[StrictBool, BeforeValidator(_flag)] = False
+    reason: Reason | None = Field(None, description="Why (required).")
+    force: Annotated[StrictBool, BeforeValidator(_flag)] = Field(
+        False, description="Delete pending ones too."
+    )
 
 
 class EndpointRef(_Input):
@@ -330,16 +338,112 @@ class DeliveryRef(_Input):
 
 
 class StatsQuery(_Input):
-    window: WindowSeconds | None = None
+    window: WindowSeconds | None = Field(
+        None, description="Window in seconds (default from settings)."
+    )
 
 
 class AuditQuery(_Input):
-    actor: Text | None = None
-    action: Text | None = None
-    target: Text | None = None
-    since: Time | None = None
-    before: Id | None = None
-    limit: Limit = 50
+    actor: Text | None = Field(None, description="Exact actor.")
+    action: Text | None = Field(
+        None, description="Action or prefix (delivery, endpoint.update, api.refused)."
+    )
+    target: Text | None = Field(None, description="Target id.")
+    since: Time | None = Field(None, description="At or after (ISO 8601).")
+    before: Id | None = Field(None, description="Paging: only ids below this.")
+    limit: Limit = Field(50, description="Page size (default 50).")
+
+
+class NoInput(_Input):
+    """A route that takes no query parameters."""
+
+
+class _ReadByHandler(BaseModel):
+    """The inputs of a route whose handler reads and checks them itself (the tenant,
+    token and catalogue rules say what is wrong): declared here so the admin API's
+    document lists them and the handler can read nothing else (delivery.operator.api)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class TenantListQuery(_ReadByHandler):
+    after: str | None = Field(None, description="Paging: only ids after this (pass next_after).")
+    enabled: bool | None = Field(None, description="true or false.")
+    limit: int = Field(100, description="Page size, 1..1000 (default 100).")
+
+
+class TenantDelete(_ReadByHandler):
+    reason: str | None = Field(None, description="Why (required).")
+    force: bool = Field(False, description="Delete pending ones too.")
+
+
+class TenantCreate(_ReadByHandler):
+    id: str = Field(description="The tenant id (your customer id).")
+    name: str | None = None
+    metadata: dict[str, Any] | None = None
+    max_in_flight: int | None = None
+    max_per_second: float | None = None
+
+
+class TenantUpdate(_ReadByHandler):
+    reason: str | None = Field(None, description="Why; goes in the audit log.")
+    name: str | None = None
+    metadata: dict[str, Any] | None = None
+    max_in_flight: int | None = Field(None, description="0 or null: no limit.")
+    max_per_second: float | None = Field(None, description="0 or null: no limit.")
+
+
+class TenantAction(_ReadByHandler):
+    reason: str | None = Field(None, description="Why; goes in the audit log.")
+
+
+class PortalLinkCreate(_ReadByHandler):
+    ttl_seconds: int = Field(
+        900, description="How long the link works (default 900, at most 7 days)."
+    )
+
+
+class TokenCreate(_ReadByHandler):
+    name: str
+    role: Literal["viewer", "operator"]
+    tenant: str | None = None
+    expires_in_seconds: float | None = Field(None, gt=0)
+
+
+class EventTypeCreate(_ReadByHandler):
+    name: str
+    schema_: dict[str, Any] = Field(alias="schema", description="A JSON Schema (Draft 2020-12).")
+    description: str | None = None
+    example: dict[str, Any] | None = None
+
+
+class EventTypeUpdate(_ReadByHandler):
+    schema_: dict[str, Any] | None = Field(
+        None, alias="schema", description="A JSON Schema (Draft 2020-12)."
+    )
+    description: str | None = None
+    example: dict[str, Any] | None = None
+    status: Literal["active", "deprecated", "archived"] | None = None
+
+
+class ContractExportQuery(_ReadByHandler):
+    title: str | None = Field(None, description="info.title")
+    version: str | None = Field(None, description="info.version")
+    operational: bool | None = Field(None, description="false: leave out the operational events.")
+
+
+class RejectedQuery(_ReadByHandler):
+    limit: int = Field(100, description="At most this many (default 100).")
+
+
+class RequeueRejected(_ReadByHandler):
+    reason: str
+    skip_validation: bool = False
+
+
+class SendTestEvent(_ReadByHandler):
+    event_type: str | None = None
+    wait_seconds: float | None = Field(None, description="0 to 30 (default 10).")
 
 
 M = TypeVar("M", bound=BaseModel)

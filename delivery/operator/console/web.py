@@ -3,223 +3,49 @@
 Pages are Jinja2 templates (files in templates/) with htmx for partial updates and uPlot
 for charts, both shipped in static/ (no CDN: it works offline and behind firewalls). The
 data comes from the same functions the CLI and the admin API call, so the three never
-disagree. Security: sessions live in HttpOnly SameSite cookies (Secure over HTTPS), tokens
-never appear in a URL, every state change needs the session's CSRF token, the
-Content-Security-Policy allows scripts and styles from this origin only (no inline code),
-templates escape every value, and framing is refused except by the configured origins.
+disagree. The plumbing (headers, cookies, sessions, CSRF, errors) is in base.py.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hmac
-import json
-import re
-import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlencode
 
-import jinja2
 from sqlalchemy import Connection
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from delivery.operator.console import queries, scoped
+from delivery.operator.console.base import (
+    CONSOLE_COOKIE,
+    HERE,
+    PORTAL_COOKIE,
+    ConsoleBase,
+    PageError,
+    moment,
+)
 from delivery.operator.console.sessions import (
     WebSession,
     close_session,
     issue_portal_link,
-    load_session,
     open_session,
     portal_link,
     redeem_portal_link,
 )
-from delivery.operator.refusals import UnauthenticatedLimiter, client_address
 from outbox import operations as ops
-from outbox.errors import NotFoundError, OutboxError
+from outbox.errors import NotFoundError
 from outbox.tokens import TokenRefusedError, authenticate
 
-if TYPE_CHECKING:
-    from delivery.operator.api import AdminApi
-
-HERE = Path(__file__).resolve().parent
-CONSOLE_COOKIE = "obx_console"
-PORTAL_COOKIE = "obx_portal"
-_COLOR = re.compile(r"^#[0-9a-fA-F]{6}$")
-_ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 # Reasons of refused sign-ins in the audit log (never what was presented).
 SIGN_IN_REFUSED = "console sign-in: unknown or revoked token"
 LINK_REFUSED = "portal sign-in: unknown, used or expired link"
 
 
-@dataclass(frozen=True, slots=True)
-class ConsoleConfig:
-    """Settings of the web pages (OUTBOX_CONSOLE_*), validated at the edge."""
-
-    app_name: str = "webhook-outbox"
-    brand_color: str = "#2f5bea"
-    # Origins allowed to embed the portal in an iframe (e.g. https://app.example.com).
-    frame_origins: tuple[str, ...] = ()
-    session_ttl: dt.timedelta = dt.timedelta(hours=8)
-    portal_session_ttl: dt.timedelta = dt.timedelta(hours=1)
-    link_ttl: dt.timedelta = dt.timedelta(minutes=15)
-    # Logins and link exchanges per client address per minute.
-    logins_per_minute: int = 10
-    # Where the admin server is reached (OUTBOX_PUBLIC_URL): portal links print in full.
-    public_url: str | None = None
-
-    def __post_init__(self) -> None:
-        if not _COLOR.match(self.brand_color):
-            raise ValueError(f"brand colour {self.brand_color!r} must look like #2f5bea")
-        for origin in self.frame_origins:
-            if not _ORIGIN.match(origin):
-                raise ValueError(
-                    f"frame origin {origin!r} must be a scheme and host, e.g. https://app.example"
-                )
-
-
-class PageError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-Page = Callable[[Request, WebSession], Awaitable[Response]]
-
-
-class Console:
-    """Routes of the console and the portal, sharing the admin API's engine and clock."""
-
-    def __init__(self, api: AdminApi, config: ConsoleConfig | None = None) -> None:
-        self.api = api
-        self.config = config or ConsoleConfig()
-        # the admin API's limiter: a token bucket per client, least recently seen forgotten
-        self.limiter = UnauthenticatedLimiter(self.config.logins_per_minute)
-        self.env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(HERE / "templates"),
-            autoescape=True,
-            undefined=jinja2.StrictUndefined,
-        )
-        self.env.filters["when"] = _when
-        self.env.filters["ms"] = _ms
-        self.env.filters["pct"] = _pct
-        # Readable JSON; the template's autoescaping then makes it safe HTML.
-        self.env.filters["pretty"] = _pretty
-
-    # -- plumbing -------------------------------------------------------------------------
-
-    def render(
-        self, request: Request, template: str, status: int = 200, **context: Any
-    ) -> Response:
-        context.setdefault("session", None)
-        body = self.env.get_template(template).render(
-            request=request, config=self.config, **context
-        )
-        session = context.get("session")
-        portal = template.startswith("portal/") or getattr(session, "kind", None) == "portal"
-        return self.secure(HTMLResponse(body, status), portal=portal)
-
-    def secure(self, response: Response, *, portal: bool = False) -> Response:
-        origins = " ".join(self.config.frame_origins) if portal else ""
-        ancestors = origins or "'none'"
-        response.headers["content-security-policy"] = (
-            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-            "connect-src 'self'; form-action 'self'; base-uri 'none'; "
-            f"frame-ancestors {ancestors}"
-        )
-        if not origins:
-            response.headers["x-frame-options"] = "DENY"
-        response.headers["x-content-type-options"] = "nosniff"
-        response.headers["referrer-policy"] = "same-origin"
-        response.headers["cache-control"] = "no-store"
-        return response
-
-    def _cookie(self, response: Response, request: Request, name: str, value: str) -> None:
-        https = request.url.scheme == "https"
-        # The portal is embedded cross-site only from configured origins; that needs
-        # SameSite=None, which browsers accept only with Secure (HTTPS).
-        cross_site = name == PORTAL_COOKIE and bool(self.config.frame_origins) and https
-        ttl = self.config.portal_session_ttl if name == PORTAL_COOKIE else self.config.session_ttl
-        response.set_cookie(
-            name,
-            value,
-            max_age=int(ttl.total_seconds()),
-            path="/portal" if name == PORTAL_COOKIE else "/console",
-            httponly=True,
-            secure=https,
-            samesite="none" if cross_site else ("lax" if name == PORTAL_COOKIE else "strict"),
-        )
-
-    def _client(self, request: Request) -> str:
-        return client_address(request) or "unknown"
-
-    async def _refused_sign_in(self, request: Request, key: str, why: str) -> None:
-        """Audit a failed sign-in like a refused API call: aggregated per client and reason
-        (with the client's 429s since its last written refusal), so a flood of guesses
-        costs a bounded number of rows (see delivery.operator.refusals)."""
-        await self.api.record_refused(
-            request,
-            request_id=uuid.uuid4().hex,
-            status=401,
-            why=why,
-            actor="anonymous",
-            limited=self.limiter.limited_since_written(key),
-        )
-
-    async def _session(self, request: Request, kind: str) -> WebSession | None:
-        cookie = request.cookies.get(CONSOLE_COOKIE if kind == "console" else PORTAL_COOKIE, "")
-        if not cookie:
-            return None
-        now = self.api.clock.now()
-        return await self.api.read(lambda c: load_session(c, cookie, kind=kind, now=now))
-
-    async def _check_csrf(self, request: Request, session: WebSession) -> dict[str, str]:
-        form = await request.form()
-        fields = {k: v for k, v in form.items() if isinstance(v, str)}
-        presented = request.headers.get("x-csrf-token") or fields.get("csrf", "")
-        if not hmac.compare_digest(presented.encode(), session.csrf_token.encode()):
-            raise PageError(403, "the form expired or did not come from this console; reload")
-        origin = request.headers.get("origin")
-        if origin and origin != f"{request.url.scheme}://{request.url.netloc}":
-            raise PageError(403, "cross-origin form refused")
-        return fields
-
-    def page(self, kind: str, handler: Page, *, act: bool = False) -> Callable[..., Any]:
-        """Wrap a handler: load the session, check role and CSRF, render errors."""
-
-        async def endpoint(request: Request) -> Response:
-            session = await self._session(request, kind)
-            if session is None:
-                if kind == "console":
-                    return self.secure(RedirectResponse("/console/login", 303))
-                return self.render(
-                    request,
-                    "portal/expired.html",
-                    401,
-                    message="This portal session has ended. Ask for a new link.",
-                )
-            try:
-                if request.method == "POST":
-                    if act and not session.can_act:
-                        raise PageError(403, "your role can look but not act")
-                    request.state.form = await self._check_csrf(request, session)
-                return await handler(request, session)
-            except PageError as exc:
-                return self.render(
-                    request, "error.html", exc.status, session=session, message=exc.message
-                )
-            except NotFoundError as exc:
-                return self.render(request, "error.html", 404, session=session, message=str(exc))
-            except (OutboxError, ValueError) as exc:
-                return self.render(request, "error.html", 400, session=session, message=str(exc))
-
-        return endpoint
+class Console(ConsoleBase):
+    """Routes of the console and the portal, on the shared operator context."""
 
     # -- login ----------------------------------------------------------------------------
 
@@ -227,7 +53,7 @@ class Console:
         return self.render(request, "login.html", session=None, error=None)
 
     async def login(self, request: Request) -> Response:
-        now = self.api.clock.now()
+        now = self.context.clock.now()
         key = f"login:{self._client(request)}"
         wait = self.limiter.take(key, now)
         if wait is not None:
@@ -264,7 +90,7 @@ class Console:
                 token_row=principal.token_row,
             )
 
-        opened = await self.api.write(sign_in)
+        opened = await self.context.write(sign_in)
         if opened is None:
             await self._refused_sign_in(request, key, refused)
             return self.render(
@@ -282,7 +108,7 @@ class Console:
         portal = session.kind == "portal"
         name = PORTAL_COOKIE if portal else CONSOLE_COOKIE
         cookie = request.cookies.get(name, "")
-        await self.api.write(lambda c: close_session(c, cookie))
+        await self.context.write(lambda c: close_session(c, cookie))
         if portal:
             response = self.render(
                 request, "portal/expired.html", message="Signed out. Ask for a new link to return."
@@ -299,9 +125,9 @@ class Console:
     # -- overview -------------------------------------------------------------------------
 
     async def _overview(self, session: WebSession) -> scoped.Overview:
-        now = self.api.clock.now()
-        config = self.api.config
-        return await self.api.read(
+        now = self.context.clock.now()
+        config = self.context.config
+        return await self.context.read(
             lambda c: scoped.overview(
                 c,
                 session.tenant_uid,
@@ -322,7 +148,7 @@ class Console:
     async def charts(self, request: Request, session: WebSession) -> Response:
         span = dt.timedelta(days=1) if request.query_params.get("range") == "day" else None
         span = span or dt.timedelta(hours=1)
-        since = self.api.clock.now() - span
+        since = self.context.clock.now() - span
         tenant = session.tenant_uid
         uid = request.path_params.get("uid")
 
@@ -334,7 +160,7 @@ class Console:
                 statement, params = queries.ATTEMPT_SERIES, {"since": since, "tenant_uid": tenant}
             return list(conn.execute(statement, params).mappings())
 
-        rows = await self.api.read(read)
+        rows = await self.context.read(read)
         data = {
             "minutes": [int(row["minute"].timestamp()) for row in rows],
             "succeeded": [int(row["succeeded"]) for row in rows],
@@ -389,7 +215,7 @@ class Console:
         flt = self._filter(request)
         tenant = self._tenant_of(request, session)
         message_id = (request.query_params.get("message_id") or "").strip() or None
-        items = await self.api.read(
+        items = await self.context.read(
             lambda c: scoped.search_deliveries(c, flt, tenant=tenant, message_id=message_id)
         )
         query = {k: v for k, v in request.query_params.items() if v and k != "before"}
@@ -417,7 +243,7 @@ class Console:
     async def delivery(self, request: Request, session: WebSession) -> Response:
         delivery_id = self._delivery_id(request)
         tenant = session.tenant_uid
-        detail = await self.api.read(lambda c: scoped.get_delivery(c, delivery_id, tenant))
+        detail = await self.context.read(lambda c: scoped.get_delivery(c, delivery_id, tenant))
         return self.render(request, "delivery.html", session=session, detail=detail, notice=None)
 
     def _root(self, session: WebSession) -> str:
@@ -431,8 +257,8 @@ class Console:
     async def replay(self, request: Request, session: WebSession) -> Response:
         delivery_id = self._delivery_id(request)
         form: dict[str, str] = request.state.form
-        now = self.api.clock.now()
-        result = await self.api.write(
+        now = self.context.clock.now()
+        result = await self.context.write(
             lambda c: scoped.replay(
                 c,
                 delivery_id,
@@ -449,8 +275,8 @@ class Console:
     async def discard(self, request: Request, session: WebSession) -> Response:
         delivery_id = self._delivery_id(request)
         form: dict[str, str] = request.state.form
-        now = self.api.clock.now()
-        await self.api.write(
+        now = self.context.clock.now()
+        await self.context.write(
             lambda c: scoped.discard(
                 c,
                 delivery_id,
@@ -473,9 +299,9 @@ class Console:
             # A scoped session's tenant, whatever the form says; else the operator's filter.
             tenant=session.tenant_uid or form.get("tenant") or None,
         )
-        now = self.api.clock.now()
+        now = self.context.clock.now()
         confirm = form.get("confirm") == "yes"
-        result = await self.api.write(
+        result = await self.context.write(
             lambda c: ops.bulk_replay(
                 c,
                 flt,
@@ -483,7 +309,7 @@ class Console:
                 reason=form.get("reason"),
                 now=now,
                 dry_run=not confirm,
-                rate_per_minute=self.api.config.replay_rate_per_minute,
+                rate_per_minute=self.context.config.replay_rate_per_minute,
             )
         )
         return self.render(
@@ -506,7 +332,7 @@ class Console:
             return found, types
 
         stats = await self._overview(session)
-        found, types = await self.api.read(read)
+        found, types = await self.context.read(read)
         health = {e.uid: e for e in stats.endpoints}
         return self.render(
             request,
@@ -525,11 +351,11 @@ class Console:
         form = await request.form()
         chosen = [str(v) for v in form.getlist("event_type") if str(v).strip()]
         extra = [p.strip() for p in str(form.get("patterns") or "").split(",") if p.strip()]
-        https_only = self.api.config.https_only
-        created = await self.api.write(
+        https_only = self.context.config.https_only
+        created = await self.context.write(
             lambda c: scoped.add_endpoint(
                 c,
-                self.api.box,
+                self.context.box,
                 tenant,
                 actor=session.actor,
                 url=str(form.get("url") or "").strip(),
@@ -567,7 +393,7 @@ class Console:
             owner = str(page["settings"]["tenant_uid"])
             return page, recent, scoped.event_types(conn, owner)
 
-        page, recent, types = await self.api.read(read)
+        page, recent, types = await self.context.read(read)
         stats = await self._overview(session)
         health = next((e for e in stats.endpoints if e.uid == uid), None)
         return self.render(
@@ -591,13 +417,13 @@ class Console:
         uid = self._uid(request)
         action = str(request.path_params["action"])
         form: dict[str, str] = request.state.form
-        tenant, actor, now = session.tenant_uid, session.actor, self.api.clock.now()
-        box, config = self.api.box, self.api.config
+        tenant, actor, now = session.tenant_uid, session.actor, self.context.clock.now()
+        box, config = self.context.box, self.context.config
         portal_only = {"edit", "delete"}
         if action in portal_only and session.kind != "portal":
             raise PageError(400, f"{action} endpoints with `outbox endpoints` or the admin API")
         if action in ("enable", "disable"):
-            await self.api.write(
+            await self.context.write(
                 lambda c: scoped.set_endpoint_enabled(
                     c,
                     uid,
@@ -609,10 +435,12 @@ class Console:
             )
             return self._redirect(session, f"/endpoints/{uid}")
         if action == "reveal":
-            secret = await self.api.write(lambda c: scoped.reveal(c, box, uid, tenant, actor=actor))
+            secret = await self.context.write(
+                lambda c: scoped.reveal(c, box, uid, tenant, actor=actor)
+            )
             return await self._endpoint_page(request, session, uid, secret=secret)
         if action == "rotate":
-            rotated = await self.api.write(
+            rotated = await self.context.write(
                 lambda c: scoped.rotate(
                     c, box, uid, tenant, actor=actor, now=now, grace=config.default_rotation_grace
                 )
@@ -621,7 +449,7 @@ class Console:
                 request, session, uid, secret=rotated.secret, notice="rotated"
             )
         if action == "test":
-            delivery_id = await self.api.write(
+            delivery_id = await self.context.write(
                 lambda c: scoped.send_test_event(c, uid, tenant, actor=actor, now=now)
             )
             return self._redirect(session, f"/deliveries/{delivery_id}")
@@ -629,7 +457,7 @@ class Console:
             raw = await request.form()
             chosen = [str(v) for v in raw.getlist("event_type") if str(v).strip()]
             extra = [p.strip() for p in (form.get("patterns") or "").split(",") if p.strip()]
-            await self.api.write(
+            await self.context.write(
                 lambda c: scoped.update_endpoint(
                     c,
                     uid,
@@ -643,7 +471,7 @@ class Console:
             )
             return self._redirect(session, f"/endpoints/{uid}")
         if action == "delete":
-            await self.api.write(
+            await self.context.write(
                 lambda c: scoped.delete_endpoint(
                     c, uid, tenant, actor=actor, reason=form.get("reason")
                 )
@@ -657,7 +485,7 @@ class Console:
         self, request: Request, session: WebSession, issued: dict[str, str] | None = None
     ) -> Response:
         tenant = session.tenant_uid
-        rows = await self.api.read(
+        rows = await self.context.read(
             lambda c: list(
                 c.execute(
                     queries.SELECT_TENANTS_OVERVIEW, {"tenant_uid": tenant, "limit": 500}
@@ -669,18 +497,18 @@ class Console:
     async def portal_link(self, request: Request, session: WebSession) -> Response:
         """Issue a portal link from the tenants page, shown once to the operator."""
         tenant = str(request.path_params["uid"])
-        now, ttl = self.api.clock.now(), self.config.link_ttl
+        now, ttl = self.context.clock.now(), self.config.link_ttl
 
         def issue(conn: Connection) -> str:
             scoped.issue_link_checked(conn, tenant, session.tenant_uid)
             return issue_portal_link(conn, tenant, actor=session.actor, now=now, ttl=ttl)
 
-        secret = await self.api.write(issue)
+        secret = await self.context.write(issue)
         link = portal_link(secret, self.config.public_url)
         if not self.config.public_url:
             link = f"{request.url.scheme}://{request.url.netloc}{link}"
         return await self.tenants(
-            request, session, issued={"tenant": tenant, "link": link, "expires": _when(now + ttl)}
+            request, session, issued={"tenant": tenant, "link": link, "expires": moment(now + ttl)}
         )
 
     async def audit(self, request: Request, session: WebSession) -> Response:
@@ -688,7 +516,7 @@ class Console:
         actor = (q.get("actor") or "").strip() or None
         action = (q.get("action") or "").strip() or None
         tenant = session.tenant_uid
-        entries = await self.api.read(
+        entries = await self.context.read(
             lambda c: scoped.list_audit(c, tenant, actor=actor, action=action, limit=100)
         )
         return self.render(
@@ -699,7 +527,7 @@ class Console:
 
     async def portal_enter(self, request: Request) -> Response:
         """Exchange a single-use link for a session; the link leaves the address bar."""
-        now = self.api.clock.now()
+        now = self.context.clock.now()
         key = f"link:{self._client(request)}"
         wait = self.limiter.take(key, now)
         if wait is not None:
@@ -725,7 +553,7 @@ class Console:
                 ttl=self.config.portal_session_ttl,
             )
 
-        opened = await self.api.write(exchange)
+        opened = await self.context.write(exchange)
         if opened is None:
             await self._refused_sign_in(request, key, LINK_REFUSED)
             return self.render(
@@ -797,22 +625,3 @@ class Console:
             Mount("/static", StaticFiles(directory=HERE / "static"), name="portal-static"),
         ]
         return [Mount("/console", routes=console), Mount("/portal", routes=portal)]
-
-
-def _when(value: dt.datetime | None) -> str:
-    """A moment as a UTC date and time to the second (the pages state times, not ages)."""
-    if value is None:
-        return "-"
-    return value.strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f} ms"
-
-
-def _pretty(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f} %"

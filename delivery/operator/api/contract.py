@@ -12,14 +12,22 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from delivery.operator.api import ApiError, Call, Operation, Param
+from delivery.operator.api.core import ApiError, Call, Operation, Param
+from delivery.operator.validation import (
+    ContractExportQuery,
+    EventTypeCreate,
+    EventTypeUpdate,
+    RejectedQuery,
+    RequeueRejected,
+    SendTestEvent,
+)
 from outbox import catalogue
 from outbox.schema_rules import vet_schema
 from outbox.testevents import read_test_outcome, send_test_event
 
-_NAME = Param("name", "Event type name, e.g. order.created.", where="path")
-_UID = Param("uid", "Endpoint id (ep_...).", where="path")
-_MESSAGE = Param("message_id", "Message id (msg_...).", where="path")
+_NAME = Param("name", "Event type name, e.g. order.created.")
+_UID = Param("uid", "Endpoint id (ep_...).")
+_MESSAGE = Param("message_id", "Message id (msg_...).")
 _MAX_WAIT = 30.0
 
 
@@ -191,14 +199,7 @@ async def test_endpoint(call: Call) -> Any:
     return {**sent.as_json(), "outcome": outcome.as_json(), "finished": outcome.finished}
 
 
-_EVENT_TYPE_BODY = {
-    "name": {"type": "string"},
-    "schema": {"type": "object", "description": "A JSON Schema (Draft 2020-12)."},
-    "description": {"type": "string"},
-    "example": {"type": "object"},
-}
-
-CONTRACT_ROUTES: tuple[Operation, ...] = (
+routes = [
     Operation("GET", "/v1/event-types", "viewer", "The event-type catalogue.", list_event_types),
     Operation(
         "POST",
@@ -206,8 +207,7 @@ CONTRACT_ROUTES: tuple[Operation, ...] = (
         "operator",
         "Add an event type with its first schema version.",
         add_event_type,
-        (),
-        {"type": "object", "required": ["name", "schema"], "properties": _EVENT_TYPE_BODY},
+        body=EventTypeCreate,
     ),
     Operation(
         "GET",
@@ -224,13 +224,7 @@ CONTRACT_ROUTES: tuple[Operation, ...] = (
         "A new schema version, description, example or status.",
         update_event_type,
         (_NAME,),
-        {
-            "type": "object",
-            "properties": {
-                **_EVENT_TYPE_BODY,
-                "status": {"enum": ["active", "deprecated", "archived"]},
-            },
-        },
+        body=EventTypeUpdate,
     ),
     Operation(
         "POST",
@@ -254,11 +248,7 @@ CONTRACT_ROUTES: tuple[Operation, ...] = (
         "viewer",
         "The partners' OpenAPI 3.1 document: every event type as a webhook.",
         export_openapi,
-        (
-            Param("title", "info.title"),
-            Param("version", "info.version"),
-            Param("operational", "false: leave out the operational events."),
-        ),
+        query=ContractExportQuery,
     ),
     Operation(
         "GET",
@@ -266,7 +256,7 @@ CONTRACT_ROUTES: tuple[Operation, ...] = (
         "viewer",
         "Events whose payload broke their schema (published through SQL), newest first.",
         list_rejected,
-        (Param("limit", "At most this many (default 100).", "integer"),),
+        query=RejectedQuery,
     ),
     Operation(
         "POST",
@@ -275,11 +265,7 @@ CONTRACT_ROUTES: tuple[Operation, ...] = (
         "Give a rejected event back to the relay (checked again unless skip_validation).",
         requeue_rejected,
         (_MESSAGE,),
-        {
-            "type": "object",
-            "required": ["reason"],
-            "properties": {"reason": {"type": "string"}, "skip_validation": {"type": "boolean"}},
-        },
+        body=RequeueRejected,
     ),
     Operation(
         "POST",
@@ -288,12 +274,6 @@ CONTRACT_ROUTES: tuple[Operation, ...] = (
         "Send a test event (a type's example, or a ping) to one endpoint; waits for the outcome.",
         test_endpoint,
         (_UID,),
-        {
-            "type": "object",
-            "properties": {
-                "event_type": {"type": "string"},
-                "wait_seconds": {"type": "number"},
-            },
-        },
+        body=SendTestEvent,
     ),
-)
+]

@@ -1,0 +1,282 @@
+"""Endpoints: list with their health and breaker, add, change, enable and disable, rotate
+the signing secret, delete. Every change is audited in its own transaction."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import Connection
+
+from delivery.operator.api.core import Call, Operation, Param
+from delivery.operator.validation import (
+    EndpointAction,
+    EndpointCreate,
+    EndpointDelete,
+    EndpointUpdate,
+    RotateSecret,
+)
+from outbox import operations as ops
+from outbox.endpoints import Endpoint, get_endpoint, list_endpoints, set_enabled, set_proxy
+from outbox.stats import EndpointHealth, collect_stats
+from outbox.tenants import DEFAULT_TENANT
+
+UID = Param("uid", "Endpoint id (ep_...).")
+
+
+def _endpoint_json(health: EndpointHealth | None, data: dict[str, Any]) -> dict[str, Any]:
+    """The endpoint, its recent health and its breaker: the same block `outbox stats` shows.
+
+    The breaker sits beside `health` (not inside it) because it is the first thing an
+    operator looks for, and it is the very dict `/v1/stats` reports for that endpoint.
+    """
+    if health is not None:
+        stats = health.as_json()
+        data["breaker"] = stats.pop("breaker")
+        data["health"] = {k: v for k, v in stats.items() if k not in ("uid", "url", "enabled")}
+    return data
+
+
+async def list_endpoints_route(call: Call) -> Any:
+    """The tenant's endpoints in `items`; those receiving every tenant's events apart."""
+    now, tenant = call.api.clock.now(), await call.tenant()
+
+    def read(conn: Connection) -> list[dict[str, Any]]:
+        stats = collect_stats(conn, now=now, window=call.api.config.stats_window, scope=tenant)
+        health = {item.uid: item for item in stats.endpoints}
+        return [
+            _endpoint_json(health.get(e.uid), e.as_json())
+            for e in list_endpoints(conn, scope=tenant)
+        ]
+
+    found = await call.api.read(read)
+    return {
+        "items": [e for e in found if not e["all_tenants"]],
+        "all_tenants": [e for e in found if e["all_tenants"]],
+    }
+
+
+async def create_endpoint_route(call: Call) -> Any:
+    data = await call.body_as(EndpointCreate)
+    all_tenants = data.all_tenants
+    if all_tenants:
+        call.unscoped_only("create an endpoint that receives every tenant's events")
+    owner = await call.tenant(data.tenant, from_query=False) or DEFAULT_TENANT
+
+    def create(conn: Connection) -> dict[str, Any]:
+        created = ops.add_endpoint(
+            conn,
+            call.api.box,
+            actor=call.actor,
+            url=data.url,
+            event_types=data.event_types,
+            secret=data.secret,
+            description=data.description,
+            request_id=call.request_id,
+            https_only=call.api.config.https_only,
+            signature=data.signature,
+            tenant=owner,
+            all_tenants=all_tenants,
+        )
+        if data.proxy is not None:
+            endpoint = set_proxy(
+                conn,
+                call.api.box,
+                created.endpoint.uid,
+                data.proxy,
+                actor=call.actor,
+                request_id=call.request_id,
+            )
+            created = dataclasses.replace(created, endpoint=endpoint)
+        # An ed25519 endpoint's answer holds its whpk_ public key (in the endpoint), no secret.
+        secret = (
+            {} if created.endpoint.signature_scheme == "ed25519" else {"secret": created.secret}
+        )
+        return {**created.endpoint.as_json(), **secret}
+
+    answer = await call.api.write(create)
+    return {**answer, "warnings": await call.api.address_warnings(answer["url"])}
+
+
+async def update_endpoint_route(call: Call) -> Any:
+    uid, data = call.path_uid(), await call.body_as(EndpointUpdate)
+
+    def update(c: Connection) -> Endpoint:
+        proxy_given = "proxy" in data.model_fields_set
+        if data.changes_fields or not proxy_given:
+            item = ops.update_endpoint(
+                c,
+                uid,
+                actor=call.actor,
+                url=data.url,
+                description=data.description,
+                event_types=data.event_types,
+                timeout_seconds=data.timeout_seconds,
+                max_attempts=data.max_attempts,
+                reason=data.reason,
+                request_id=call.request_id,
+                https_only=call.api.config.https_only,
+                scope=call.scope,
+            )
+        if proxy_given:
+            item = set_proxy(
+                c,
+                call.api.box,
+                uid,
+                data.proxy,
+                actor=call.actor,
+                reason=data.reason,
+                request_id=call.request_id,
+                scope=call.scope,
+            )
+        return item
+
+    updated = await call.api.write(update)
+    warnings = await call.api.address_warnings(updated.url) if data.url is not None else []
+    return {**updated.as_json(), "warnings": warnings}
+
+
+async def _set_enabled(call: Call, enabled: bool) -> Any:
+    uid, data = call.path_uid(), await call.body_as(EndpointAction)
+
+    def change(conn: Connection) -> dict[str, Any]:
+        item = set_enabled(
+            conn,
+            uid,
+            enabled=enabled,
+            reason=data.reason,
+            actor=call.actor,
+            request_id=call.request_id,
+            scope=call.scope,
+        )
+        return item.as_json()
+
+    return await call.api.write(change)
+
+
+async def enable_endpoint(call: Call) -> Any:
+    return await _set_enabled(call, True)
+
+
+async def disable_endpoint(call: Call) -> Any:
+    return await _set_enabled(call, False)
+
+
+async def rotate_endpoint_secret(call: Call) -> Any:
+    uid, data = call.path_uid(), await call.body_as(RotateSecret)
+    grace = (
+        dt.timedelta(seconds=data.grace_seconds)
+        if data.grace_seconds is not None
+        else call.api.config.default_rotation_grace
+    )
+    now = call.api.clock.now()
+    rotated = await call.api.write(
+        lambda c: ops.rotate_secret(
+            c,
+            call.api.box,
+            uid,
+            actor=call.actor,
+            now=now,
+            grace=grace,
+            secret=data.secret,
+            reason=data.reason,
+            request_id=call.request_id,
+            signature=data.signature,
+            scope=call.scope,
+        )
+    )
+    ed25519 = rotated.endpoint.signature_scheme == "ed25519"
+    return {
+        **rotated.endpoint.as_json(),
+        **({} if ed25519 else {"secret": rotated.secret}),
+        "previous_secret_expires_at": rotated.previous_expires_at.isoformat(),
+    }
+
+
+async def delete_endpoint_route(call: Call) -> Any:
+    uid = call.path_uid()
+    query = call.query_as(EndpointDelete)
+    force, reason = query.force, query.reason
+
+    scope = call.scope
+
+    def delete(conn: Connection) -> dict[str, Any]:
+        get_endpoint(conn, uid, scope=scope)
+        return ops.delete_endpoint(
+            conn,
+            uid,
+            actor=call.actor,
+            reason=reason,
+            force=force,
+            request_id=call.request_id,
+            scope=scope,
+        )
+
+    return {"deleted": uid, **(await call.api.write(delete))}
+
+
+routes = [
+    Operation(
+        "GET",
+        "/v1/endpoints",
+        "viewer",
+        "Endpoints with their recent success rate, latency, backlog and circuit breaker; "
+        "all-tenants endpoints listed apart.",
+        list_endpoints_route,
+        tenant_filter=True,
+    ),
+    Operation(
+        "POST",
+        "/v1/endpoints",
+        "operator",
+        "Add an endpoint; the answer holds its secret, shown only once.",
+        create_endpoint_route,
+        body=EndpointCreate,
+    ),
+    Operation(
+        "PATCH",
+        "/v1/endpoints/{uid}",
+        "operator",
+        "Change an endpoint's URL, events, description, timeout, max attempts or proxy.",
+        update_endpoint_route,
+        (UID,),
+        body=EndpointUpdate,
+    ),
+    Operation(
+        "DELETE",
+        "/v1/endpoints/{uid}",
+        "operator",
+        "Delete an endpoint and its history (refused while deliveries are pending).",
+        delete_endpoint_route,
+        (UID,),
+        query=EndpointDelete,
+    ),
+    Operation(
+        "POST",
+        "/v1/endpoints/{uid}/enable",
+        "operator",
+        "Enable an endpoint.",
+        enable_endpoint,
+        (UID,),
+        body=EndpointAction,
+    ),
+    Operation(
+        "POST",
+        "/v1/endpoints/{uid}/disable",
+        "operator",
+        "Disable an endpoint; its deliveries wait.",
+        disable_endpoint,
+        (UID,),
+        body=EndpointAction,
+    ),
+    Operation(
+        "POST",
+        "/v1/endpoints/{uid}/rotate-secret",
+        "operator",
+        "New signing secret; the old one also signs until the grace period ends.",
+        rotate_endpoint_secret,
+        (UID,),
+        body=RotateSecret,
+    ),
+]
