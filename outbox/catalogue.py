@@ -177,6 +177,19 @@ def referenced_versions(
     return found
 
 
+def _check_here(
+    conn: Connection, schema: Any, example: Any, limits: SchemaLimits, budget: float
+) -> CheckedSchema:
+    """`check_new_schema` in the caller's transaction, when nobody vetted it before."""
+    return check_new_schema(
+        schema,
+        example,
+        limits=limits,
+        versions=lambda refs: referenced_versions(conn, refs),
+        budget=budget,
+    )
+
+
 def check_new_schema(
     schema: Any,
     example: Any,
@@ -348,13 +361,7 @@ def add_event_type(
     that off its event loop); otherwise they are vetted here."""
     name = valid_name(name)
     if checked is None:
-        checked = check_new_schema(
-            schema,
-            example,
-            limits=limits,
-            versions=lambda refs: referenced_versions(conn, refs),
-            budget=budget,
-        )
+        checked = _check_here(conn, schema, example, limits, budget)
     schema, example = checked.schema, checked.example
     created = conn.execute(
         queries.INSERT_EVENT_TYPE, {"name": name, "description": description}
@@ -418,13 +425,7 @@ def update_event_type(
     version = current.current_version
     if schema is not None:
         if checked is None:
-            checked = check_new_schema(
-                schema,
-                example,
-                limits=limits,
-                versions=lambda refs: referenced_versions(conn, refs),
-                budget=budget,
-            )
+            checked = _check_here(conn, schema, example, limits, budget)
         schema = checked.schema
         # A new schema keeps the current example only if it still matches.
         example = (
