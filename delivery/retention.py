@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.clock import Clock
-from outbox.operations import LATENCY_BUCKETS
 from outbox.outage import OUTAGE
+from outbox.schema import LATENCY_BUCKETS
 from outbox.sql import retention as queries
 
 log = logging.getLogger(__name__)

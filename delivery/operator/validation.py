@@ -1,8 +1,8 @@
 """One validation layer for operator input, shared by the CLI and the admin API.
 
 Everything an operator types (CLI arguments, query strings, JSON bodies) goes
-through these models before it reaches `outbox.operations` or the database, so
-both doors refuse the same things with the same one-line message:
+through these models before it reaches `outbox.deliveries`, `outbox.endpoints` or
+the database, so both doors refuse the same things with the same one-line message:
 
 - integers are integers: `true`, `1.5`, `"1e3"` and full-width digits (U+FF11, which
   Python's `int()` would accept) are refused, and every id fits PostgreSQL's bigint;
@@ -36,7 +36,7 @@ from pydantic import (
     ValidationError,
 )
 
-from outbox import operations as ops
+from outbox import deliveries as delivery_ops
 from outbox.endpoint_rules import MAX_ENDPOINT_TIMEOUT_SECONDS
 from outbox.errors import OperationError
 
@@ -158,7 +158,7 @@ def _states(value: Any) -> Any:
 
 
 Id = Annotated[int, BeforeValidator(_integer), Field(ge=1, le=MAX_ID)]
-Limit = Annotated[int, BeforeValidator(_integer), Field(ge=1, le=ops.MAX_PAGE)]
+Limit = Annotated[int, BeforeValidator(_integer), Field(ge=1, le=delivery_ops.MAX_PAGE)]
 Text = Annotated[str, BeforeValidator(_text), Field(min_length=1, max_length=MAX_TEXT)]
 Reason = Annotated[str, BeforeValidator(_text), Field(max_length=MAX_REASON)]
 Time = Annotated[dt.datetime, BeforeValidator(_time)]
@@ -201,9 +201,9 @@ class DeliverySearch(_Input):
     before: Id | None = Field(None, description="Paging: only ids below this (pass next_before).")
     limit: Limit = Field(50, description="Page size, 1..1000 (default 50).")
 
-    def to_filter(self, *, tenant: str | None = None) -> ops.DeliveryFilter:
+    def to_filter(self, *, tenant: str | None = None) -> delivery_ops.DeliveryFilter:
         """`tenant` is resolved by the caller (it must exist, and a scope wins)."""
-        return ops.DeliveryFilter(
+        return delivery_ops.DeliveryFilter(
             tenant=tenant,
             states=self.state,
             endpoint=self.endpoint,
@@ -231,7 +231,7 @@ class ReplayFilter(_Input):
     # Checked by the tenant rules themselves when it is resolved (outbox.tenants).
     tenant: StrictStr | None = None
 
-    def to_filter(self, *, tenant: str | None = None) -> ops.DeliveryFilter:
+    def to_filter(self, *, tenant: str | None = None) -> delivery_ops.DeliveryFilter:
         """`tenant` is the resolved one (see DeliverySearch.to_filter), not `self.tenant`."""
         fields = self.model_dump(exclude={"tenant"})
         return DeliverySearch(**fields).to_filter(tenant=tenant)
@@ -250,7 +250,7 @@ class ReplayMany(_Input):
     dry_run: StrictBool = False
     force: StrictBool = False
     again: StrictBool = False
-    max_count: BulkCount = ops.DEFAULT_BULK_LIMIT
+    max_count: BulkCount = delivery_ops.DEFAULT_BULK_LIMIT
     rate_per_minute: ReplayRate | None = None
 
 

@@ -6,14 +6,14 @@ from typing import Any
 
 from delivery.operator.api.core import Call, Operation
 from delivery.operator.validation import AuditQuery
-from outbox import operations as ops
+from outbox import audit as audit_log
 
 
 async def audit_route(call: Call) -> Any:
     query = call.query_as(AuditQuery)
     tenant = await call.tenant()
     entries = await call.api.read(
-        lambda c: ops.list_audit(
+        lambda c: audit_log.list_audit(
             c,
             actor=query.actor,
             action=query.action,

@@ -13,14 +13,14 @@ from delivery.operator.validation import (
     ReplayMany,
     ReplayOne,
 )
-from outbox import operations as ops
+from outbox import deliveries as delivery_ops
 
 ID = Param("id", "Delivery id.", "integer")
 
 
 async def list_deliveries(call: Call) -> Any:
     flt = call.query_as(DeliverySearch).to_filter(tenant=await call.tenant())
-    items = await call.api.read(lambda c: ops.search_deliveries(c, flt))
+    items = await call.api.read(lambda c: delivery_ops.search_deliveries(c, flt))
     return {
         "items": [item.as_json() for item in items],
         "next_before": items[-1].id if len(items) == flt.limit else None,
@@ -29,14 +29,16 @@ async def list_deliveries(call: Call) -> Any:
 
 async def show_delivery(call: Call) -> Any:
     delivery_id, scope = call.path_id(), call.scope
-    return (await call.api.read(lambda c: ops.get_delivery(c, delivery_id, scope=scope))).as_json()
+    return (
+        await call.api.read(lambda c: delivery_ops.get_delivery(c, delivery_id, scope=scope))
+    ).as_json()
 
 
 async def replay_one(call: Call) -> Any:
     delivery_id, data = call.path_id(), await call.body_as(ReplayOne)
     now = call.api.clock.now()
     result = await call.api.write(
-        lambda c: ops.replay(
+        lambda c: delivery_ops.replay(
             c,
             [delivery_id],
             actor=call.actor,
@@ -60,7 +62,7 @@ async def replay_many(call: Call) -> Any:
     if data.ids:
         ids = data.ids
         result = await call.api.write(
-            lambda c: ops.replay(
+            lambda c: delivery_ops.replay(
                 c,
                 ids,
                 actor=call.actor,
@@ -78,7 +80,7 @@ async def replay_many(call: Call) -> Any:
     tenant = await call.tenant(criteria.tenant, from_query=False)
     flt = criteria.to_filter(tenant=tenant)
     result = await call.api.write(
-        lambda c: ops.bulk_replay(
+        lambda c: delivery_ops.bulk_replay(
             c,
             flt,
             actor=call.actor,
@@ -107,7 +109,7 @@ async def discard_many(call: Call) -> Any:
 async def _discard(call: Call, ids: list[int], reason: str | None) -> Any:
     now = call.api.clock.now()
     done = await call.api.write(
-        lambda c: ops.discard(
+        lambda c: delivery_ops.discard(
             c,
             ids,
             actor=call.actor,

@@ -17,7 +17,7 @@ from delivery.operator.validation import (
     EndpointUpdate,
     RotateSecret,
 )
-from outbox import operations as ops
+from outbox import endpoints as endpoint_ops
 from outbox.endpoints import Endpoint, get_endpoint, list_endpoints, set_enabled, set_proxy
 from outbox.stats import EndpointHealth, collect_stats
 from outbox.tenants import DEFAULT_TENANT
@@ -65,7 +65,7 @@ async def create_endpoint_route(call: Call) -> Any:
     owner = await call.tenant(data.tenant, from_query=False) or DEFAULT_TENANT
 
     def create(conn: Connection) -> dict[str, Any]:
-        created = ops.add_endpoint(
+        created = endpoint_ops.add_endpoint(
             conn,
             call.api.box,
             actor=call.actor,
@@ -105,7 +105,7 @@ async def update_endpoint_route(call: Call) -> Any:
     def update(c: Connection) -> Endpoint:
         proxy_given = "proxy" in data.model_fields_set
         if data.changes_fields or not proxy_given:
-            item = ops.update_endpoint(
+            item = endpoint_ops.update_endpoint(
                 c,
                 uid,
                 actor=call.actor,
@@ -172,7 +172,7 @@ async def rotate_endpoint_secret(call: Call) -> Any:
     )
     now = call.api.clock.now()
     rotated = await call.api.write(
-        lambda c: ops.rotate_secret(
+        lambda c: endpoint_ops.rotate_secret(
             c,
             call.api.box,
             uid,
@@ -203,7 +203,7 @@ async def delete_endpoint_route(call: Call) -> Any:
 
     def delete(conn: Connection) -> dict[str, Any]:
         get_endpoint(conn, uid, scope=scope)
-        return ops.delete_endpoint(
+        return endpoint_ops.delete_endpoint(
             conn,
             uid,
             actor=call.actor,

@@ -11,8 +11,8 @@ from starlette.responses import Response
 from delivery.operator.api.core import Call, Operation
 from delivery.operator.metrics import render_metrics
 from delivery.operator.validation import NoInput, StatsQuery
-from outbox import operations as ops
 from outbox import tenants as tenant_ops
+from outbox.schema import LATENCY_BUCKETS
 from outbox.stats import collect_stats, read_totals
 
 
@@ -41,7 +41,7 @@ async def metrics_route(call: Call) -> Any:
         stats = collect_stats(
             conn, now=now, window=config.stats_window, thresholds=config.thresholds, scope=tenant
         )
-        totals = read_totals(conn, ops.LATENCY_BUCKETS, scope=tenant)
+        totals = read_totals(conn, LATENCY_BUCKETS, scope=tenant)
         counts = None if tenant is not None else tenant_ops.count_tenants(conn)
         return render_metrics(totals, stats, tenants=counts)
 

@@ -36,7 +36,7 @@ from delivery.operator.validation import (
     parse,
     text_option,
 )
-from outbox import operations
+from outbox import deliveries as delivery_ops
 from outbox.clock import SystemClock
 
 M = TypeVar("M", bound=BaseModel)
@@ -97,7 +97,7 @@ def _search(
 
 
 def _delivery_rows(
-    items: Sequence[operations.DeliverySummary], now: dt.datetime
+    items: Sequence[delivery_ops.DeliverySummary], now: dt.datetime
 ) -> list[list[object]]:
     return [
         [
@@ -163,7 +163,7 @@ def deliveries_list(
     )
     with database() as (_, db), db.engine.connect() as conn:
         flt = search.to_filter(tenant=tenant_filter(conn, tenant))
-        items = operations.search_deliveries(conn, flt)
+        items = delivery_ops.search_deliveries(conn, flt)
     next_before = items[-1].id if len(items) == flt.limit else None
     if as_json:
         echo_json({"items": [item.as_json() for item in items], "next_before": next_before})
@@ -184,7 +184,7 @@ def deliveries_show(delivery_id: str, as_json: bool) -> None:
     """A delivery with its event, every attempt and any replays."""
     wanted = parse(DeliveryRef, {"id": delivery_id}).id
     with database() as (_, db), db.engine.connect() as conn:
-        detail = operations.get_delivery(conn, wanted)
+        detail = delivery_ops.get_delivery(conn, wanted)
     data = detail.as_json()
     if as_json:
         echo_json(data)
@@ -300,10 +300,10 @@ def replay(
     with database() as (current, db), db.engine.begin() as conn:
         per_minute = request.rate_per_minute or current.replay_rate_per_minute
         if ids and dry_run:
-            found = [operations.get_delivery(conn, i).delivery for i in ids]
-            result = operations.ReplayResult(dry_run=True, matched=len(found), sample=found)
+            found = [delivery_ops.get_delivery(conn, i).delivery for i in ids]
+            result = delivery_ops.ReplayResult(dry_run=True, matched=len(found), sample=found)
         elif ids:
-            result = operations.replay(
+            result = delivery_ops.replay(
                 conn,
                 ids,
                 actor=who,
@@ -314,7 +314,7 @@ def replay(
                 rate_per_minute=per_minute,
             )
         else:
-            result = operations.bulk_replay(
+            result = delivery_ops.bulk_replay(
                 conn,
                 (request.filter or ReplayFilter()).to_filter(tenant=tenant_filter(conn, tenant)),
                 actor=who,
@@ -350,7 +350,7 @@ def discard(delivery_ids: tuple[str, ...], reason: str, actor: str | None, as_js
     """Give up on scheduled or dead deliveries, for good (all or nothing)."""
     request = parse(DiscardMany, {"ids": list(delivery_ids), "reason": reason})
     with database() as (_, db), db.engine.begin() as conn:
-        done = operations.discard(
+        done = delivery_ops.discard(
             conn,
             request.ids,
             actor=text_option("--actor", actor) or default_actor(),

@@ -32,7 +32,7 @@ from delivery.operator.cli.common import (
 )
 from delivery.operator.validation import EndpointUpdate, RotateSecret, given, parse, text_option
 from delivery.ssrf import AddressPolicy, refusal_warning
-from outbox import operations
+from outbox import endpoints as endpoint_ops
 from outbox.clock import SystemClock
 from outbox.endpoint_rules import (
     DeliveryRules,
@@ -125,7 +125,7 @@ def endpoints_add(
     with database() as (current, db):
         box = app.secret_box(current, db)
         with db.engine.begin() as conn:
-            created = operations.add_endpoint(
+            created = endpoint_ops.add_endpoint(
                 conn,
                 box,
                 actor=default_actor(),
@@ -372,7 +372,7 @@ def endpoints_update(
     proxy_only = (proxy is not None or no_proxy) and not (changes.model_fields_set - {"reason"})
     with database() as (current, db), db.engine.begin() as conn:
         if not proxy_only:
-            item = operations.update_endpoint(
+            item = endpoint_ops.update_endpoint(
                 conn,
                 uid,
                 https_only=current.https_only,
@@ -406,7 +406,7 @@ def endpoints_delete(
 ) -> None:
     """Delete an endpoint and its delivery history (disable is the reversible option)."""
     with database() as (_, db), db.engine.begin() as conn:
-        result = operations.delete_endpoint(
+        result = endpoint_ops.delete_endpoint(
             conn, endpoint_id, actor=actor or default_actor(), reason=reason, force=force
         )
     if as_json:
@@ -448,7 +448,7 @@ def endpoints_rotate_secret(
     with database() as (current, db):
         box = app.secret_box(current, db)
         with db.engine.begin() as conn:
-            rotated = operations.rotate_secret(
+            rotated = endpoint_ops.rotate_secret(
                 conn,
                 box,
                 endpoint_id,

@@ -26,7 +26,7 @@ from delivery.operator.cli.common import (
     tenant_option,
 )
 from delivery.operator.validation import AuditQuery, StatsQuery, given, parse
-from outbox import operations
+from outbox import audit as audit_log
 from outbox.clock import SystemClock
 from outbox.stats import Stats, collect_stats
 
@@ -162,7 +162,7 @@ def audit(
     )
     with database() as (_, db), db.engine.connect() as conn:
         scope = tenant_filter(conn, tenant)
-        entries = operations.list_audit(
+        entries = audit_log.list_audit(
             conn,
             actor=query.actor,
             action=query.action,

@@ -16,7 +16,9 @@ from typing import Any
 from sqlalchemy import Connection
 
 from delivery.operator.console import queries
-from outbox import operations as ops
+from outbox import audit as audit_log
+from outbox import deliveries as delivery_ops
+from outbox import endpoints as endpoint_ops
 from outbox.crypto import SecretBox
 from outbox.endpoints import CreatedEndpoint, Endpoint, get_endpoint, reveal_secret, set_enabled
 from outbox.endpoints import list_endpoints as list_all_endpoints
@@ -33,14 +35,20 @@ def require_endpoint(conn: Connection, uid: str, tenant: str | None) -> Endpoint
 
 
 def search_deliveries(
-    conn: Connection, flt: ops.DeliveryFilter, *, tenant: str | None, message_id: str | None
-) -> list[ops.DeliverySummary]:
+    conn: Connection,
+    flt: delivery_ops.DeliveryFilter,
+    *,
+    tenant: str | None,
+    message_id: str | None,
+) -> list[delivery_ops.DeliverySummary]:
     """Newest first, one page; `tenant` is the session's scope or the operator's filter."""
-    return ops.search_deliveries(conn, replace(flt, tenant=tenant, message_id=message_id))
+    return delivery_ops.search_deliveries(conn, replace(flt, tenant=tenant, message_id=message_id))
 
 
-def get_delivery(conn: Connection, delivery_id: int, tenant: str | None) -> ops.DeliveryDetail:
-    return ops.get_delivery(conn, delivery_id, scope=tenant)
+def get_delivery(
+    conn: Connection, delivery_id: int, tenant: str | None
+) -> delivery_ops.DeliveryDetail:
+    return delivery_ops.get_delivery(conn, delivery_id, scope=tenant)
 
 
 def list_endpoints(conn: Connection, tenant: str | None) -> list[Endpoint]:
@@ -95,8 +103,8 @@ def overview(
 
 def list_audit(
     conn: Connection, tenant: str | None, *, actor: str | None, action: str | None, limit: int
-) -> list[ops.AuditEntry]:
-    return ops.list_audit(conn, actor=actor, action=action, limit=limit, scope=tenant)
+) -> list[audit_log.AuditEntry]:
+    return audit_log.list_audit(conn, actor=actor, action=action, limit=limit, scope=tenant)
 
 
 # -- actions --------------------------------------------------------------------------------
@@ -110,8 +118,10 @@ def replay(
     actor: str,
     reason: str | None,
     now: dt.datetime,
-) -> ops.ReplayResult:
-    return ops.replay(conn, [delivery_id], actor=actor, reason=reason, now=now, scope=tenant)
+) -> delivery_ops.ReplayResult:
+    return delivery_ops.replay(
+        conn, [delivery_id], actor=actor, reason=reason, now=now, scope=tenant
+    )
 
 
 def discard(
@@ -123,7 +133,9 @@ def discard(
     reason: str | None,
     now: dt.datetime,
 ) -> list[int]:
-    return ops.discard(conn, [delivery_id], actor=actor, reason=reason, now=now, scope=tenant)
+    return delivery_ops.discard(
+        conn, [delivery_id], actor=actor, reason=reason, now=now, scope=tenant
+    )
 
 
 def add_endpoint(
@@ -138,7 +150,7 @@ def add_endpoint(
     https_only: bool,
 ) -> CreatedEndpoint:
     """A new endpoint of `tenant` (never all_tenants from here), audited."""
-    return ops.add_endpoint(
+    return endpoint_ops.add_endpoint(
         conn,
         box,
         actor=actor,
@@ -161,7 +173,7 @@ def update_endpoint(
     event_types: list[str] | None,
     https_only: bool,
 ) -> Endpoint:
-    return ops.update_endpoint(
+    return endpoint_ops.update_endpoint(
         conn,
         uid,
         actor=actor,
@@ -188,7 +200,7 @@ def set_endpoint_enabled(
 def delete_endpoint(
     conn: Connection, uid: str, tenant: str | None, *, actor: str, reason: str | None
 ) -> dict[str, int]:
-    return ops.delete_endpoint(conn, uid, actor=actor, reason=reason, scope=tenant)
+    return endpoint_ops.delete_endpoint(conn, uid, actor=actor, reason=reason, scope=tenant)
 
 
 def reveal(conn: Connection, box: SecretBox, uid: str, tenant: str | None, *, actor: str) -> str:
@@ -206,8 +218,10 @@ def rotate(
     actor: str,
     now: dt.datetime,
     grace: dt.timedelta,
-) -> ops.RotatedSecret:
-    return ops.rotate_secret(conn, box, uid, actor=actor, now=now, grace=grace, scope=tenant)
+) -> endpoint_ops.RotatedSecret:
+    return endpoint_ops.rotate_secret(
+        conn, box, uid, actor=actor, now=now, grace=grace, scope=tenant
+    )
 
 
 def send_test_event(

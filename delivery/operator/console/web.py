@@ -35,7 +35,7 @@ from delivery.operator.console.sessions import (
     portal_link,
     redeem_portal_link,
 )
-from outbox import operations as ops
+from outbox import deliveries as delivery_ops
 from outbox.errors import NotFoundError
 from outbox.tokens import TokenRefusedError, authenticate
 
@@ -172,7 +172,7 @@ class Console(ConsoleBase):
 
     # -- deliveries -----------------------------------------------------------------------
 
-    def _filter(self, request: Request) -> ops.DeliveryFilter:
+    def _filter(self, request: Request) -> delivery_ops.DeliveryFilter:
         q = request.query_params
 
         def text(name: str) -> str | None:
@@ -193,7 +193,7 @@ class Console(ConsoleBase):
         if before is not None and not (before.isascii() and before.isdigit() and len(before) < 19):
             raise PageError(400, "before must be a delivery id")
         state = text("state")
-        return ops.DeliveryFilter(
+        return delivery_ops.DeliveryFilter(
             states=(state,) if state else (),
             endpoint=text("endpoint"),
             event_type=text("event_type"),
@@ -291,7 +291,7 @@ class Console(ConsoleBase):
     async def bulk_replay(self, request: Request, session: WebSession) -> Response:
         """Step one (no `confirm`): a dry run shown to the operator. Step two: the replay."""
         form: dict[str, str] = request.state.form
-        flt = ops.DeliveryFilter(
+        flt = delivery_ops.DeliveryFilter(
             states=(form.get("state") or "dead",),
             endpoint=form.get("endpoint") or None,
             event_type=form.get("event_type") or None,
@@ -302,7 +302,7 @@ class Console(ConsoleBase):
         now = self.context.clock.now()
         confirm = form.get("confirm") == "yes"
         result = await self.context.write(
-            lambda c: ops.bulk_replay(
+            lambda c: delivery_ops.bulk_replay(
                 c,
                 flt,
                 actor=session.actor,
@@ -388,7 +388,10 @@ class Console(ConsoleBase):
         def read(conn: Connection) -> tuple[dict[str, Any], list[Any], list[str]]:
             page = scoped.endpoint_page(conn, uid, tenant)
             recent = scoped.search_deliveries(
-                conn, ops.DeliveryFilter(endpoint=uid, limit=20), tenant=tenant, message_id=None
+                conn,
+                delivery_ops.DeliveryFilter(endpoint=uid, limit=20),
+                tenant=tenant,
+                message_id=None,
             )
             owner = str(page["settings"]["tenant_uid"])
             return page, recent, scoped.event_types(conn, owner)
