@@ -70,6 +70,7 @@ MODULES: dict[str, list[str]] = {
     "delivery/wire.py": [
         "tests/test_wire.py",
         "tests/test_wire_defects.py",
+        "tests/test_wire_edges.py",
         "tests/test_wire_fuzz.py",
         "tests/test_connect_race.py",
         "tests/test_proxy.py",
