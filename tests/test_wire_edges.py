@@ -394,3 +394,10 @@ async def test_a_second_or_unknown_transfer_coding_is_refused(codings: bytes, sa
             await wire.post(server.url, {}, b"{}", deadline=5.0)
         await wire.aclose()
     assert str(caught.value) == f"malformed response: unsupported Transfer-Encoding {says}"
+
+
+async def test_the_httpx_api_without_timeouts_waits_for_its_connection() -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted() as server, httpx.AsyncClient(transport=wire, timeout=None) as client:
+        response = await client.post(server.url, content=b"{}")
+    assert response.status_code == 200
