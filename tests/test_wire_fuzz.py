@@ -324,6 +324,9 @@ class Receiver:
         task = asyncio.current_task()
         assert task is not None
         self.handlers.add(task)
+        # This example's events: the previous example's handler may still be finishing
+        # and must not set the next one's `written` (the client would stop waiting early).
+        written, client_done = self.written, self.client_done
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             await reader.readuntil(b"\r\n\r\n")
@@ -332,13 +335,13 @@ class Receiver:
                 writer.write(piece)
                 await writer.drain()
                 await asyncio.sleep(0.001)  # the next piece comes in a read of its own
-            self.written.set()
+            written.set()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.client_done.wait(), 0.03)
+                await asyncio.wait_for(client_done.wait(), 0.03)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
-            self.written.set()
+            written.set()
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
