@@ -1,0 +1,260 @@
+"""`send_attempt`'s outcome table, exactly: what each answer, failure and deadline becomes.
+
+The mutation run of `delivery/http.py` (docs/mutation.md) showed which parts of the
+classification no fast test pinned; each test here pins one of them against a real
+receiver on 127.0.0.1 (the scripted one of tests/test_wire.py writes exact bytes),
+through both transports where the transport does not decide the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator, Mapping
+
+import httpx
+import pytest
+
+from delivery.http import OutgoingRequest, build_http_client, send_attempt
+from delivery.policy import Outcome
+from delivery.receiver import Receiver
+from outbox.clock import ManualClock
+from tests.helpers import LOOPBACK
+from tests.test_wire import scripted
+
+KEY = b"k" * 32
+START = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
+
+
+@pytest.fixture(params=["wire", "httpx"])
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[httpx.AsyncClient]:
+    async with build_http_client(
+        max_connections=10, timeout=5, transport=request.param, allowed_networks=LOOPBACK
+    ) as built:
+        yield built
+
+
+def outgoing(
+    url: str,
+    *,
+    deadline: float = 5.0,
+    overrides: Mapping[int, Outcome] | None = None,
+    retry_after_max: float = 3600.0,
+    extra_headers: Mapping[str, str] | None = None,
+) -> OutgoingRequest:
+    return OutgoingRequest(
+        delivery_id=7,
+        url=url,
+        message_id="msg_7",
+        body=b'{"a":1}',
+        keys=[KEY],
+        timeout=deadline,
+        status_overrides=overrides or {},
+        retry_after_max=retry_after_max,
+        extra_headers=extra_headers or {},
+    )
+
+
+async def test_the_default_read_cap_is_64_kib_and_the_default_excerpt_2048_bytes(
+    client: httpx.AsyncClient,
+) -> None:
+    """A body announced longer than it is, stalled right after 64 KiB: the default cap
+    stops reading there (succeeded at once); one byte more of cap would wait for the
+    deadline (ambiguous)."""
+    body = b"".join(b"%07d\n" % n for n in range(8192))  # 65,536 bytes
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n"
+    async with scripted(head + body) as server:
+        result = await send_attempt(client, outgoing(server.url, deadline=2.0), ManualClock())
+    assert (result.outcome, result.status_code, result.error) == (Outcome.SUCCEEDED, 200, None)
+    assert result.response_excerpt == body[:2048].decode()
+
+
+async def test_a_body_as_long_as_the_cap_is_read_no_further(client: httpx.AsyncClient) -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"
+    async with scripted(head + b"z" * 10) as server:
+        result = await send_attempt(
+            client, outgoing(server.url, deadline=2.0), ManualClock(), body_cap=10, excerpt_bytes=4
+        )
+    assert (result.outcome, result.response_excerpt) == (Outcome.SUCCEEDED, "zzzz")
+
+
+@pytest.mark.parametrize(
+    ("status", "location", "error"),
+    [
+        (300, "/a", "HTTP 300 Status; redirect to /a not followed"),
+        (399, "/b", "HTTP 399 Status; redirect to /b not followed"),
+        (301, None, "HTTP 301 Moved Permanently; redirect to ? not followed"),
+        (400, "/c", "HTTP 400 Bad Request"),
+        (299, "/d", None),
+    ],
+)
+async def test_only_3xx_answers_record_where_they_pointed(
+    client: httpx.AsyncClient,
+    receiver: Receiver,
+    status: int,
+    location: str | None,
+    error: str | None,
+) -> None:
+    headers = {"Location": location} if location else {}
+    url = receiver.route(f"/s{status}", status=status, headers=headers)
+    result = await send_attempt(client, outgoing(url), ManualClock(START))
+    assert result.error == error
+    assert result.location == (
+        ("?" if location is None else location) if error and status < 400 else None
+    )
+
+
+async def test_a_long_location_is_kept_to_300_characters_on_one_line(
+    client: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    target = "/" + "x" * 400
+    url = receiver.route("/far", status=302, headers={"Location": target})
+    result = await send_attempt(client, outgoing(url), ManualClock(START))
+    assert result.location == target[:300]
+    assert result.error == f"HTTP 302 Found; redirect to {target[:300]} not followed"
+
+
+async def test_an_empty_reason_phrase_leaves_no_trailing_space(
+    client: httpx.AsyncClient,
+) -> None:
+    async with scripted(b"HTTP/1.1 500 \r\nContent-Length: 0\r\n\r\n") as server:
+        result = await send_attempt(client, outgoing(server.url), ManualClock(START))
+    assert (result.outcome, result.error) == (Outcome.RETRYABLE, "HTTP 500")
+
+
+async def test_the_excerpt_is_text_postgresql_accepts(client: httpx.AsyncClient) -> None:
+    body = b"a\x00b\xffc"
+    head = b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n" % len(body)
+    async with scripted(head + body) as server:
+        result = await send_attempt(client, outgoing(server.url), ManualClock(START))
+    assert result.response_excerpt == "a\ufffdb\ufffdc"
+    assert (result.outcome, result.status_code) == (Outcome.PERMANENT, 400)
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome", "disables"),
+    [
+        (410, Outcome.PERMANENT, True),
+        (500, Outcome.PERMANENT, False),
+        (404, Outcome.RETRYABLE, False),
+    ],
+)
+async def test_the_endpoints_status_overrides_decide(
+    client: httpx.AsyncClient,
+    receiver: Receiver,
+    status: int,
+    outcome: Outcome,
+    disables: bool,
+) -> None:
+    overrides = {500: Outcome.PERMANENT, 404: Outcome.RETRYABLE}
+    url = receiver.route(f"/o{status}", status=status)
+    result = await send_attempt(client, outgoing(url, overrides=overrides), ManualClock(START))
+    assert (result.outcome, result.disables_endpoint) == (outcome, disables)
+
+
+async def test_retry_after_is_clamped_to_the_requests_maximum(
+    client: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    url = receiver.route("/later", status=429, headers={"Retry-After": "500"})
+    result = await send_attempt(client, outgoing(url, retry_after_max=60), ManualClock(START))
+    assert (result.outcome, result.retry_after) == (Outcome.RETRYABLE, 60)
+    date = receiver.route(
+        "/date", status=503, headers={"Retry-After": "Tue, 01 Dec 2026 12:00:30 GMT"}
+    )
+    result = await send_attempt(client, outgoing(date), ManualClock(START))
+    assert result.retry_after == 30
+
+
+async def test_a_407_without_a_proxy_is_the_receivers_answer(
+    client: httpx.AsyncClient,
+) -> None:
+    """407 is only the egress proxy's refusal when the attempt went through one."""
+    answer = b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n"
+    async with scripted(answer) as server:
+        result = await send_attempt(client, outgoing(server.url), ManualClock(START))
+    assert (result.outcome, result.error) == (
+        Outcome.PERMANENT,
+        "HTTP 407 Proxy Authentication Required",
+    )
+
+
+async def test_signed_headers_and_the_recorded_ones(
+    client: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    """Custom headers go out but are recorded by name only; ours win over theirs."""
+    url = receiver.route("/h", status=204)
+    extra = {"authorization": "Bearer s3cret", "webhook-id": "forged"}
+    result = await send_attempt(client, outgoing(url, extra_headers=extra), ManualClock(START))
+    [received] = receiver.received("/h")
+    stamp = str(int(START.timestamp()))
+    assert received.headers["authorization"] == "Bearer s3cret"
+    assert received.headers["webhook-id"] == "msg_7"
+    assert received.headers["webhook-timestamp"] == stamp
+    assert received.headers["accept-encoding"] == "identity"
+    assert received.headers["content-type"] == "application/json"
+    assert result.request_headers["authorization"] == "[redacted]"
+    assert result.request_headers["webhook-id"] == "msg_7"
+    assert result.request_headers["webhook-timestamp"] == stamp
+    assert (result.delivery_id, result.started_at, result.outcome) == (7, START, Outcome.SUCCEEDED)
+    assert "s3cret" not in repr(result)
+
+
+async def test_a_deadline_before_the_request_was_sent_is_retryable() -> None:
+    """Waiting for a connection (the only one is busy) is cut by the deadline before a
+    byte of the request went out: nothing can have arrived."""
+    async with (
+        build_http_client(
+            max_connections=1, timeout=5, transport="wire", allowed_networks=LOOPBACK
+        ) as one,
+        scripted(delay=1.0) as server,
+    ):
+        busy = asyncio.create_task(send_attempt(one, outgoing(server.url), ManualClock(START)))
+        await asyncio.sleep(0.1)
+        queued = await send_attempt(one, outgoing(server.url, deadline=0.2), ManualClock(START))
+        assert (await busy).outcome is Outcome.SUCCEEDED
+    assert (queued.outcome, queued.status_code) == (Outcome.RETRYABLE, None)
+    assert queued.error == "deadline of 0.2s passed before the request was sent"
+
+
+async def test_deadline_messages_say_how_far_the_attempt_got(
+    client: httpx.AsyncClient,
+) -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"
+    async with scripted(head) as server:
+        body_late = await send_attempt(
+            client, outgoing(server.url, deadline=0.3), ManualClock(START)
+        )
+    assert (body_late.outcome, body_late.status_code) == (Outcome.AMBIGUOUS, 200)
+    assert body_late.error == (
+        "deadline of 0.3s passed reading the response body after status 200; "
+        "the request may have arrived"
+    )
+    async with scripted(b"HTTP/1.1 200 OK\r\n", delay=0) as server:
+        head_late = await send_attempt(
+            client, outgoing(server.url, deadline=0.3), ManualClock(START)
+        )
+    assert (head_late.outcome, head_late.status_code) == (Outcome.AMBIGUOUS, None)
+    assert head_late.error == (
+        "deadline of 0.3s passed waiting for the response; the request may have arrived"
+    )
+
+
+async def test_a_connection_dropped_after_sending_names_the_failure(
+    client: httpx.AsyncClient,
+) -> None:
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        result = await send_attempt(
+            client, outgoing(f"http://127.0.0.1:{port}/drop"), ManualClock(START)
+        )
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert result.outcome is Outcome.AMBIGUOUS
+    assert (result.error or "").startswith("failed after sending, may have arrived: ")
+    assert result.status_code is None
