@@ -9,15 +9,24 @@ through both transports where the transport does not decide the answer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 from collections.abc import AsyncIterator, Mapping
 
 import httpx
 import pytest
 
-from delivery.http import OutgoingRequest, build_http_client, send_attempt
+from delivery.http import (
+    DeliveryClient,
+    OutgoingRequest,
+    _describe,
+    _via,
+    build_http_client,
+    send_attempt,
+)
 from delivery.policy import Outcome
 from delivery.receiver import Receiver
+from delivery.wire import WireTransport
 from outbox.clock import ManualClock
 from tests.helpers import LOOPBACK
 from tests.test_wire import scripted
@@ -27,7 +36,7 @@ START = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
 
 
 @pytest.fixture(params=["wire", "httpx"])
-async def client(request: pytest.FixtureRequest) -> AsyncIterator[httpx.AsyncClient]:
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[DeliveryClient]:
     async with build_http_client(
         max_connections=10, timeout=5, transport=request.param, allowed_networks=LOOPBACK
     ) as built:
@@ -240,7 +249,7 @@ async def test_deadline_messages_say_how_far_the_attempt_got(
 
 
 async def test_a_connection_dropped_after_sending_names_the_failure(
-    client: httpx.AsyncClient,
+    client: DeliveryClient,
 ) -> None:
     async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -256,5 +265,68 @@ async def test_a_connection_dropped_after_sending_names_the_failure(
         server.close()
         await server.wait_closed()
     assert result.outcome is Outcome.AMBIGUOUS
-    assert (result.error or "").startswith("failed after sending, may have arrived: ")
+    closed = {
+        True: "the server closed the connection without sending a response",  # the wire
+        False: "Server disconnected without sending a response.",  # httpcore
+    }[isinstance(client.delivery_transport, WireTransport)]
+    assert result.error == f"failed after sending, may have arrived: RemoteProtocolError: {closed}"
     assert result.status_code is None
+
+
+@pytest.mark.parametrize("whose", ["default", "endpoint"])
+async def test_a_407_from_the_egress_proxy_is_retryable_and_says_whose(
+    whose: str, receiver: Receiver
+) -> None:
+    """Plain HTTP through a proxy that reads the request and answers 407: nothing reached
+    the receiver, so it is retried (a 407 of the receiver's own is permanent, above)."""
+    refusal = b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n"
+    async with scripted(refusal) as proxy:
+        proxy_url = f"http://127.0.0.1:{proxy.port}"
+        async with build_http_client(
+            max_connections=2,
+            timeout=5,
+            allowed_networks=LOOPBACK,
+            proxy=proxy_url if whose == "default" else None,
+        ) as through:
+            request = outgoing(receiver.route("/behind", status=204))
+            if whose == "endpoint":
+                request = dataclasses.replace(request, proxy=proxy_url)
+            result = await send_attempt(through, request, ManualClock(START))
+    assert proxy.heads[0].startswith(b"POST http://127.0.0.1:%d/behind " % receiver.port)
+    assert receiver.requests == []
+    assert (result.outcome, result.status_code, result.disables_endpoint) == (
+        Outcome.RETRYABLE,
+        407,
+        False,
+    )
+    assert result.error == (
+        "HTTP 407 from the egress proxy: it refused the credentials in the proxy "
+        "URL (or needs some); fix OUTBOX_HTTP_PROXY or the endpoint's proxy"
+    )
+
+
+async def test_failures_name_the_proxy_they_went_through_never_its_credentials() -> None:
+    """`_via` is what an operator reads after a failure past the proxy."""
+    plain = httpx.AsyncClient()
+    async with (
+        build_http_client(
+            max_connections=1, timeout=1, proxy="http://user:pw@10.1.2.3:3128"
+        ) as proxied,
+        build_http_client(max_connections=1, timeout=1) as direct,
+    ):
+        request = outgoing("http://example.com/hook")
+        own = dataclasses.replace(request, proxy="http://u:secret@10.9.9.9:8080")
+        broken = dataclasses.replace(request, proxy="ftp://nonsense")
+        assert _via(proxied, request) == " through the proxy 10.1.2.3:3128"
+        assert _via(direct, own) == " through the proxy 10.9.9.9:8080"
+        assert _via(proxied, own) == " through the proxy 10.9.9.9:8080"
+        assert _via(direct, broken) == " through the endpoint's proxy"
+        assert _via(direct, request) == ""
+        assert _via(plain, request) == ""
+    await plain.aclose()
+
+
+def test_an_exception_is_described_by_its_type_and_message_on_one_line() -> None:
+    assert _describe(httpx.ReadError("")) == "ReadError: ReadError"
+    assert _describe(httpx.ReadError("peer\nreset  it")) == "ReadError: peer reset it"
+    assert _describe(httpx.ReadError("x" * 600)) == "ReadError: " + "x" * 489
