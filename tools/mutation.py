@@ -75,7 +75,6 @@ MODULES: dict[str, list[str]] = {
         "tests/test_delivery.py",
         "tests/test_documented_rules.py",
         "tests/test_handoff.py",
-        "tests/test_shutdown.py",
         "tests/test_claim_on_completion.py",
         "-k",
         "not httpx",
