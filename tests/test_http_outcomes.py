@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 import httpx
 import pytest
 
+from delivery.errors import DeliveryConfigurationError
 from delivery.http import (
     DeliveryClient,
     OutgoingRequest,
@@ -330,3 +331,19 @@ def test_an_exception_is_described_by_its_type_and_message_on_one_line() -> None
     assert _describe(httpx.ReadError("")) == "ReadError: ReadError"
     assert _describe(httpx.ReadError("peer\nreset  it")) == "ReadError: peer reset it"
     assert _describe(httpx.ReadError("x" * 600)) == "ReadError: " + "x" * 489
+
+
+async def test_the_httpx_transport_refuses_a_proxy_and_shows_none() -> None:
+    with pytest.raises(DeliveryConfigurationError) as refused:
+        build_http_client(
+            max_connections=1, timeout=1, transport="httpx", proxy="http://10.1.2.3:3128"
+        )
+    assert str(refused.value) == (
+        "OUTBOX_HTTP_PROXY needs OUTBOX_HTTP_TRANSPORT=wire (the default); the httpx "
+        "transport sends directly"
+    )
+    async with (
+        build_http_client(max_connections=1, timeout=1, transport="httpx") as httpx_client,
+        build_http_client(max_connections=1, timeout=1) as wire_client,
+    ):
+        assert (httpx_client.proxy, wire_client.proxy) == (None, None)
