@@ -76,6 +76,7 @@ MODULES: dict[str, list[str]] = {
         "tests/test_documented_rules.py",
         "tests/test_handoff.py",
         "tests/test_claim_on_completion.py",
+        "tests/test_worker_outcomes.py",
         "-k",
         "not httpx",
     ],
