@@ -205,6 +205,18 @@ async def test_signed_headers_and_the_recorded_ones(
     assert result.request_headers["authorization"] == "[redacted]"
     assert result.request_headers["webhook-id"] == "msg_7"
     assert result.request_headers["webhook-timestamp"] == stamp
+    # The attempt row's names are the lower-case names sent (an operator reads them).
+    assert sorted(result.request_headers) == [
+        "accept-encoding",
+        "authorization",
+        "content-type",
+        "webhook-id",
+        "webhook-signature",
+        "webhook-timestamp",
+    ]
+    assert result.request_headers["webhook-signature"] == received.headers["webhook-signature"]
+    assert result.request_headers["content-type"] == "application/json"
+    assert result.request_headers["accept-encoding"] == "identity"
     assert (result.delivery_id, result.started_at, result.outcome) == (7, START, Outcome.SUCCEEDED)
     assert "s3cret" not in repr(result)
 
