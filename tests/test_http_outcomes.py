@@ -359,3 +359,17 @@ async def test_the_httpx_transport_refuses_a_proxy_and_shows_none() -> None:
         build_http_client(max_connections=1, timeout=1) as wire_client,
     ):
         assert (httpx_client.proxy, wire_client.proxy) == (None, None)
+
+
+async def test_on_start_is_called_once_when_the_request_leaves_the_pool(
+    client: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    """Shutdown tells started attempts from queued ones by it (Worker._started)."""
+    started: list[int] = []
+    result = await send_attempt(
+        client,
+        outgoing(receiver.route("/started", status=204)),
+        ManualClock(START),
+        on_start=lambda: started.append(1),
+    )
+    assert (result.outcome, started) == (Outcome.SUCCEEDED, [1])

@@ -63,11 +63,15 @@ async def test_one_batch_counts_each_outcome_once_and_a_late_one_as_lost(
     receiver: Receiver,
     http: httpx.AsyncClient,
 ) -> None:
-    """Succeeded, scheduled again, dead, and a result whose lease was rescued meanwhile."""
+    """Two each of succeeded, scheduled again and dead, and a result whose lease was
+    rescued meanwhile."""
     for path, status, pattern in [
         ("/ok", 200, "a.*"),
         ("/busy", 503, "b.*"),
         ("/bad", 400, "c.*"),
+        ("/ok2", 204, "e.*"),
+        ("/busy2", 429, "f.*"),
+        ("/bad2", 404, "g.*"),
         ("/late", 200, "d.*"),
     ]:
         add_endpoint(engine, box, receiver.route(path, status=status), pattern)
@@ -81,14 +85,14 @@ async def test_one_batch_counts_each_outcome_once_and_a_late_one_as_lost(
     other = worker(async_engine, http, box, clock, "W2")
     assert [c.id for c in await other.claim(10)] == [late.id]
     with engine.begin() as conn:
-        for event_type in ("a.x", "b.x", "c.x"):
+        for event_type in ("a.x", "b.x", "c.x", "e.x", "f.x", "g.x"):
             publish(conn, event_type, {"n": 1})
     await Relay(async_engine, clock).run_until_idle()
     claimed = [late, *await w.claim(10)]
-    assert len(claimed) == 4
+    assert len(claimed) == 7
     outcomes = [(c, await w.attempt(c)) for c in claimed]
     stats = await w.record(outcomes)
-    assert stats == BatchStats(claimed=4, succeeded=1, scheduled=1, dead=1, lost_lease=1)
+    assert stats == BatchStats(claimed=7, succeeded=2, scheduled=2, dead=2, lost_lease=1)
     w.stats.merge(stats)
     w.stats.merge(stats)
-    assert w.stats == BatchStats(claimed=8, succeeded=2, scheduled=2, dead=2, lost_lease=2)
+    assert w.stats == BatchStats(claimed=14, succeeded=4, scheduled=4, dead=4, lost_lease=2)
