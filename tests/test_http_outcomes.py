@@ -30,7 +30,7 @@ from delivery.receiver import Receiver
 from delivery.wire import WireTransport
 from outbox.clock import ManualClock
 from tests.helpers import LOOPBACK
-from tests.test_wire import scripted
+from tests.test_wire import HANG_UP, scripted
 
 KEY = b"k" * 32
 START = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -373,3 +373,53 @@ async def test_on_start_is_called_once_when_the_request_leaves_the_pool(
         on_start=lambda: started.append(1),
     )
     assert (result.outcome, started) == (Outcome.SUCCEEDED, [1])
+
+
+async def test_a_failure_after_sending_through_the_default_proxy_names_it(
+    receiver: Receiver,
+) -> None:
+    """The proxy read the whole request and hung up: it may have passed it on."""
+    async with (
+        scripted(HANG_UP) as proxy,
+        build_http_client(
+            max_connections=2,
+            timeout=5,
+            allowed_networks=LOOPBACK,
+            proxy=f"http://user:pw@127.0.0.1:{proxy.port}",
+        ) as through,
+    ):
+        result = await send_attempt(
+            through, outgoing(receiver.route("/behind")), ManualClock(START)
+        )
+    assert proxy.bodies == [b'{"a":1}']
+    assert result.outcome is Outcome.AMBIGUOUS
+    assert result.error == (
+        f"failed after sending through the proxy 127.0.0.1:{proxy.port}, may have arrived: "
+        "RemoteProtocolError: the server closed the connection without sending a response"
+    )
+
+
+async def test_a_transport_failing_before_the_request_went_out_is_retryable() -> None:
+    """A client's own transport (here httpx's mock, which never reports sending) that
+    fails before the request went out: nothing can have arrived."""
+
+    def reset(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadError("reset by peer")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(reset)) as own:
+        result = await send_attempt(own, outgoing("http://example.com/hook"), ManualClock(START))
+    assert (result.outcome, result.error) == (
+        Outcome.RETRYABLE,
+        "failed before sending: ReadError: reset by peer",
+    )
+
+
+async def test_any_other_httpx_error_is_retryable_with_its_text() -> None:
+    """A plain httpx client (not from build_http_client) given a scheme it cannot send."""
+    async with httpx.AsyncClient() as plain:
+        result = await send_attempt(plain, outgoing("ftp://example.com/hook"), ManualClock(START))
+    assert result.outcome is Outcome.RETRYABLE
+    assert result.error == (
+        "UnsupportedProtocol: Request URL has an unsupported protocol 'ftp://'."
+    )
+    assert result.status_code is None
