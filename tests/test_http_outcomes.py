@@ -423,3 +423,12 @@ async def test_any_other_httpx_error_is_retryable_with_its_text() -> None:
         "UnsupportedProtocol: Request URL has an unsupported protocol 'ftp://'."
     )
     assert result.status_code is None
+
+
+async def test_the_duration_is_the_attempts_wall_time_in_milliseconds(
+    client: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    url = receiver.route("/slowish", status=204, delay=0.3)
+    result = await send_attempt(client, outgoing(url), ManualClock(START))
+    assert result.outcome is Outcome.SUCCEEDED
+    assert 290 <= result.duration_ms < 5000
