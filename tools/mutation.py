@@ -57,6 +57,29 @@ MODULES: dict[str, list[str]] = {
         "tests/test_tenant_routing.py",
         "tests/test_handoff.py",
     ],
+    # The outcome of one attempt, against real loopback receivers (both transports).
+    "delivery/http.py": [
+        "tests/test_transport.py",
+        "tests/test_documented_rules.py",
+        "tests/test_bounded_requests.py",
+        "tests/test_proxy.py",
+        "tests/test_http_outcomes.py",
+        "-k",
+        # uvloop's handles warn when collected under mutmut's stats run (warnings are errors)
+        "not in_every_process and not uvloop",
+    ],
+    # Claims, leases, outcome recording and the loop; the transport is not what it decides.
+    "delivery/worker.py": [
+        "tests/test_fencing.py",
+        "tests/test_rules.py",
+        "tests/test_delivery.py",
+        "tests/test_documented_rules.py",
+        "tests/test_handoff.py",
+        "tests/test_claim_on_completion.py",
+        "tests/test_worker_outcomes.py",
+        "-k",
+        "not httpx",
+    ],
     "outbox/deliveries.py": [
         "tests/test_operations.py",
         "tests/test_operations_replay.py",
