@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.mutation import MODULES, SQL_MUTANTS, apply_mutant
+from tools.mutation import MODULES, SQL_MUTANTS, apply_mutant, failure_tail
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_FORMS = {"release (old): worker guard dropped"}
@@ -44,3 +44,14 @@ def test_every_test_file_a_subset_names_exists() -> None:
     }
     assert named
     assert sorted(p for p in named if not (ROOT / p.split("::")[0]).is_file()) == []
+
+
+def test_a_run_that_proves_nothing_says_why() -> None:
+    """mutmut 3 reports a failed clean run on stdout and exits 0, leaving every mutant
+    'not checked': the report must carry what it said, not an empty tail."""
+    said = "FAILED tests/test_x.py::test_y - clean run failed"
+    tail = failure_tail(0, said, "", {"not checked": 12})
+    assert said in tail and "clean test run failed" in tail
+    assert failure_tail(1, "", "boom", {"killed": 3}) == "boom"
+    assert failure_tail(0, said, "", {"killed": 3, "not checked": 1}) == ""
+    assert failure_tail(0, "", "", {}) == ""

@@ -210,8 +210,24 @@ def _mutmut_module(copy: Path, module: str, selection: list[str]) -> dict[str, A
         "survivors": survivors,
         "seconds": round(time.monotonic() - began, 1),
         "mutmut_exit": run.returncode,
-        "mutmut_tail": run.stderr[-2000:] if run.returncode else "",
+        "mutmut_tail": failure_tail(run.returncode, run.stdout, run.stderr, counts),
     }
+
+
+def failure_tail(returncode: int, stdout: str, stderr: str, counts: dict[str, int]) -> str:
+    """What mutmut said when the run proves nothing: it exited non-zero, or every mutant
+    is "not checked" (its clean test run failed, which mutmut 3 reports on stdout with a
+    zero exit: a flaky or warning-raising test in the subset). Empty when all is well."""
+    every_unchecked = bool(counts) and set(counts) == {"not checked"}
+    if not returncode and not every_unchecked:
+        return ""
+    said = (stdout + stderr)[-2000:]
+    if every_unchecked:
+        said = (
+            "every mutant is 'not checked': mutmut's clean test run failed; run the "
+            "module's test subset by hand to see why\n" + said
+        )
+    return said
 
 
 def _sql_mutants(
@@ -310,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"  {result['mutants']} mutants, {result['counts']}, {result['seconds']} s",
                         flush=True,
                     )
+                    if result["mutmut_tail"]:
+                        print(result["mutmut_tail"], file=sys.stderr, flush=True)
             if not args.no_sql:
                 wanted = set(args.modules) & set(sql_files) if args.modules else None
                 report["sql"] = _sql_mutants(copy, wanted, args.sql_match)
