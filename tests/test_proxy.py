@@ -354,7 +354,18 @@ def test_https_through_the_proxy_on_uvloop(tmp_path: Path, tinyproxy: StartProxy
     async def run() -> tuple[list[Outcome], list[str]]:
         server_ctx, client_ctx = _tls_contexts("hook.test", tmp_path)
         receiver = TLSReceiver(host="127.0.0.2")
-        server = await asyncio.start_server(receiver.handle, "127.0.0.2", 0, ssl=server_ctx)
+        handlers: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            handlers[task] = writer
+            try:
+                await receiver.handle(reader, writer)
+            finally:
+                handlers.pop(task, None)
+
+        server = await asyncio.start_server(handle, "127.0.0.2", 0, ssl=server_ctx)
         port = server.sockets[0].getsockname()[1]
         proxy = tinyproxy(connect_ports=(port,))
         resolve, _ = answers(["127.0.0.2"])
@@ -372,6 +383,16 @@ def test_https_through_the_proxy_on_uvloop(tmp_path: Path, tinyproxy: StartProxy
         finally:
             server.close()
             await server.wait_closed()
+            # 3.11's wait_closed does not wait for handlers, and a handler may still be
+            # closing its TLS through the tunnel: uvloop refuses to close a loop under an
+            # open transport (EBUSY), so let them finish, and abort what would not.
+            if handlers:
+                await asyncio.wait(list(handlers), timeout=5)
+            for task, writer in list(handlers.items()):
+                writer.transport.abort()
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         return [r.outcome for r in results], proxy.requests()
 
     outcomes, lines = uvloop.run(run())
