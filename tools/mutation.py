@@ -38,6 +38,20 @@ from typing import Any
 
 from tools.sql_mutants import OLD_OQ, ROOT, SQL_MUTANTS, apply_mutant
 
+# The wire against scripted loopback receivers and a real proxy; test_proxy's
+# settings, CLI, API and `outbox run` tests are left out (they add no wire line).
+_WIRE_TESTS = [
+    "tests/test_wire.py",
+    "tests/test_wire_defects.py",
+    "tests/test_wire_edges.py",
+    "tests/test_wire_fuzz.py",
+    "tests/test_connect_race.py",
+    "tests/test_proxy.py",
+    "-k",
+    "not (in_every_process or test_cli_sets or admin_api_sets or key_rotation_re_encrypts"
+    " or hostile_proxy_urls or the_setting_is_validated)",
+]
+
 # Module -> the fastest tests that pin its behaviour. Parametrized transports run on
 # httpx only here: the transport is not what these modules decide.
 MODULES: dict[str, list[str]] = {
@@ -92,19 +106,9 @@ MODULES: dict[str, list[str]] = {
         "tests/test_operations.py",
         "tests/test_tenant_scope.py",
     ],
-    # The wire against scripted loopback receivers and a real proxy; test_proxy's
-    # settings, CLI, API and `outbox run` tests are left out (they add no wire line).
-    "delivery/wire.py": [
-        "tests/test_wire.py",
-        "tests/test_wire_defects.py",
-        "tests/test_wire_edges.py",
-        "tests/test_wire_fuzz.py",
-        "tests/test_connect_race.py",
-        "tests/test_proxy.py",
-        "-k",
-        "not (in_every_process or test_cli_sets or admin_api_sets or key_rotation_re_encrypts"
-        " or hostile_proxy_urls or the_setting_is_validated)",
-    ],
+    "delivery/wire/connection.py": _WIRE_TESTS,
+    "delivery/wire/connect.py": _WIRE_TESTS,
+    "delivery/wire/transport.py": _WIRE_TESTS,
 }
 
 
