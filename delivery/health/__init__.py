@@ -1,0 +1,3 @@
+"""Endpoint health (moving into modules)."""
+
+from delivery.health.rules import *  # noqa: F403
