@@ -52,6 +52,19 @@ _WIRE_TESTS = [
     " or hostile_proxy_urls or the_setting_is_validated)",
 ]
 
+# Claims, leases, outcome recording and the loop; the transport is not what it decides.
+_WORKER_TESTS = [
+    "tests/test_fencing.py",
+    "tests/test_rules.py",
+    "tests/test_delivery.py",
+    "tests/test_documented_rules.py",
+    "tests/test_handoff.py",
+    "tests/test_claim_on_completion.py",
+    "tests/test_worker_outcomes.py",
+    "-k",
+    "not httpx",
+]
+
 # Module -> the fastest tests that pin its behaviour. Parametrized transports run on
 # httpx only here: the transport is not what these modules decide.
 MODULES: dict[str, list[str]] = {
@@ -82,18 +95,10 @@ MODULES: dict[str, list[str]] = {
         # uvloop's handles warn when collected under mutmut's stats run (warnings are errors)
         "not in_every_process and not uvloop",
     ],
-    # Claims, leases, outcome recording and the loop; the transport is not what it decides.
-    "delivery/worker.py": [
-        "tests/test_fencing.py",
-        "tests/test_rules.py",
-        "tests/test_delivery.py",
-        "tests/test_documented_rules.py",
-        "tests/test_handoff.py",
-        "tests/test_claim_on_completion.py",
-        "tests/test_worker_outcomes.py",
-        "-k",
-        "not httpx",
-    ],
+    "delivery/worker/model.py": _WORKER_TESTS,
+    "delivery/worker/claiming.py": _WORKER_TESTS,
+    "delivery/worker/outcomes.py": _WORKER_TESTS,
+    "delivery/worker/loop.py": _WORKER_TESTS,
     "outbox/deliveries.py": [
         "tests/test_operations.py",
         "tests/test_operations_replay.py",
