@@ -14,7 +14,6 @@ from pathlib import Path
 
 from outbox.db import make_engine, sqlalchemy_url
 from outbox.embedded import EmbeddedPostgres
-from outbox.migrate import upgrade
 from outbox.settings import load_settings
 
 _lock = threading.Lock()
@@ -37,6 +36,8 @@ def database_url() -> str:
         known = _servers.get(data_dir)
         if known is not None:
             return known[1]
+        from outbox.migrate import upgrade  # alembic: only the embedded server is migrated here
+
         server = EmbeddedPostgres(data_dir)
         url = sqlalchemy_url(server.start())
         engine = make_engine(url)
