@@ -36,10 +36,10 @@ def database_url() -> str:
         known = _servers.get(data_dir)
         if known is not None:
             return known[1]
+        server = EmbeddedPostgres(data_dir)  # without the 'embedded' extra: says to install it
+        url = sqlalchemy_url(server.start())
         from outbox.migrate import upgrade  # alembic: only the embedded server is migrated here
 
-        server = EmbeddedPostgres(data_dir)
-        url = sqlalchemy_url(server.start())
         engine = make_engine(url)
         try:
             upgrade(engine)
