@@ -29,13 +29,15 @@ if TYPE_CHECKING:
 _LAZY = frozenset({"publish", "publish_async"})
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        from outbox.publish import publish, publish_async
+if not TYPE_CHECKING:  # hidden from mypy, which would otherwise take any outbox.name as Any
 
-        globals().update(publish=publish, publish_async=publish_async)
-        return globals()[name]
-    raise AttributeError(f"module 'outbox' has no attribute {name!r}")
+    def __getattr__(name: str) -> Any:
+        if name in _LAZY:
+            from outbox.publish import publish, publish_async
+
+            globals().update(publish=publish, publish_async=publish_async)
+            return globals()[name]
+        raise AttributeError(f"module 'outbox' has no attribute {name!r}")
 
 
 class _Package(types.ModuleType):
