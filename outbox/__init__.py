@@ -3,7 +3,17 @@
 Application code needs only `publish` (or `publish_async`) on its own connection or
 session, and `database_url()` to find the database when it uses the embedded one;
 everything else runs in the `outbox run` service.
+
+`publish` and `publish_async` load on first use (SQLAlchemy, psycopg and the schema
+validator take most of a second to import), so `import outbox.errors`, the `outbox`
+command's help and the service's light modules do not pay for them.
 """
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 from outbox.errors import (
     ConfigurationError,
@@ -12,7 +22,35 @@ from outbox.errors import (
     OutboxError,
     PublishError,
 )
-from outbox.publish import publish, publish_async
+
+if TYPE_CHECKING:
+    from outbox.publish import publish, publish_async
+
+_LAZY = frozenset({"publish", "publish_async"})
+
+
+if not TYPE_CHECKING:  # hidden from mypy, which would otherwise take any outbox.name as Any
+
+    def __getattr__(name: str) -> Any:
+        if name in _LAZY:
+            from outbox.publish import publish, publish_async
+
+            globals().update(publish=publish, publish_async=publish_async)
+            return globals()[name]
+        raise AttributeError(f"module 'outbox' has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """Keeps `outbox.publish` the function: importing the submodule `outbox.publish`
+    would otherwise bind the module over that name."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def database_url() -> str:

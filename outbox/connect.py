@@ -14,7 +14,6 @@ from pathlib import Path
 
 from outbox.db import make_engine, sqlalchemy_url
 from outbox.embedded import EmbeddedPostgres
-from outbox.migrate import upgrade
 from outbox.settings import load_settings
 
 _lock = threading.Lock()
@@ -37,8 +36,10 @@ def database_url() -> str:
         known = _servers.get(data_dir)
         if known is not None:
             return known[1]
-        server = EmbeddedPostgres(data_dir)
+        server = EmbeddedPostgres(data_dir)  # without the 'embedded' extra: says to install it
         url = sqlalchemy_url(server.start())
+        from outbox.migrate import upgrade  # alembic: only the embedded server is migrated here
+
         engine = make_engine(url)
         try:
             upgrade(engine)

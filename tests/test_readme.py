@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 DOCS = ROOT / "docs"
 PAGES = {path.relative_to(DOCS).as_posix(): path.read_text() for path in DOCS.rglob("*.md")}
-TRY_IT = "    python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/outbox demo"
+TRY_IT = "    python3 -m venv .venv && .venv/bin/pip install -e '.[all]' && .venv/bin/outbox demo"
 TEST_IT = (
     "    python3 -m venv .venv && .venv/bin/pip install -e '.[test]'"
     " && .venv/bin/python -m pytest -q"
@@ -73,3 +73,33 @@ def test_every_relative_link_in_the_readme_reaches_a_file() -> None:
     nav = (ROOT / "mkdocs.yml").read_text()
     for page in linked_pages:
         assert page in nav, f"{page} is linked from the README but not in mkdocs.yml's nav"
+
+
+def _requirement_name(requirement: str) -> str:
+    return re.split(r"[\[<>=!~ ;]", requirement, maxsplit=1)[0].lower()
+
+
+def test_the_install_table_lists_what_each_extra_installs() -> None:
+    """docs/getting-started.md's table: a row per role extra, naming each distribution the
+    bare package or that extra brings (so a dependency moved in pyproject.toml is moved
+    in the table too)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras: dict[str, list[str]] = project["optional-dependencies"]
+    rows = {
+        match.group(1): match.group(2).lower()
+        for match in re.finditer(
+            r"^\| `(?:webhook-outbox)?(\[[a-z]+\])?`? \|[^|]*\| ([^|]*) \|$",
+            PAGES["getting-started.md"],
+            re.MULTILINE,
+        )
+    }
+    rows = {("" if key is None else key.strip("[]")): text for key, text in rows.items()}
+    assert {"", "service", "console", "embedded", "all", "docs", "test"} <= set(rows)
+    assert set(rows) - {""} <= set(extras), "the table names an extra pyproject.toml lacks"
+    for extra in ("", "service", "console", "embedded"):
+        requirements = project["dependencies"] if extra == "" else extras[extra]
+        named = [_requirement_name(r) for r in requirements if not r.startswith("webhook-outbox")]
+        missing = [name for name in named if name not in rows[extra]]
+        assert missing == [], f"the {extra or 'bare'} row does not name {missing}"

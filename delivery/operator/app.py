@@ -8,6 +8,7 @@ import datetime as dt
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
 from sqlalchemy import Engine
@@ -15,8 +16,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.health import HealthConfig
 from delivery.http import DEFAULT_TRANSPORT, build_http_client
-from delivery.operator.console.config import ConsoleConfig
-from delivery.operator.context import AdminConfig
 from delivery.reaper import Reaper, ReaperConfig
 from delivery.retention import Retention, RetentionConfig
 from delivery.summary import Summary
@@ -34,6 +33,9 @@ from outbox.schema_rules import SchemaLimits
 from outbox.settings import Settings
 from outbox.sql.relay import DELIVERIES_CHANNEL, EVENTS_CHANNEL
 from outbox.stats import AlertThresholds
+
+if TYPE_CHECKING:
+    from delivery.operator.context import AdminConfig
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +194,10 @@ def alert_thresholds(settings: Settings) -> AlertThresholds:
 
 
 def admin_config(settings: Settings) -> AdminConfig:
+    # Imported here: the operator context brings starlette, which only serving needs.
+    from delivery.operator.console.config import ConsoleConfig
+    from delivery.operator.context import AdminConfig
+
     return AdminConfig(
         stats_window=dt.timedelta(seconds=settings.stats_window_seconds),
         thresholds=alert_thresholds(settings),

@@ -1,5 +1,6 @@
 """The admin server assembled in one place: every resource module's `routes`, the OpenAPI
-document they make, the console beside them, and uvicorn around it all.
+document they make, the console beside them (when the 'console' extra is installed), and
+uvicorn around it all.
 
 The database work is the same synchronous code the CLI runs, executed on the service's
 async engine through `run_sync`, so the two can never disagree.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 import uvicorn
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
+from starlette.routing import BaseRoute
 
 from delivery.operator.api.audit import routes as audit_routes
 from delivery.operator.api.contract import routes as contract_routes
@@ -26,10 +29,11 @@ from delivery.operator.api.health import routes as health_routes
 from delivery.operator.api.stats import routes as stats_routes
 from delivery.operator.api.tenants import routes as tenants_routes
 from delivery.operator.api.tokens import routes as tokens_routes
-from delivery.operator.console.web import Console
 from delivery.operator.context import AdminConfig, OperatorContext
 from outbox.clock import Clock
 from outbox.crypto import SecretBox
+
+log = logging.getLogger(__name__)
 
 
 async def openapi_route(call: Call) -> Any:
@@ -68,9 +72,27 @@ def create_app(
 ) -> Starlette:
     context = OperatorContext(engine, box, clock=clock, config=config)
     api_routes = Dispatcher(context).routes(all_routes())
-    app = Starlette(routes=[*api_routes, *Console(context, context.config.console).routes()])
+    app = Starlette(routes=[*api_routes, *console_routes(context)])
     app.state.context = context
     return app
+
+
+def console_routes(context: OperatorContext) -> list[BaseRoute]:
+    """The console and the portal, or none without the 'console' extra: the API serves
+    either way, and says once at start-up what is missing."""
+    try:
+        import python_multipart  # noqa: F401 - the console's form posts are parsed with it
+
+        from delivery.operator.console.web import Console
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("jinja2", "python_multipart"):
+            raise
+        log.warning(
+            "the console and portal are off: they need the 'console' extra "
+            "(pip install 'webhook-outbox[console]'); the admin API is served without them"
+        )
+        return []
+    return Console(context, context.config.console).routes()
 
 
 def forwarded_options(trusted_proxies: Sequence[str]) -> dict[str, Any]:

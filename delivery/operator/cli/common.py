@@ -16,14 +16,16 @@ import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from delivery.operator import app
 from outbox.errors import OutboxError
-from outbox.settings import Settings, load_settings
-from outbox.stats import Breaker, Stats
+
+if TYPE_CHECKING:  # loaded by the commands that use them: `keys generate` needs none
+    from delivery.operator import app
+    from outbox.settings import Settings
+    from outbox.stats import Breaker, Stats
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,6 +59,8 @@ def friendly_errors(func: F) -> F:
 
 
 def settings() -> Settings:
+    from outbox.settings import load_settings  # pydantic: a quarter of a second to import
+
     return load_settings()
 
 
@@ -68,6 +72,8 @@ def database(
     check_schema: bool = True,
 ) -> Iterator[tuple[Settings, app.Database]]:
     """Settings and the database; SIGTERM unwinds this (the embedded server stops)."""
+    from delivery.operator import app  # the wiring imports the whole send path
+
     current = current or settings()
     with (
         terminate_as_exit(),

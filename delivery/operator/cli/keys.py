@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-from delivery.operator import app
 from delivery.operator.cli.common import (
     actor_option,
     database,
@@ -14,7 +13,6 @@ from delivery.operator.cli.common import (
     json_option,
 )
 from outbox.crypto import generate_key
-from outbox.endpoints import reencrypt_secrets
 
 
 @click.group()
@@ -37,6 +35,9 @@ def keys_rotate(actor: str | None, as_json: bool) -> None:
 
     Put the new key first and keep the old one after it until this has run.
     """
+    from delivery.operator import app
+    from outbox.endpoints import reencrypt_secrets
+
     with database() as (current, db):
         box = app.secret_box(current, db)
         with db.engine.begin() as conn:

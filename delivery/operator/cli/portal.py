@@ -13,7 +13,6 @@ from delivery.operator.cli.common import (
     json_option,
     parse_duration,
 )
-from delivery.operator.console.sessions import issue_portal_link, portal_link
 from outbox.clock import SystemClock
 
 
@@ -35,6 +34,8 @@ def portal_link_command(tenant: str, ttl: str, actor: str | None, as_json: bool)
     tenant, and the link stops working. With OUTBOX_PUBLIC_URL set the link is a full URL,
     otherwise a path on the admin server.
     """
+    from delivery.operator.console.sessions import issue_portal_link, portal_link
+
     lifetime = parse_duration(ttl)
     now = SystemClock().now()
     with database() as (current, db), db.engine.begin() as conn:

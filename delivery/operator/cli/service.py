@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from delivery.operator import api, app
+from delivery.operator import app
 from delivery.operator.cli.common import (
     database,
     echo_json,
@@ -344,6 +344,8 @@ def _admin_runner(
     host, chosen = current.admin_host, current.admin_port if port is None else port
 
     async def run_admin(stop: asyncio.Event) -> None:
+        from delivery.operator import api  # the web stack: only serving imports it
+
         engine = make_async_engine(db.url, pool_size=2, max_overflow=4)
         try:
             await api.serve(
