@@ -26,9 +26,6 @@ from outbox.db import make_async_engine, make_engine, sqlalchemy_url
 from outbox.embedded import EmbeddedPostgres
 from outbox.migrate import upgrade
 
-# Fixtures of the browser tests (a served console, Chromium): tests/browser.py.
-pytest_plugins = ["tests.browser"]
-
 
 def _with_database(url: str, name: str) -> str:
     return make_url(sqlalchemy_url(url)).set(database=name).render_as_string(hide_password=False)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, text
 
 from outbox.crypto import SecretBox
 from outbox.endpoints import CreatedEndpoint, create_endpoint, set_enabled
+
+# The repository's root, for tests that read its files (README, docs, config, tools).
+ROOT = Path(__file__).resolve().parent.parent
 
 # The SSRF guard refuses loopback unless allowed; test receivers live there.
 LOOPBACK = ("127.0.0.0/8",)

@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 
 from delivery.receiver import Behaviour
 from outbox import publish
-from tests.browser import Site
+from tests.browser.site import Site
 from tests.helpers import add_endpoint, rows, scalar
 
 

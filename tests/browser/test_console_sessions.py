@@ -1,6 +1,6 @@
 """Console and portal sessions end with what opened them (issue 29, items 3 and 4).
 
-Against a real admin server on loopback (tests/browser.py): a console session dies with
+Against a real admin server on loopback (tests/browser/conftest.py): a console session dies with
 its token (revoked through the API or the CLI, or expired), sessions and portal links
 die with their tenant and do not come back with a new tenant of the same uid, failed
 sign-ins are audited in bounded rows, and X-Forwarded-For is believed only from
@@ -31,7 +31,7 @@ from outbox import publish
 from outbox.db import make_engine
 from outbox.migrate import upgrade
 from outbox.tokens import create_token
-from tests.browser import Site
+from tests.browser.site import Site
 from tests.helpers import add_endpoint, rows, scalar
 
 

@@ -24,7 +24,7 @@ from delivery.receiver import Behaviour
 from outbox import publish
 from outbox.catalogue import add_event_type
 from outbox.endpoints import set_enabled
-from tests.browser import Site
+from tests.browser.site import Site
 from tests.helpers import add_endpoint, rows, scalar
 
 

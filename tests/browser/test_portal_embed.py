@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from delivery.operator.console.config import ConsoleConfig
-from tests.browser import Site
+from tests.browser.site import Site
 
 
 class ParentPage:
@@ -60,7 +60,7 @@ def allowed(request: pytest.FixtureRequest) -> bool:
 
 @pytest.fixture
 def console_config(parent: ParentPage, allowed: bool) -> ConsoleConfig:
-    """Overrides tests/browser.py's: the parent page's origin is allowed, or not."""
+    """Overrides tests/browser/conftest.py's: the parent page's origin is allowed, or not."""
     return ConsoleConfig(frame_origins=(parent.origin,) if allowed else ())
 
 

@@ -9,9 +9,7 @@ to an address that drops packets. Nothing here sends traffic off 127.0.0.0/8.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -22,30 +20,7 @@ from delivery.policy import Outcome
 from delivery.ssrf import AddressPolicy
 from delivery.wire import WireTransport
 from outbox.clock import ManualClock
-from tests.test_ssrf import StartReceiver, answers, start_receiver, tls_receiver_recording_sni
-
-__all__ = ["start_receiver"]  # the fixture, shared with tests/test_ssrf.py
-
-
-@contextlib.contextmanager
-def blackhole(host: str, port: int) -> Iterator[None]:
-    """`host:port` accepts no connection and answers no SYN: a listener with backlog 0
-    whose one queue slot is taken by a connection nobody accepts."""
-    listener = socket.socket()
-    filler = socket.socket()
-    try:
-        listener.bind((host, port))
-        listener.listen(0)
-        filler.connect((host, port))
-        probe = socket.socket()
-        probe.settimeout(0.3)
-        with pytest.raises(TimeoutError):  # the queue is full: SYNs are dropped
-            probe.connect((host, port))
-        probe.close()
-        yield
-    finally:
-        filler.close()
-        listener.close()
+from tests.delivery.loopback import StartReceiver, answers, blackhole, tls_receiver_recording_sni
 
 
 async def deliver(wire: WireTransport, url: str, deadline: float) -> Outcome:

@@ -16,14 +16,13 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.health import EndpointLimits, HealthConfig, set_endpoint_limits
 from delivery.http import build_http_client
 from delivery.receiver import Behaviour, ReceivedRequest, Receiver
-from delivery.worker import Worker, WorkerConfig
+from delivery.worker import Worker
 from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
@@ -31,50 +30,13 @@ from outbox.db import make_async_engine
 from outbox.deliveries import discard, replay
 from outbox.endpoints import set_enabled
 from outbox.priorities import set_event_type_priority
-from outbox.relay import Relay, RelayConfig
+from tests.delivery.workers import breaker, relay_all, worker
 from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
-
-HEALTH = HealthConfig(
-    failure_threshold=3,
-    cooldown_seconds=10,
-    cooldown_max_seconds=40,
-    ramp_seconds=5,
-    ramp_start_per_second=1,
-    ramp_step_per_second=1,
-    throttle_seconds=5,
-)
-
-
-def worker(
-    engine: AsyncEngine,
-    http: httpx.AsyncClient,
-    box: SecretBox,
-    clock: ManualClock,
-    health: HealthConfig = HEALTH,
-    **config: Any,
-) -> Worker:
-    settings = {"retry_schedule": (1.0,), "request_timeout": 10.0, **config}
-    return Worker(engine, http, box, clock, WorkerConfig(health=health, **settings))
-
-
-async def relay_all(engine: AsyncEngine, clock: ManualClock, max_attempts: int = 50) -> None:
-    await Relay(engine, clock, RelayConfig(default_max_attempts=max_attempts)).run_until_idle()
 
 
 def limit(engine: Engine, uid: str, **limits: Any) -> None:
     with engine.begin() as conn:
         set_endpoint_limits(conn, uid, EndpointLimits(**limits), actor="test")
-
-
-def breaker(engine: Engine, uid: str) -> str:
-    return str(
-        scalar(
-            engine,
-            "SELECT COALESCE(h.breaker_state, 'closed') FROM endpoints e"
-            " LEFT JOIN endpoint_health h ON h.endpoint_id = e.id WHERE e.uid = :uid",
-            uid=uid,
-        )
-    )
 
 
 def attempts_spent(engine: Engine, uid: str) -> int:

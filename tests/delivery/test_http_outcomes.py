@@ -2,7 +2,7 @@
 
 The mutation run of `delivery/http.py` (docs/mutation.md) showed which parts of the
 classification no fast test pinned; each test here pins one of them against a real
-receiver on 127.0.0.1 (the scripted one of tests/test_wire.py writes exact bytes),
+receiver on 127.0.0.1 (the scripted one of tests/delivery/scripted.py writes exact bytes),
 through both transports where the transport does not decide the answer.
 """
 
@@ -29,8 +29,8 @@ from delivery.policy import Outcome
 from delivery.receiver import Receiver
 from delivery.wire import WireTransport
 from outbox.clock import ManualClock
+from tests.delivery.scripted import HANG_UP, scripted
 from tests.helpers import LOOPBACK
-from tests.test_wire import HANG_UP, scripted
 
 KEY = b"k" * 32
 START = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)

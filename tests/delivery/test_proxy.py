@@ -53,10 +53,8 @@ from outbox.relay import Relay
 from outbox.settings import load_settings
 from outbox.tokens import create_token
 from outbox.urls import parse_proxy_url
+from tests.delivery.loopback import StartReceiver, answers, tls_receiver_recording_sni
 from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
-from tests.test_ssrf import StartReceiver, answers, start_receiver, tls_receiver_recording_sni
-
-__all__ = ["start_receiver"]  # the fixture, shared with tests/test_ssrf.py
 
 PASSWORD = "s3cret-proxy-pw"
 
@@ -274,7 +272,7 @@ async def test_a_blackholed_address_behind_the_proxy_costs_a_stagger(
 ) -> None:
     """Happy Eyeballs holds through the proxy too: while the proxy's connect to the first
     checked address hangs, a second CONNECT to the next one starts and wins."""
-    from tests.test_connect_race import blackhole
+    from tests.delivery.loopback import blackhole
 
     receiver, client_ctx, sni = await tls_receiver_recording_sni(start_receiver, tmp_path)
     proxy = tinyproxy(connect_ports=(receiver.port,))
@@ -348,11 +346,11 @@ def test_https_through_the_proxy_on_uvloop(tmp_path: Path, tinyproxy: StartProxy
     """`outbox run` uses uvloop when installed: the tunnel's TLS upgrade works there too."""
     import uvloop
 
-    from tests.test_ssrf import Receiver as TLSReceiver
-    from tests.test_ssrf import _tls_contexts
+    from tests.delivery.loopback import Receiver as TLSReceiver
+    from tests.delivery.loopback import tls_contexts
 
     async def run() -> tuple[list[Outcome], list[str]]:
-        server_ctx, client_ctx = _tls_contexts("hook.test", tmp_path)
+        server_ctx, client_ctx = tls_contexts("hook.test", tmp_path)
         receiver = TLSReceiver(host="127.0.0.2")
         handlers: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
 

@@ -28,7 +28,7 @@ from delivery.receiver import Receiver
 from delivery.ssrf import AddressPolicy
 from delivery.wire import WireTransport
 from outbox.clock import ManualClock
-from tests.helpers import LOOPBACK
+from tests.helpers import LOOPBACK, ROOT
 
 KEY = b"k" * 32
 
@@ -268,13 +268,10 @@ SCANNED_PACKAGES = ("delivery", "outbox", "bench", "tools")
 
 
 def _scanned_files() -> list[tuple[str, str]]:
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
     return [
-        (str(path.relative_to(root)), path.read_text())
+        (str(path.relative_to(ROOT)), path.read_text())
         for package in SCANNED_PACKAGES
-        for path in sorted((root / package).rglob("*.py"))
+        for path in sorted((ROOT / package).rglob("*.py"))
     ]
 
 

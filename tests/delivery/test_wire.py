@@ -1,6 +1,6 @@
 """Our own HTTP/1.1 wire (delivery.wire) against raw, scripted answers on loopback.
 
-tests/test_transport.py runs the outcome table through every wire; these cases are
+tests/delivery/test_transport.py runs the outcome table through every wire; these cases are
 the wire's own: connection reuse and when not to reuse, framing (chunked, closed by
 the server, interim 1xx, truncated), the connection limit, and header injection.
 """
@@ -8,115 +8,20 @@ the server, interim 1xx, truncated), the connection limit, and header injection.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 
 from delivery.errors import AddressRefusedError
-from delivery.http import AttemptResult, OutgoingRequest, build_http_client, send_attempt
+from delivery.http import build_http_client
 from delivery.policy import Outcome
 from delivery.ssrf import AddressPolicy
 from delivery.wire import MAX_HEAD_BYTES, WireTransport
-from outbox.clock import ManualClock
+from tests.delivery.loopback import StartReceiver, answers, tls_receiver_recording_sni
+from tests.delivery.scripted import OK, attempt, scripted
 from tests.helpers import LOOPBACK
-from tests.test_ssrf import StartReceiver, answers, start_receiver, tls_receiver_recording_sni
-
-__all__ = ["start_receiver"]  # the fixture, shared with tests/test_ssrf.py
-
-OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-HANG_UP = b""  # an answer of nothing: close the connection after reading the request
-
-
-@dataclass
-class Scripted:
-    """A loopback server answering each request with the next scripted bytes."""
-
-    answers: list[bytes]
-    delay: float = 0.0
-    close_after_each: bool = False
-    connections: int = 0
-    open_now: int = 0
-    most_open: int = 0
-    bodies: list[bytes] = field(default_factory=list)
-    heads: list[bytes] = field(default_factory=list)
-    port: int = 0
-    handlers: set[asyncio.Task[None]] = field(default_factory=set)
-    writers: list[asyncio.StreamWriter] = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
-
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        self.writers.append(writer)
-        task = asyncio.current_task()
-        assert task is not None
-        self.handlers.add(task)
-        self.open_now += 1
-        self.most_open = max(self.most_open, self.open_now)
-        try:
-            while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                length = 0
-                for line in head.split(b"\r\n"):
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                self.heads.append(head)
-                self.bodies.append(await reader.readexactly(length))
-                await asyncio.sleep(self.delay)
-                answer = self.answers.pop(0) if self.answers else OK
-                if answer == HANG_UP:
-                    return
-                writer.write(answer)
-                await writer.drain()
-                if self.close_after_each:
-                    return
-        finally:
-            self.open_now -= 1
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-
-@contextlib.asynccontextmanager
-async def scripted(*replies: bytes, **kwargs: object) -> AsyncIterator[Scripted]:
-    server = Scripted(list(replies), **kwargs)  # type: ignore[arg-type]
-    listening = await asyncio.start_server(server.serve, "127.0.0.1", 0)
-    server.port = listening.sockets[0].getsockname()[1]
-    try:
-        yield server
-    finally:
-        listening.close()
-        for writer in server.writers:
-            writer.transport.abort()
-        await asyncio.gather(*server.handlers, return_exceptions=True)
-        await listening.wait_closed()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with build_http_client(
-        max_connections=10, timeout=5, transport="wire", allowed_networks=LOOPBACK
-    ) as client:
-        yield client
-
-
-async def attempt(
-    http: httpx.AsyncClient, url: str, body: bytes = b'{"a":1}', body_cap: int = 64 * 1024
-) -> AttemptResult:
-    request = OutgoingRequest(
-        delivery_id=1, url=url, message_id="msg_1", body=body, keys=[b"k" * 32], timeout=5.0
-    )
-    return await send_attempt(http, request, ManualClock(), body_cap=body_cap, excerpt_bytes=64)
 
 
 async def test_one_connection_carries_request_after_request(http: httpx.AsyncClient) -> None:

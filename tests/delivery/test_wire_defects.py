@@ -30,11 +30,17 @@ from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.db import make_async_engine
 from outbox.relay import Relay
+from tests.delivery.scripted import (
+    OK,
+    Monotonic,
+    attempt,
+    in_pieces,
+    post_and_read,
+    scripted,
+    wire_with,
+)
+from tests.delivery.workers import make_worker
 from tests.helpers import LOOPBACK, add_endpoint, rows
-from tests.test_delivery import make_worker
-from tests.test_wire import OK, attempt, http, scripted
-
-__all__ = ["http"]  # the fixture, shared with tests/test_wire.py
 
 SERVER_ERROR = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
 
@@ -69,42 +75,6 @@ def last_attempt(engine: Engine, delivery_id: int) -> Mapping[str, Any]:
         d=delivery_id,
     )
     return dict(found[0])
-
-
-@contextlib.asynccontextmanager
-async def in_pieces(*pieces: bytes, pause: float = 0.02) -> AsyncIterator[str]:
-    """A receiver that reads one request and writes its answer in `pieces`, one read each."""
-    handlers: list[asyncio.Task[None]] = []
-    writers: list[asyncio.StreamWriter] = []
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        handlers.append(task)
-        writers.append(writer)
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(
-            int(line.split(b":")[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length:")
-        )
-        await reader.readexactly(length)
-        for piece in pieces:
-            writer.write(piece)
-            await writer.drain()
-            await asyncio.sleep(pause)
-        with contextlib.suppress(ConnectionError):
-            await reader.read()  # until the client closes
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
-    finally:
-        server.close()
-        for writer in writers:
-            writer.transport.abort()
-        await asyncio.gather(*handlers, return_exceptions=True)
-        await server.wait_closed()
 
 
 # -- 1. bytes after a complete response: the connection is not reused -----------------
@@ -346,31 +316,6 @@ async def test_a_reason_split_across_reads_is_whole(http: httpx.AsyncClient) -> 
 
 
 # -- 8. keep-alive expiry ------------------------------------------------------------
-
-
-class Monotonic:
-    """A monotonic clock the test moves (the pool's idle expiry), so nothing sleeps."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def wire_with(clock: Monotonic) -> WireTransport:
-    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
-    wire._pool._monotonic = clock  # the pool's clock; production's is time.monotonic
-    return wire
-
-
-async def post_and_read(wire: WireTransport, url: str) -> bool:
-    """One POST read to its end; True when its connection went back to the pool."""
-    response = await wire.post(url, {}, b"{}", deadline=5.0)
-    async for _ in response.aiter_raw():
-        pass
-    await response.aclose()
-    return response.released
 
 
 def test_idle_connections_expire_before_common_servers_5_s_timeout() -> None:

@@ -20,10 +20,9 @@ import pytest
 
 from delivery.ssrf import AddressPolicy
 from delivery.wire import KEEPALIVE_EXPIRY, WireResponse, WireTransport
+from tests.delivery.loopback import answers
+from tests.delivery.scripted import OK, Monotonic, in_pieces, post_and_read, scripted, wire_with
 from tests.helpers import LOOPBACK
-from tests.test_ssrf import answers
-from tests.test_wire import OK, scripted
-from tests.test_wire_defects import Monotonic, in_pieces, post_and_read, wire_with
 
 
 async def read_all(response: WireResponse) -> bytes:

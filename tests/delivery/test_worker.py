@@ -5,29 +5,18 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks import Webhook
 
 from delivery.http import build_http_client
 from delivery.receiver import Behaviour, ReceivedRequest, Receiver
-from delivery.worker import Worker, WorkerConfig
 from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.relay import Relay, RelayConfig
+from tests.delivery.workers import make_worker
 from tests.helpers import LOOPBACK, add_endpoint, disable, rows, scalar
-
-
-def make_worker(
-    async_engine: AsyncEngine,
-    http: httpx.AsyncClient,
-    box: SecretBox,
-    clock: ManualClock,
-    **config: object,
-) -> Worker:
-    return Worker(async_engine, http, box, clock, WorkerConfig(**config))  # type: ignore[arg-type]
 
 
 async def test_committed_event_reaches_each_subscriber_once_signed_per_spec(

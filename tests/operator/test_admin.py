@@ -15,15 +15,8 @@ from delivery.operator.api import create_app, openapi_document, serve
 from delivery.receiver import Receiver
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
-from outbox.tokens import create_token
 from tests.helpers import add_endpoint, rows, scalar
-from tests.operator_helpers import deliver, publish_many, snapshot
-
-
-def token(engine: Engine, role: str, name: str | None = None) -> dict[str, str]:
-    with engine.begin() as conn:
-        _, secret = create_token(conn, name=name or role, role=role, actor="test")
-    return {"authorization": f"Bearer {secret}"}
+from tests.operator_helpers import deliver, publish_many, snapshot, token
 
 
 @pytest.fixture

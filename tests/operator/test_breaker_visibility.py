@@ -1,7 +1,7 @@
 """An endpoint's circuit breaker is visible wherever an operator looks, and agrees with the row.
 
 The breaker is driven for real (a receiver on 127.0.0.1 answering 503, a Worker on a
-manual clock, as in tests/test_health.py), then read back through `collect_stats`, the
+manual clock, as in tests/delivery/test_health.py), then read back through `collect_stats`, the
 CLI (`outbox stats`, `outbox endpoints status`, text and --json), the admin API
 (`GET /v1/endpoints`, `GET /v1/stats`) and the parsed `/metrics`. Each view must report
 what `endpoint_health` holds: no view computes a breaker state of its own.
@@ -33,9 +33,9 @@ from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.stats import collect_stats
+from tests.delivery.workers import HEALTH, breaker, relay_all, worker
 from tests.helpers import LOOPBACK, add_endpoint, rows
-from tests.test_admin import token
-from tests.test_health import HEALTH, breaker, relay_all, worker
+from tests.operator_helpers import token
 
 # The stored columns every view repeats as they are.
 STORED = (

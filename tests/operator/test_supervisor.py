@@ -19,9 +19,7 @@ from delivery.worker import WorkerConfig
 from outbox import publish
 from outbox.crypto import SecretBox, generate_key
 from outbox.relay import RelayConfig
-from tests.helpers import add_endpoint, rows, scalar
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT, add_endpoint, rows, scalar
 
 
 def children(pid: int) -> set[int]:
@@ -80,7 +78,7 @@ async def test_two_processes_deliver_everything_restart_a_killed_child_and_stop_
         "run",
         "--processes",
         "2",
-        cwd=REPO,
+        cwd=ROOT,
         env=env,
         stderr=asyncio.subprocess.PIPE,
     )

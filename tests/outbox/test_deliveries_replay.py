@@ -21,7 +21,7 @@ from outbox.crypto import SecretBox
 from outbox.errors import NotFoundError, OperationError
 from outbox.tenants import create_tenant
 from tests.helpers import add_endpoint, rows, scalar
-from tests.operations_helpers import audit_rows, deliveries_in, refused, set_state
+from tests.outbox.deliveries_helpers import audit_rows, deliveries_in, refused, set_state
 
 URL = "https://partner.example/hooks"
 

@@ -17,7 +17,7 @@ from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.errors import NotFoundError, OperationError
 from tests.helpers import add_endpoint, rows
-from tests.operations_helpers import deliveries_in, refused
+from tests.outbox.deliveries_helpers import deliveries_in, refused
 
 URL = "https://partner.example/hooks"
 

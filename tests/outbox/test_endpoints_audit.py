@@ -22,7 +22,7 @@ from outbox.endpoints import get_endpoint, secret_context
 from outbox.errors import EndpointError, EndpointNotFoundError, OperationError
 from outbox.tenants import create_tenant
 from tests.helpers import add_endpoint, rows, scalar
-from tests.operations_helpers import audit_rows, deliveries_in, refused
+from tests.outbox.deliveries_helpers import audit_rows, deliveries_in, refused
 
 URL = "https://partner.example/hooks"
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from outbox.crypto import SecretBox, generate_key
 from outbox.errors import ConfigurationError
 from outbox.settings import DEFAULT_RETRY_SCHEDULE, load_settings
+from tests.helpers import ROOT
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "config" / "outbox.example.env"
+EXAMPLE = ROOT / "config" / "outbox.example.env"
 
 
 def test_example_file_is_valid_and_matches_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from opentelemetry import trace
@@ -27,9 +26,7 @@ from outbox import publish, tracing
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.relay import Relay
-from tests.helpers import LOOPBACK, add_endpoint, rows
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import LOOPBACK, ROOT, add_endpoint, rows
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ import pytest
 
 import outbox
 from outbox.embedded import EmbeddedPostgres
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 OUTBOX = [sys.executable, "-c", "from delivery.operator.cli import main; main()"]
 
 
@@ -54,7 +54,7 @@ def _run(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def data_dir() -> Iterator[Path]:
-    # Not under tmp_path: see tests/test_lifecycle.py's data_dir.
+    # Not under tmp_path: see tests/operator/test_lifecycle.py's data_dir.
     path = Path(tempfile.mkdtemp(prefix="outbox-readme-"))
     yield path
     server = EmbeddedPostgres(path)

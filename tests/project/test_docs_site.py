@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 from delivery.operator.api import openapi_document
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 
 def mkdocs_build(project: Path, site: Path) -> subprocess.CompletedProcess[str]:

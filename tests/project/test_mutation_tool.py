@@ -8,11 +8,9 @@ mutants written for the code before issue 15 may miss.
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from tests.helpers import ROOT
 from tools.mutation import MODULES, SQL_MUTANTS, apply_mutant, failure_tail
 
-ROOT = Path(__file__).resolve().parents[1]
 OLD_FORMS = {"release (old): worker guard dropped"}
 
 

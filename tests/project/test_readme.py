@@ -4,11 +4,10 @@ and the README stays a newcomer's first ten minutes (the depth lives under docs/
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from outbox.settings import Settings
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 DOCS = ROOT / "docs"
 PAGES = {path.relative_to(DOCS).as_posix(): path.read_text() for path in DOCS.rglob("*.md")}

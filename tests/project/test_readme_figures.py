@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 from bench.readme import BEGIN, END, PAGE, render, replace_block
+from tests.helpers import ROOT
 
-REPO = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"<!-- bench: (?P<path>\S+) -->.*?<!-- /bench -->", re.DOTALL)
 # A measured figure: a number with a unit of rate, time, size or share.
 FIGURE = re.compile(r"\d[\d,.]*\s*(?:/s\b|req/s|ms\b|MB\b|%|\u00d7|x\b|rows/s)")
@@ -24,7 +23,7 @@ FIGURE = re.compile(r"\d[\d,.]*\s*(?:/s\b|req/s|ms\b|MB\b|%|\u00d7|x\b|rows/s)")
 
 def performance_section() -> str:
     """The whole performance page: every part of it is "current figures"."""
-    assert PAGE == REPO / "docs" / "performance.md"
+    assert PAGE == ROOT / "docs" / "performance.md"
     return PAGE.read_text()
 
 
@@ -35,7 +34,7 @@ def test_the_figures_block_is_what_bench_readme_renders_from_its_json() -> None:
     [block] = blocks
     path = block["path"]
     assert path.startswith("bench/results/") and path.endswith(".json"), path
-    results = json.loads((REPO / path).read_text())
+    results = json.loads((ROOT / path).read_text())
     assert block.group(0) == render(path, results), (
         f"the performance page's figures differ from {path}: "
         f"run `python -m bench.readme {path} --write`"
@@ -57,7 +56,7 @@ def test_a_changed_figure_is_caught() -> None:
     """The comparison is exact: one digit off in the JSON changes the rendered block."""
     section = performance_section()
     [block] = list(BLOCK.finditer(section))
-    results = json.loads((REPO / block["path"]).read_text())
+    results = json.loads((ROOT / block["path"]).read_text())
     results["rss"]["worker_peak_rss_mb"] += 1
     assert render(block["path"], results) != block.group(0)
     assert BEGIN.format(path=block["path"]) in block.group(0) and END in block.group(0)
@@ -66,11 +65,11 @@ def test_a_changed_figure_is_caught() -> None:
 
 def test_the_readme_carries_no_figures_and_writing_replaces_only_the_block() -> None:
     """Figures live on the performance page alone; `--write` keeps the text around them."""
-    readme = (REPO / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     assert BLOCK.search(readme) is None and not FIGURE.findall(readme)
     section = performance_section()
     [block] = list(BLOCK.finditer(section))
-    results = json.loads((REPO / block["path"]).read_text())
+    results = json.loads((ROOT / block["path"]).read_text())
     results["rss"]["worker_peak_rss_mb"] += 1
     changed = replace_block(section, render(block["path"], results))
     assert changed != section
