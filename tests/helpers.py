@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, text
 
 from outbox.crypto import SecretBox
@@ -37,3 +40,17 @@ def rows(engine: Engine, sql: str, **params: Any) -> list[Any]:
 def scalar(engine: Engine, sql: str, **params: Any) -> Any:
     with engine.connect() as conn:
         return conn.execute(text(sql), params).scalar()
+
+
+async def until(condition: Callable[[], object], what: str, seconds: float = 20.0) -> None:
+    """Wait until `condition()` holds, looking every 10 ms; fail naming `what` after `seconds`.
+
+    Tests wait on the event itself, never for a fixed time: the deadline only bounds a
+    hang, so a slow or loaded machine makes a test slower, not wrong.
+    """
+    try:
+        async with asyncio.timeout(seconds):
+            while not condition():
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        pytest.fail(f"waited {seconds:g} s for {what}")

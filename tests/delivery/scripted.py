@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from delivery.http import AttemptResult, OutgoingRequest, send_attempt
+from delivery.http import AttemptResult, DeliveryClient, OutgoingRequest, send_attempt
 from delivery.ssrf import AddressPolicy
 from delivery.wire import WireTransport
 from outbox.clock import ManualClock
@@ -162,3 +162,11 @@ async def post_and_read(wire: WireTransport, url: str) -> bool:
         pass
     await response.aclose()
     return response.released
+
+
+def pooled(through: httpx.AsyncClient | WireTransport) -> int:
+    """Connections the wire holds open: a server's close shows here once the connection
+    has seen it (the pool forgets it then)."""
+    wire = through.delivery_transport if isinstance(through, DeliveryClient) else through
+    assert isinstance(wire, WireTransport)
+    return wire._pool._open

@@ -30,7 +30,7 @@ from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.relay import Relay
-from tests.helpers import LOOPBACK, add_endpoint
+from tests.helpers import LOOPBACK, add_endpoint, until
 
 POLL = 60.0  # far longer than any test here may take
 
@@ -42,9 +42,7 @@ def publish_many(engine: Engine, count: int) -> None:
 
 
 async def received(receiver: Receiver, count: int, seconds: float = 20.0) -> None:
-    async with asyncio.timeout(seconds):
-        while len(receiver.requests) < count:
-            await asyncio.sleep(0.01)
+    await until(lambda: len(receiver.requests) >= count, f"{count} requests", seconds)
 
 
 def make_worker(
@@ -96,8 +94,7 @@ async def test_completions_that_free_no_wanted_slot_trigger_no_claim(
         running = asyncio.create_task(worker.run(stop))
         try:
             await received(receiver, 5)
-            while worker.stats.succeeded < 5:
-                await asyncio.sleep(0.01)
+            await until(lambda: worker.stats.succeeded >= 5, "5 outcomes recorded")
         finally:
             stop.set()
             await running
@@ -124,10 +121,12 @@ async def test_a_rate_limited_endpoint_is_claimed_when_its_next_token_is_due(
         running = asyncio.create_task(worker.run(stop))
         try:
             await received(receiver, 4)  # the bucket's burst
-            while worker.stats.succeeded < 4:
-                await asyncio.sleep(0.01)
-            # The clock stands still: no token refills, and nothing more may go out.
-            await asyncio.sleep(0.3)
+            await until(lambda: worker.stats.succeeded >= 4, "4 outcomes recorded")
+            # The clock stands still: no token refills, and nothing more may go out. The
+            # worker looks again when it expects the token (a quarter of a second, real
+            # time); after two more claims it has looked and taken nothing.
+            claims = worker.claims
+            await until(lambda: worker.claims >= claims + 2, "two claims on a closed gate")
             assert len(receiver.requests) == 4
             assert worker.next_gate_at is not None
             assert worker.next_gate_at - clock.now() == dt.timedelta(seconds=0.25)
@@ -160,10 +159,11 @@ async def test_a_tenant_capped_per_second_is_claimed_when_its_next_token_is_due(
         running = asyncio.create_task(worker.run(stop))
         try:
             await received(receiver, 4)  # the tenant bucket's burst
-            while worker.stats.succeeded < 4:
-                await asyncio.sleep(0.01)
-            # The clock stands still: the tenant's bucket stays empty.
-            await asyncio.sleep(0.3)
+            await until(lambda: worker.stats.succeeded >= 4, "4 outcomes recorded")
+            # The clock stands still: the tenant's bucket stays empty. After two more
+            # claims (a quarter of a second apart, real time) nothing more went out.
+            claims = worker.claims
+            await until(lambda: worker.claims >= claims + 2, "two claims on a closed gate")
             assert len(receiver.requests) == 4
             assert worker.next_gate_at is not None
             assert worker.next_gate_at - clock.now() == dt.timedelta(seconds=0.25)

@@ -413,7 +413,7 @@ async def test_a_pass_waits_for_a_claim_under_way(
             wake.set()
             await until(lambda: worker.claims == claims + 1)  # started, held by the lock
             passing = asyncio.create_task(relay.run_once())
-            await asyncio.sleep(0.2)
+            await until(lambda: worker._claim_waiters)  # the pass waits for the claim's verdict
             assert not passing.done()
             blocker.rollback()
         result = await passing

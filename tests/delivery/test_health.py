@@ -14,6 +14,7 @@ import datetime as dt
 import json
 import socket
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Engine
@@ -31,7 +32,7 @@ from outbox.deliveries import discard, replay
 from outbox.endpoints import set_enabled
 from outbox.priorities import set_event_type_priority
 from tests.delivery.workers import breaker, relay_all, worker
-from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
+from tests.helpers import LOOPBACK, add_endpoint, rows, scalar, until
 
 
 def limit(engine: Engine, uid: str, **limits: Any) -> None:
@@ -270,11 +271,21 @@ async def test_rate_limit_holds_across_two_worker_processes(
                 worker(e, http, box, clock, batch_size=10, poll_interval=0.01) for e in engines
             ]
             tasks = [asyncio.create_task(w.run(stop)) for w in workers]
+
+            def looked_again(marks: list[int]) -> bool:
+                claimed = all(w.claims >= m + 5 for w, m in zip(workers, marks, strict=True))
+                return claimed and not scalar(
+                    engine, "SELECT count(*) FROM deliveries WHERE state = 'in_flight'"
+                )
+
             seen = []
             for step, expected in ((0.0, 5), (1.0, 10), (1.0, 15), (0.5, 17), (2.0, 22)):
                 clock.advance(step)
                 await arrived(receiver, expected)
-                await asyncio.sleep(0.3)  # time enough for an overrun to show
+                # An overrun shows once each worker has claimed again (five times) and no
+                # claimed delivery is still on its way to the receiver.
+                marks = [w.claims for w in workers]
+                await until(partial(looked_again, marks), "both workers to claim again, idle")
                 seen.append(len(receiver.requests))
             stop.set()
             await asyncio.gather(*tasks)
@@ -305,7 +316,7 @@ async def test_per_key_order_holds_under_retries_with_two_workers(
         in_flight[key] += 1
         if in_flight[key] > 1:
             overlaps.append(key)
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0.005)  # a request that takes a while, so overlaps would show
         in_flight[key] -= 1
         if index % 3 == 0 and index not in failed_once:
             failed_once.add(index)

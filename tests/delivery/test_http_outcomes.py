@@ -30,7 +30,7 @@ from delivery.receiver import Receiver
 from delivery.wire import WireTransport
 from outbox.clock import ManualClock
 from tests.delivery.scripted import HANG_UP, scripted
-from tests.helpers import LOOPBACK
+from tests.helpers import LOOPBACK, until
 
 KEY = b"k" * 32
 START = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -231,7 +231,7 @@ async def test_a_deadline_before_the_request_was_sent_is_retryable() -> None:
         scripted(delay=1.0) as server,
     ):
         busy = asyncio.create_task(send_attempt(one, outgoing(server.url), ManualClock(START)))
-        await asyncio.sleep(0.1)
+        await until(lambda: server.bodies, "the first request to hold the only connection")
         queued = await send_attempt(one, outgoing(server.url, deadline=0.2), ManualClock(START))
         assert (await busy).outcome is Outcome.SUCCEEDED
     assert (queued.outcome, queued.status_code) == (Outcome.RETRYABLE, None)

@@ -20,8 +20,8 @@ from delivery.policy import Outcome
 from delivery.ssrf import AddressPolicy
 from delivery.wire import MAX_HEAD_BYTES, WireTransport
 from tests.delivery.loopback import StartReceiver, answers, tls_receiver_recording_sni
-from tests.delivery.scripted import OK, attempt, scripted
-from tests.helpers import LOOPBACK
+from tests.delivery.scripted import OK, attempt, pooled, scripted
+from tests.helpers import LOOPBACK, until
 
 
 async def test_one_connection_carries_request_after_request(http: httpx.AsyncClient) -> None:
@@ -124,7 +124,7 @@ async def test_an_idle_connection_the_server_closed_is_not_used(
 ) -> None:
     async with scripted(OK, OK, close_after_each=True) as server:
         assert (await attempt(http, server.url)).outcome is Outcome.SUCCEEDED
-        await asyncio.sleep(0.05)  # the server's close reaches the idle connection
+        await until(lambda: pooled(http) == 0, "the idle connection to see the server's close")
         assert (await attempt(http, server.url)).outcome is Outcome.SUCCEEDED
     assert server.connections == 2
 
@@ -152,8 +152,8 @@ async def test_at_the_limit_an_idle_connection_to_another_host_makes_room() -> N
     ):
         assert (await attempt(http, one.url)).outcome is Outcome.SUCCEEDED
         assert (await attempt(http, two.url)).outcome is Outcome.SUCCEEDED
-        await asyncio.sleep(0.05)
-        assert (one.open_now, two.open_now) == (0, 1)
+        await until(lambda: one.open_now == 0, "the pool to close the connection to one")
+        assert two.open_now == 1
 
 
 async def test_a_header_with_a_line_break_is_refused_before_anything_is_sent() -> None:

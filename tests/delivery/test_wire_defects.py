@@ -35,12 +35,13 @@ from tests.delivery.scripted import (
     Monotonic,
     attempt,
     in_pieces,
+    pooled,
     post_and_read,
     scripted,
     wire_with,
 )
 from tests.delivery.workers import make_worker
-from tests.helpers import LOOPBACK, add_endpoint, rows
+from tests.helpers import LOOPBACK, add_endpoint, rows, until
 
 SERVER_ERROR = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
 
@@ -372,11 +373,10 @@ async def closing_at_once(delay: float = 0.0) -> AsyncIterator[str]:
         while True:
             accepted, _ = await loop.sock_accept(listener)
             if delay:
-                await asyncio.sleep(delay)
+                await asyncio.sleep(delay)  # the scenario: the close comes this late
             accepted.close()
 
     task = asyncio.create_task(accept_and_close())
-    await asyncio.sleep(0.01)  # accepting before the first connection comes
     try:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
     finally:
@@ -389,14 +389,16 @@ async def closing_at_once(delay: float = 0.0) -> AsyncIterator[str]:
 async def test_a_connection_closed_before_sending_is_a_connect_error() -> None:
     """The httpx API path, whose trace hook may wait before the request goes out."""
 
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+
     async def slow_trace(event: str, info: Mapping[str, Any]) -> None:
-        await asyncio.sleep(0.2)  # meanwhile the receiver's close comes in
+        await until(lambda: pooled(wire) == 0, "the receiver's close to reach the connection")
 
     async with (
         # The close comes after the client has its connection (Happy Eyeballs handed it
         # over) and before the trace hook lets the request go out.
         closing_at_once(delay=0.03) as url,
-        httpx.AsyncClient(transport=WireTransport(policy=AddressPolicy(LOOPBACK))) as client,
+        httpx.AsyncClient(transport=wire) as client,
     ):
         with pytest.raises(httpx.ConnectError, match="closed before the request was sent"):
             await client.post(url, content=b"{}", extensions={"trace": slow_trace})

@@ -22,7 +22,7 @@ from delivery.ssrf import AddressPolicy
 from delivery.wire import KEEPALIVE_EXPIRY, WireResponse, WireTransport
 from tests.delivery.loopback import answers
 from tests.delivery.scripted import OK, Monotonic, in_pieces, post_and_read, scripted, wire_with
-from tests.helpers import LOOPBACK
+from tests.helpers import LOOPBACK, until
 
 
 async def read_all(response: WireResponse) -> bytes:
@@ -58,8 +58,9 @@ async def test_a_close_before_any_answer_says_no_response_came() -> None:
 
 
 @contextlib.asynccontextmanager
-async def resetting_after(answer: bytes) -> AsyncIterator[str]:
-    """A receiver that writes `answer`, then resets the connection (RST, not FIN)."""
+async def resetting_after(answer: bytes, reset: asyncio.Event) -> AsyncIterator[str]:
+    """A receiver that writes `answer`, then, once `reset` is set, resets the connection
+    (RST, not FIN)."""
     handlers: list[asyncio.Task[None]] = []
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -70,7 +71,7 @@ async def resetting_after(answer: bytes) -> AsyncIterator[str]:
         await reader.readexactly(2)
         writer.write(answer)
         await writer.drain()
-        await asyncio.sleep(0.05)
+        await reset.wait()
         sock = writer.get_extra_info("socket")
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.transport.abort()
@@ -79,6 +80,7 @@ async def resetting_after(answer: bytes) -> AsyncIterator[str]:
     try:
         yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
     finally:
+        reset.set()  # a test that failed before it lets the handler end
         server.close()
         await asyncio.gather(*handlers, return_exceptions=True)
         await server.wait_closed()
@@ -86,8 +88,10 @@ async def resetting_after(answer: bytes) -> AsyncIterator[str]:
 
 async def test_a_reset_mid_body_is_a_read_error_that_says_the_connection_was_lost() -> None:
     wire = WireTransport(policy=AddressPolicy(LOOPBACK))
-    async with resetting_after(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nonly5") as url:
+    reset = asyncio.Event()
+    async with resetting_after(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nonly5", reset) as url:
         response = await wire.post(url, {}, b"{}", deadline=5.0)
+        reset.set()  # the head is in: the reset comes mid-body
         with pytest.raises(httpx.ReadError) as caught:
             await read_all(response)
         await response.aclose()
@@ -177,7 +181,8 @@ async def test_a_body_not_being_read_pauses_the_socket_and_reading_resumes_it() 
             if response._buffered > 256 * 1024:
                 break
             await asyncio.sleep(0.02)
-        await asyncio.sleep(0.1)  # reads the wire would take if it did not pause
+        # A window, not a wait: the reads a wire that did not pause would take meanwhile.
+        await asyncio.sleep(0.1)
         assert 256 * 1024 < response._buffered <= 512 * 1024  # one read past the mark
         async with asyncio.timeout(10):
             assert len(await read_all(response)) == size
@@ -264,7 +269,7 @@ async def test_the_httpx_api_waits_connect_plus_pool_for_a_connection(
     timeout = httpx.Timeout(5.0, connect=connect, pool=pool)
     async with scripted(delay=1.0) as server, httpx.AsyncClient(transport=wire) as client:
         busy = asyncio.create_task(wire.post(server.url, {}, b"{}", deadline=5.0))
-        await asyncio.sleep(0.05)
+        await until(lambda: server.bodies, "the first request to hold the only connection")
         async with asyncio.timeout(3):
             with pytest.raises(httpx.ConnectTimeout) as caught:
                 await client.post(server.url, content=b"{}", timeout=timeout)

@@ -162,7 +162,7 @@ async def test_postgres_restarted_and_down_while_run_drains_loses_nothing(
         before_outage = log.read_text()
         await asyncio.to_thread(fault_server.stop)
         received_while_down = len(receiver.requests)
-        await asyncio.sleep(OUTAGE_SECONDS)
+        await asyncio.sleep(OUTAGE_SECONDS)  # the outage itself: its length is the scenario
         # Attempts already in flight may finish; no new claim can happen while down.
         assert len(receiver.requests) <= received_while_down + 4
         await asyncio.to_thread(fault_server.start)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from sqlalchemy import Engine
 
 from delivery.operator.app import Service
@@ -11,13 +12,26 @@ from delivery.receiver import Receiver
 from delivery.worker import WorkerConfig
 from outbox import publish
 from outbox.crypto import SecretBox
-from outbox.relay import RelayConfig
-from tests.helpers import LOOPBACK, add_endpoint
+from outbox.relay import Relay, RelayConfig, RelayResult
+from tests.helpers import LOOPBACK, add_endpoint, until
 
 
 async def test_a_committed_event_is_delivered_without_waiting_for_a_poll(
-    engine: Engine, database_url: str, box: SecretBox, receiver: Receiver
+    engine: Engine,
+    database_url: str,
+    box: SecretBox,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    passes: list[RelayResult] = []
+    relay_once = Relay.run_once
+
+    async def counted(relay: Relay) -> RelayResult:
+        result = await relay_once(relay)
+        passes.append(result)
+        return result
+
+    monkeypatch.setattr(Relay, "run_once", counted)  # counts the relay's passes, no more
     add_endpoint(engine, box, receiver.route("/hook"))
     service = Service(
         database_url,
@@ -31,17 +45,20 @@ async def test_a_committed_event_is_delivered_without_waiting_for_a_poll(
     running = asyncio.create_task(service.run(stop))
     try:
         async with asyncio.timeout(20):
-            while service.listener is None:
-                await asyncio.sleep(0.01)
+            await until(lambda: service.listener is not None, "the listener")
+            assert service.listener is not None
             await service.listener.ready.wait()
-            # Let the first (empty) relay and claim passes settle into their long waits.
-            await asyncio.sleep(0.3)
+            # The first (empty) relay pass and claim are over: both wait for a long poll
+            # now, so only the notification can explain a prompt delivery.
+            await until(
+                lambda: passes and service.worker is not None and service.worker.taking_from_relay,
+                "the first relay pass and claim",
+            )
             with engine.begin() as conn:
                 message_id = publish(conn, "order.created", {"id": 1})
             loop = asyncio.get_running_loop()
             published_at = loop.time()
-            while not receiver.requests:
-                await asyncio.sleep(0.01)
+            await until(lambda: receiver.requests, "the delivery")
             waited = loop.time() - published_at
     finally:
         stop.set()

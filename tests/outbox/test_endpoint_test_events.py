@@ -41,7 +41,7 @@ async def worker_running(
             worker = Worker(async_engine, http, box, clock, WorkerConfig(lease_seconds=30))
             while not stop.is_set():
                 if not (await worker.run_once()).claimed:
-                    await asyncio.sleep(0.02)
+                    await asyncio.sleep(0.02)  # the idle loop's poll interval
 
     task = asyncio.create_task(loop())
     try:

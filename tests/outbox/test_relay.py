@@ -15,7 +15,7 @@ from outbox.catalogue import add_event_type
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.relay import Relay, RelayConfig, RelayResult
-from tests.helpers import add_endpoint, disable, rows, scalar
+from tests.helpers import add_endpoint, disable, rows, scalar, until
 
 
 async def test_fans_out_to_matching_enabled_endpoints_only(
@@ -113,7 +113,15 @@ async def test_relay_lingers_after_a_backlog_then_sleeps_until_woken(
 ) -> None:
     """publish() only wakes an idle relay, so a busy relay must look again before sleeping."""
     add_endpoint(engine, box, "http://127.0.0.1:1/all", "*")
-    relay = Relay(async_engine, clock, RelayConfig(poll_interval=30.0, linger=0.5))
+    passes: list[int] = []  # events relayed by each pass, in order
+
+    class CountingRelay(Relay):
+        async def run_once(self) -> RelayResult:
+            result = await super().run_once()
+            passes.append(result.events)
+            return result
+
+    relay = CountingRelay(async_engine, clock, RelayConfig(poll_interval=30.0, linger=0.5))
     stop, wake = asyncio.Event(), asyncio.Event()
 
     def relayed() -> int:
@@ -121,30 +129,32 @@ async def test_relay_lingers_after_a_backlog_then_sleeps_until_woken(
             scalar(engine, "SELECT count(*) FROM outbox_events WHERE relayed_at IS NOT NULL")
         )
 
-    async def until(count: int) -> None:
-        for _ in range(100):
-            if relayed() >= count:
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"only {relayed()} of {count} relayed")
+    def asleep_after_backlog() -> bool:
+        """The pass after the last busy one and the linger pass after it found nothing."""
+        busy = max(i for i, events in enumerate(passes) if events)
+        return len(passes) >= busy + 3
 
     task = asyncio.create_task(relay.run(stop, wake))
     try:
-        await asyncio.sleep(0.1)  # the first, empty pass; now asleep for the poll interval
+        await until(lambda: passes, "the first, empty pass")  # now asleep for the poll
         with engine.begin() as conn:
             publish(conn, "order.created", {"id": 1})
         wake.set()
-        await until(1)
+        await until(lambda: relayed() >= 1, "event 1 relayed")
         with engine.begin() as conn:
             publish(conn, "order.created", {"id": 2})  # no wake-up: found by the linger pass
-        await until(2)
-        await asyncio.sleep(0.8)  # the linger pass found nothing: asleep again
+        await until(lambda: relayed() >= 2, "event 2 relayed")
+        await until(asleep_after_backlog, "the linger pass to find nothing")
+        ran = len(passes)
         with engine.begin() as conn:
             publish(conn, "order.created", {"id": 3})
+        # Asleep for the 30 s poll is the behaviour under test: a window (not a wait for
+        # an event) in which a relay that kept looking would run a pass.
         await asyncio.sleep(0.3)
         assert relayed() == 2
+        assert len(passes) == ran
         wake.set()
-        await until(3)
+        await until(lambda: relayed() >= 3, "event 3 relayed")
     finally:
         stop.set()
         await task
