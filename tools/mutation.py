@@ -186,7 +186,17 @@ def _mutmut_module(copy: Path, module: str, selection: list[str]) -> dict[str, A
         "only_mutate": [module],
         "also_copy": [p for p in others if (work / p).exists()],
         "pytest_add_cli_args_test_selection": _existing(work, selection),
-        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-q", "-x", "-p", "no:randomly"],
+        # -n 0: mutmut reads which tests ran in its own process (the suite's addopts run -n auto).
+        "pytest_add_cli_args": [
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-x",
+            "-p",
+            "no:randomly",
+            "-n",
+            "0",
+        ],
     }
     lines = ["", "[tool.mutmut]"] + [
         f"{key} = {json.dumps(value)}" for key, value in config.items()
@@ -273,7 +283,18 @@ def _sql_mutants(
         began = time.monotonic()
         try:
             done = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-x",
+                    "-p",
+                    "no:cacheprovider",
+                    "-n",
+                    "0",
+                    *tests,
+                ],
                 cwd=copy,
                 capture_output=True,
                 text=True,

@@ -203,6 +203,7 @@ async def assert_same_batch(
     return got.path
 
 
+@pytest.mark.slow  # many generated worlds
 async def test_the_quick_path_chooses_what_choose_endpoints_chooses_over_varied_worlds(
     engine: Engine, async_engine: AsyncEngine, clock: ManualClock
 ) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -425,6 +426,7 @@ async def test_a_dead_head_blocks_its_key_until_an_operator_acts_or_is_skipped(
     }
 
 
+@pytest.mark.slow  # a 10,000-event backlog
 async def test_high_priority_events_overtake_a_10000_event_low_priority_backlog(
     engine: Engine,
     async_engine: AsyncEngine,

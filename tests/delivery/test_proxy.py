@@ -752,6 +752,7 @@ def test_key_rotation_re_encrypts_the_proxy_and_start_up_checks_its_key(engine: 
         check_keys_cover_stored_secrets(conn, new_only)
 
 
+@pytest.mark.slow  # a real `outbox run`
 async def test_outbox_run_sends_through_OUTBOX_HTTP_PROXY_in_every_process(
     engine: Engine, database_url: str, receiver: Receiver, tinyproxy: StartProxy
 ) -> None:

@@ -9,6 +9,7 @@ from delivery.operator import demo
 from delivery.operator.cli import main
 
 
+@pytest.mark.slow  # its own embedded server
 def test_demo_delivers_retries_and_verifies(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(demo, "DEMO_SECONDS", 4.0)
     result = CliRunner().invoke(main, ["demo"], catch_exceptions=False)

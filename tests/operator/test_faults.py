@@ -35,6 +35,9 @@ from outbox.embedded import EmbeddedPostgres, _import_embedded_postgres
 from outbox.migrate import upgrade
 from tests.helpers import ROOT, add_endpoint, rows, scalar
 
+# Real `outbox run` processes against a PostgreSQL that is restarted and killed.
+pytestmark = pytest.mark.slow
+
 RUN = [sys.executable, "-c", "from delivery.operator.cli import main; main()", "run"]
 OUTAGE_SECONDS = float(os.environ.get("OUTAGE_SECONDS", "3"))
 

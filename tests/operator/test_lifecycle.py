@@ -25,6 +25,9 @@ import pytest
 from outbox.embedded import EmbeddedPostgres
 from tests.helpers import ROOT
 
+# Real `outbox` processes, each on its own embedded server.
+pytestmark = pytest.mark.slow
+
 OUTBOX = [sys.executable, "-c", "from delivery.operator.cli import main; main()"]
 
 

@@ -8,12 +8,16 @@ import signal
 import sys
 from collections.abc import Callable
 
+import pytest
 from sqlalchemy import Engine
 
 from delivery.receiver import Receiver
 from outbox import publish
 from outbox.crypto import SecretBox, generate_key
 from tests.helpers import add_endpoint, rows, scalar
+
+# A real `outbox run` process, stopped mid-delivery.
+pytestmark = pytest.mark.slow
 
 RUN = [sys.executable, "-c", "from delivery.operator.cli import main; main()", "run"]
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from sqlalchemy import Engine
 
 from delivery.operator.supervisor import ProcessSpec, child_spec
@@ -57,6 +58,7 @@ def test_each_child_gets_its_own_worker_id() -> None:
     assert child_spec(spec, 1).relay == spec.relay
 
 
+@pytest.mark.slow  # real child processes
 async def test_two_processes_deliver_everything_restart_a_killed_child_and_stop_cleanly(
     engine: Engine, database_url: str, receiver: Receiver
 ) -> None:

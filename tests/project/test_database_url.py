@@ -66,6 +66,7 @@ def data_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.slow  # a fresh embedded server
 def test_the_readme_publish_example_works_as_written_on_a_fresh_machine(
     data_dir: Path, tmp_path: Path
 ) -> None:

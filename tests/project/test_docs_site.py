@@ -11,8 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from delivery.operator.api import openapi_document
 from tests.helpers import ROOT
+
+# Each test builds the whole documentation site with mkdocs.
+pytestmark = pytest.mark.slow
 
 
 def mkdocs_build(project: Path, site: Path) -> subprocess.CompletedProcess[str]:
