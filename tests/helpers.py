@@ -42,7 +42,9 @@ def scalar(engine: Engine, sql: str, **params: Any) -> Any:
         return conn.execute(text(sql), params).scalar()
 
 
-async def until(condition: Callable[[], object], what: str, seconds: float = 20.0) -> None:
+async def until(
+    condition: Callable[[], object], what: str = "the condition", seconds: float = 20.0
+) -> None:
     """Wait until `condition()` holds, looking every 10 ms; fail naming `what` after `seconds`.
 
     Tests wait on the event itself, never for a fixed time: the deadline only bounds a

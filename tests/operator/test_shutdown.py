@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Callable
 
 import pytest
 from sqlalchemy import Engine
@@ -14,7 +13,7 @@ from sqlalchemy import Engine
 from delivery.receiver import Receiver
 from outbox import publish
 from outbox.crypto import SecretBox, generate_key
-from tests.helpers import add_endpoint, rows, scalar
+from tests.helpers import add_endpoint, rows, scalar, until
 
 # A real `outbox run` process, stopped mid-delivery.
 pytestmark = pytest.mark.slow
@@ -37,12 +36,6 @@ async def _start(database_url: str, key: str) -> asyncio.subprocess.Process:
     )
 
 
-async def _wait_for(condition: Callable[[], bool]) -> None:
-    async with asyncio.timeout(30):
-        while not condition():
-            await asyncio.sleep(0.05)
-
-
 async def test_sigterm_during_delivery_loses_nothing(
     engine: Engine, database_url: str, receiver: Receiver
 ) -> None:
@@ -54,7 +47,7 @@ async def test_sigterm_during_delivery_loses_nothing(
         published = {publish(conn, "order.created", {"i": i}) for i in range(events)}
 
     first = await _start(database_url, key)
-    await _wait_for(lambda: len(receiver.requests) >= 3)
+    await until(lambda: len(receiver.requests) >= 3, "3 requests", seconds=30)
     first.send_signal(signal.SIGTERM)
     _, stderr = await asyncio.wait_for(first.communicate(), timeout=30)
     assert first.returncode == 0, stderr.decode()
@@ -78,10 +71,12 @@ async def test_sigterm_during_delivery_loses_nothing(
     assert succeeded_ids <= {r.headers["webhook-id"] for r in receiver.requests}
 
     second = await _start(database_url, key)
-    await _wait_for(
+    await until(
         lambda: (
             scalar(engine, "SELECT count(*) FROM deliveries WHERE state = 'succeeded'") == events
-        )
+        ),
+        "every delivery to succeed",
+        seconds=30,
     )
     second.send_signal(signal.SIGTERM)
     _, stderr = await asyncio.wait_for(second.communicate(), timeout=30)

@@ -6,8 +6,6 @@ import asyncio
 import os
 import signal
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ from delivery.worker import WorkerConfig
 from outbox import publish
 from outbox.crypto import SecretBox, generate_key
 from outbox.relay import RelayConfig
-from tests.helpers import ROOT, add_endpoint, rows, scalar
+from tests.helpers import ROOT, add_endpoint, rows, scalar, until
 
 
 def children(pid: int) -> set[int]:
@@ -36,13 +34,6 @@ def children(pid: int) -> set[int]:
         if b"spawn_main" in cmdline and state != "Z":
             found.add(int(child))
     return found
-
-
-async def wait_for(what: str, condition: Callable[[], bool], within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, f"not in {within:g} s: {what}"
-        await asyncio.sleep(0.1)
 
 
 def test_each_child_gets_its_own_worker_id() -> None:
@@ -85,24 +76,25 @@ async def test_two_processes_deliver_everything_restart_a_killed_child_and_stop_
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        await wait_for("two children", lambda: len(children(process.pid)) >= 2)
+        await until(lambda: len(children(process.pid)) >= 2, "two children", seconds=30)
         first = children(process.pid)
         with engine.begin() as conn:
             for number in range(40):
                 publish(conn, "order.created", {"n": number})
-        await wait_for("40 delivered", lambda: len(receiver.received("/hook")) >= 40)
+        await until(lambda: len(receiver.received("/hook")) >= 40, "40 delivered", seconds=30)
 
         # A child that dies is replaced; the work keeps flowing.
         victim = min(first)
         os.kill(victim, signal.SIGKILL)
-        await wait_for(
-            "the killed child replaced",
+        await until(
             lambda: victim not in children(process.pid) and len(children(process.pid)) >= 2,
+            "the killed child replaced",
+            seconds=30,
         )
         with engine.begin() as conn:
             for number in range(40, 60):
                 publish(conn, "order.created", {"n": number})
-        await wait_for("60 delivered", lambda: len(receiver.received("/hook")) >= 60)
+        await until(lambda: len(receiver.received("/hook")) >= 60, "60 delivered", seconds=30)
     finally:
         process.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.wait_for(process.communicate(), timeout=40)

@@ -14,7 +14,7 @@ import collections
 import json
 import signal
 import sys
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,7 @@ import pytest
 from delivery.receiver import Receiver
 from outbox.crypto import generate_key
 from outbox.db import make_engine
-from tests.helpers import rows, scalar
+from tests.helpers import rows, scalar, until
 from tools import previous_release
 from tools.previous_release import OUTBOX, ROOT
 
@@ -118,13 +118,8 @@ class Fleet:
                 await process.wait()
 
 
-async def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    try:
-        async with asyncio.timeout(90):
-            while not condition():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        pytest.fail(f"timed out waiting for {what}")
+# Old and new releases start and deliver as real processes: up to 90 s on a busy box.
+_wait_for = partial(until, seconds=90)
 
 
 @pytest.mark.slow
