@@ -46,8 +46,9 @@ async def test_sigterm_during_delivery_loses_nothing(
     with engine.begin() as conn:
         published = {publish(conn, "order.created", {"i": i}) for i in range(events)}
 
+    # The deadlines bound a hang: `outbox run` starting on a busy box may take a while.
     first = await _start(database_url, key)
-    await until(lambda: len(receiver.requests) >= 3, "3 requests", seconds=30)
+    await until(lambda: len(receiver.requests) >= 3, "3 requests", seconds=60)
     first.send_signal(signal.SIGTERM)
     _, stderr = await asyncio.wait_for(first.communicate(), timeout=30)
     assert first.returncode == 0, stderr.decode()
@@ -76,7 +77,7 @@ async def test_sigterm_during_delivery_loses_nothing(
             scalar(engine, "SELECT count(*) FROM deliveries WHERE state = 'succeeded'") == events
         ),
         "every delivery to succeed",
-        seconds=30,
+        seconds=60,
     )
     second.send_signal(signal.SIGTERM)
     _, stderr = await asyncio.wait_for(second.communicate(), timeout=30)
