@@ -4,7 +4,7 @@
     python -m bench.readme bench/results/bench-results-DATE.json --write   # put it in the page
 
 The docs site's performance page (docs/performance.md) holds the block between
-`<!-- bench: FILE -->` and `<!-- /bench -->`; tests/test_readme_figures.py renders
+`<!-- bench: FILE -->` and `<!-- /bench -->`; tests/project/test_readme_figures.py renders
 it again from FILE and fails when the two differ, so a figure on that page cannot
 drift from the JSON it came from.
 """

@@ -6,8 +6,8 @@ lock_timeout and starts it over when a lock is not had, so: indexes CONCURRENTLY
 `with op.get_context().autocommit_block():` with if_not_exists/if_exists (see 0020,
 which also drops an INVALID leftover first); columns nullable or with a constant
 default; NOT NULL and foreign keys via NOT VALID + VALIDATE; the previous release must
-keep working on the result (tests/test_upgrade.py); squawk must pass
-(tests/test_migration_lint.py).
+keep working on the result (tests/project/test_upgrade.py); squawk must pass
+(tests/project/test_migration_lint.py).
 
 Revision ID: ${up_revision}
 Revises: ${down_revision | comma,n}

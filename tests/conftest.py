@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -26,12 +27,26 @@ from outbox.db import make_async_engine, make_engine, sqlalchemy_url
 from outbox.embedded import EmbeddedPostgres
 from outbox.migrate import upgrade
 
-# Fixtures of the browser tests (a served console, Chromium): tests/browser.py.
-pytest_plugins = ["tests.browser"]
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first: spread over the workers from the start, they run beside
+    the others instead of after them, at the end of the run."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def _with_database(url: str, name: str) -> str:
     return make_url(sqlalchemy_url(url)).set(database=name).render_as_string(hide_password=False)
+
+
+def _no_durability(url: str) -> None:
+    """A throwaway server need not survive a power cut: without fsync, cloning the
+    template for every test costs a fraction (the suite's largest fixed cost)."""
+    engine = create_engine(sqlalchemy_url(url), isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        for setting in ("fsync", "synchronous_commit", "full_page_writes"):
+            conn.execute(text(f"ALTER SYSTEM SET {setting} = off"))
+        conn.execute(text("SELECT pg_reload_conf()"))
+    engine.dispose()
 
 
 @pytest.fixture(scope="session")
@@ -45,6 +60,7 @@ def server_url() -> Iterator[str]:
     data_dir = Path(tempfile.mkdtemp(prefix="outbox-test-pg-"))
     server = EmbeddedPostgres(data_dir, delete_on_stop=True)
     url = server.start()
+    _no_durability(url)
     try:
         yield url
     finally:
@@ -72,14 +88,59 @@ def template_database(server_url: str, admin_engine: Engine) -> Iterator[str]:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
+class Clones:
+    """Clones of the template made one ahead, on a thread, while the current test runs.
+
+    Cloning the template is a test's largest fixed cost (a few hundred ms on a busy box);
+    made ahead, it overlaps the test before instead of adding to it. Drops go the same
+    way: a test's database is dropped while the next test runs.
+    """
+
+    def __init__(self, admin: Engine, template: str) -> None:
+        self._admin, self._template = admin, template
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clones")
+        self._next = self._thread.submit(self._create)
+        self._drops: list[Future[None]] = []
+
+    def _create(self) -> str:
+        name = f"outbox_test_{uuid.uuid4().hex[:12]}"
+        with self._admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{self._template}"'))
+        return name
+
+    def _drop(self, name: str) -> None:
+        with self._admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+    def take(self) -> str:
+        """A fresh clone (a failed clone fails the test that takes it)."""
+        taken, self._next = self._next, self._thread.submit(self._create)
+        return taken.result()
+
+    def give_back(self, name: str) -> None:
+        self._drops.append(self._thread.submit(self._drop, name))
+
+    def close(self) -> None:
+        spare = self._next
+        self._thread.shutdown(wait=True)
+        for dropped in self._drops:
+            dropped.result()  # a drop that failed says so here, once
+        if spare.exception() is None:
+            self._drop(spare.result())
+
+
+@pytest.fixture(scope="session")
+def clones(admin_engine: Engine, template_database: str) -> Iterator[Clones]:
+    made = Clones(admin_engine, template_database)
+    yield made
+    made.close()
+
+
 @pytest.fixture
-def database_url(server_url: str, admin_engine: Engine, template_database: str) -> Iterator[str]:
-    name = f"outbox_test_{uuid.uuid4().hex[:12]}"
-    with admin_engine.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"'))
+def database_url(server_url: str, clones: Clones) -> Iterator[str]:
+    name = clones.take()
     yield _with_database(server_url, name)
-    with admin_engine.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    clones.give_back(name)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Helpers for the operator-tools tests: push real events through relay and worker."""
+"""Helpers for the operator-side tests: push real events through relay and worker, sign in."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.relay import Relay
+from outbox.tokens import create_token
 from tests.helpers import LOOPBACK, rows
 
 
@@ -40,3 +41,10 @@ def snapshot(engine: Engine, delivery_id: int) -> dict[str, Any]:
             id=delivery_id,
         ),
     }
+
+
+def token(engine: Engine, role: str, name: str | None = None) -> dict[str, str]:
+    """The authorization header of a new admin API token with `role`."""
+    with engine.begin() as conn:
+        _, secret = create_token(conn, name=name or role, role=role, actor="test")
+    return {"authorization": f"Bearer {secret}"}

@@ -41,12 +41,12 @@ from tools.sql_mutants import OLD_OQ, ROOT, SQL_MUTANTS, apply_mutant
 # The wire against scripted loopback receivers and a real proxy; test_proxy's
 # settings, CLI, API and `outbox run` tests are left out (they add no wire line).
 _WIRE_TESTS = [
-    "tests/test_wire.py",
-    "tests/test_wire_defects.py",
-    "tests/test_wire_edges.py",
-    "tests/test_wire_fuzz.py",
-    "tests/test_connect_race.py",
-    "tests/test_proxy.py",
+    "tests/delivery/test_wire.py",
+    "tests/delivery/test_wire_defects.py",
+    "tests/delivery/test_wire_edges.py",
+    "tests/delivery/test_wire_fuzz.py",
+    "tests/delivery/test_connect_race.py",
+    "tests/delivery/test_proxy.py",
     "-k",
     "not (in_every_process or test_cli_sets or admin_api_sets or key_rotation_re_encrypts"
     " or hostile_proxy_urls or the_setting_is_validated)",
@@ -54,13 +54,13 @@ _WIRE_TESTS = [
 
 # Claims, leases, outcome recording and the loop; the transport is not what it decides.
 _WORKER_TESTS = [
-    "tests/test_fencing.py",
-    "tests/test_rules.py",
-    "tests/test_delivery.py",
-    "tests/test_documented_rules.py",
-    "tests/test_handoff.py",
-    "tests/test_claim_on_completion.py",
-    "tests/test_worker_outcomes.py",
+    "tests/delivery/test_fencing.py",
+    "tests/delivery/test_rules.py",
+    "tests/delivery/test_worker.py",
+    "tests/delivery/test_documented_rules.py",
+    "tests/delivery/test_handoff.py",
+    "tests/delivery/test_claim_on_completion.py",
+    "tests/delivery/test_worker_outcomes.py",
     "-k",
     "not httpx",
 ]
@@ -69,28 +69,41 @@ _WORKER_TESTS = [
 # httpx only here: the transport is not what these modules decide.
 MODULES: dict[str, list[str]] = {
     "delivery/policy.py": [
-        "tests/test_policy.py",
-        "tests/test_documented_rules.py",
+        "tests/delivery/test_policy.py",
+        "tests/delivery/test_documented_rules.py",
         "-k",
         "not aiohttp",
     ],
-    "outbox/endpoint_rules.py": ["tests/test_rules_config.py", "tests/test_tenant_scope.py"],
-    "delivery/signing.py": ["tests/test_verify.py", "tests/test_delivery.py", "-k", "not aiohttp"],
-    "delivery/verify.py": ["tests/test_verify.py"],
-    "delivery/ssrf.py": ["tests/test_ssrf.py"],
-    "delivery/reaper.py": ["tests/test_fencing.py", "tests/test_reaper.py", "-k", "not aiohttp"],
+    "outbox/endpoint_rules.py": [
+        "tests/outbox/test_rules_config.py",
+        "tests/outbox/test_tenant_scope.py",
+    ],
+    "delivery/signing.py": [
+        "tests/delivery/test_verify.py",
+        "tests/delivery/test_worker.py",
+        "-k",
+        "not aiohttp",
+    ],
+    "delivery/verify.py": ["tests/delivery/test_verify.py"],
+    "delivery/ssrf.py": ["tests/delivery/test_ssrf.py"],
+    "delivery/reaper.py": [
+        "tests/delivery/test_fencing.py",
+        "tests/delivery/test_reaper.py",
+        "-k",
+        "not aiohttp",
+    ],
     "outbox/relay.py": [
-        "tests/test_relay.py",
-        "tests/test_tenant_routing.py",
-        "tests/test_handoff.py",
+        "tests/outbox/test_relay.py",
+        "tests/outbox/test_tenant_routing.py",
+        "tests/delivery/test_handoff.py",
     ],
     # The outcome of one attempt, against real loopback receivers (both transports).
     "delivery/http.py": [
-        "tests/test_transport.py",
-        "tests/test_documented_rules.py",
-        "tests/test_bounded_requests.py",
-        "tests/test_proxy.py",
-        "tests/test_http_outcomes.py",
+        "tests/delivery/test_transport.py",
+        "tests/delivery/test_documented_rules.py",
+        "tests/delivery/test_bounded_requests.py",
+        "tests/delivery/test_proxy.py",
+        "tests/delivery/test_http_outcomes.py",
         "-k",
         # uvloop's handles warn when collected under mutmut's stats run (warnings are errors)
         "not in_every_process and not uvloop",
@@ -100,16 +113,16 @@ MODULES: dict[str, list[str]] = {
     "delivery/worker/outcomes.py": _WORKER_TESTS,
     "delivery/worker/loop.py": _WORKER_TESTS,
     "outbox/deliveries.py": [
-        "tests/test_operations.py",
-        "tests/test_operations_replay.py",
-        "tests/test_operations_views.py",
+        "tests/outbox/test_deliveries.py",
+        "tests/outbox/test_deliveries_replay.py",
+        "tests/outbox/test_deliveries_views.py",
         # Each write's own tenant scope (the lookup before it made unscoped on purpose).
-        "tests/test_tenant_scope.py",
+        "tests/outbox/test_tenant_scope.py",
     ],
     "outbox/endpoints.py": [
-        "tests/test_operations_endpoints.py",
-        "tests/test_operations.py",
-        "tests/test_tenant_scope.py",
+        "tests/outbox/test_endpoints_audit.py",
+        "tests/outbox/test_deliveries.py",
+        "tests/outbox/test_tenant_scope.py",
     ],
     "delivery/wire/connection.py": _WIRE_TESTS,
     "delivery/wire/connect.py": _WIRE_TESTS,
@@ -182,7 +195,17 @@ def _mutmut_module(copy: Path, module: str, selection: list[str]) -> dict[str, A
         "only_mutate": [module],
         "also_copy": [p for p in others if (work / p).exists()],
         "pytest_add_cli_args_test_selection": _existing(work, selection),
-        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-q", "-x", "-p", "no:randomly"],
+        # -n 0: mutmut reads which tests ran in its own process (the suite's addopts run -n auto).
+        "pytest_add_cli_args": [
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-x",
+            "-p",
+            "no:randomly",
+            "-n",
+            "0",
+        ],
     }
     lines = ["", "[tool.mutmut]"] + [
         f"{key} = {json.dumps(value)}" for key, value in config.items()
@@ -269,7 +292,18 @@ def _sql_mutants(
         began = time.monotonic()
         try:
             done = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-x",
+                    "-p",
+                    "no:cacheprovider",
+                    "-n",
+                    "0",
+                    *tests,
+                ],
                 cwd=copy,
                 capture_output=True,
                 text=True,

@@ -5,7 +5,7 @@ archive`, so the repository's history is needed, not a shallow clone) into a
 directory; a process started there with `env()` imports the old `outbox` and
 `delivery` packages instead of this checkout's (the working directory and
 PYTHONPATH come before the editable install on sys.path), with this virtualenv's
-dependencies. Used by tests/test_upgrade.py and bench/migration_stall.py.
+dependencies. Used by tests/project/test_upgrade.py and bench/migration_stall.py.
 """
 
 from __future__ import annotations

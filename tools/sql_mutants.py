@@ -42,14 +42,18 @@ def apply_mutant(source: str, mutant: SqlMutant) -> str | None:
 
 
 _LEASES = (
-    "tests/test_fencing.py",
-    "tests/test_rules.py",
+    "tests/delivery/test_fencing.py",
+    "tests/delivery/test_rules.py",
     "-k",
     "not aiohttp and (lease or rescue or reaper or shutdown or late or release or outcome)",
 )
-_REPLAY = ("tests/test_operations.py",)
-_HANDOFF = ("tests/test_handoff.py",)
-_ROUTING = ("tests/test_relay.py", "tests/test_tenant_routing.py", "tests/test_publish.py")
+_REPLAY = ("tests/outbox/test_deliveries.py",)
+_HANDOFF = ("tests/delivery/test_handoff.py",)
+_ROUTING = (
+    "tests/outbox/test_relay.py",
+    "tests/outbox/test_tenant_routing.py",
+    "tests/outbox/test_publish.py",
+)
 Q = "delivery/queries.py"
 # outbox/'s SQL, by subject (before, all of it was in outbox/queries.py: see _sql_mutants).
 RELAY_SQL = "outbox/sql/relay.py"
@@ -67,8 +71,8 @@ def _defined_in(statement: str) -> str:
 
 # Operator-side tenant scope: each mutant drops one statement's scope condition.
 _SCOPE = (
-    "tests/test_tenant_scope.py",
-    "tests/test_tenant_api.py",
+    "tests/outbox/test_tenant_scope.py",
+    "tests/operator/test_tenant_api.py",
     "-k",
     "not unscoped and not deleted_tenant and not bad_tenant",
 )
@@ -99,7 +103,12 @@ SQL_MUTANTS = [
         "WHERE d.id = due.id AND ev.id = d.event_id AND e.id = d.endpoint_id\n"
         "      AND d.state = 'scheduled'",
         "WHERE d.id = due.id AND ev.id = d.event_id AND e.id = d.endpoint_id",
-        ("tests/test_claim_contention.py", "tests/test_delivery.py", "-k", "not aiohttp"),
+        (
+            "tests/delivery/test_claim_contention.py",
+            "tests/delivery/test_worker.py",
+            "-k",
+            "not aiohttp",
+        ),
     ),
     # outcome
     SqlMutant(
@@ -208,7 +217,7 @@ SQL_MUTANTS = [
         DELIVERIES_SQL,
         "ORDER BY id FOR UPDATE",
         "ORDER BY id",
-        ("tests/test_replay_once.py", "-k", "concurrent"),
+        ("tests/outbox/test_replay_once.py", "-k", "concurrent"),
     ),
     SqlMutant(
         "discard: in-flight rows not left alone",
@@ -331,14 +340,14 @@ SQL_MUTANTS = [
         RELAY_SQL,
         "ORDER BY r.pattern = b.event_type DESC, length(r.pattern) DESC",
         "ORDER BY r.pattern = b.event_type DESC, length(r.pattern)",
-        ("tests/test_documented_rules.py", "-k", "not aiohttp"),
+        ("tests/delivery/test_documented_rules.py", "-k", "not aiohttp"),
     ),
     SqlMutant(
         "rules: exact type not preferred over an equally long prefix",
         RELAY_SQL,
         "ORDER BY r.pattern = b.event_type DESC, length(r.pattern) DESC",
         "ORDER BY length(r.pattern) DESC",
-        ("tests/test_documented_rules.py", "-k", "not aiohttp"),
+        ("tests/delivery/test_documented_rules.py", "-k", "not aiohttp"),
     ),
     # a disabled tenant's deliveries wait (the claim only visits enabled tenants' heads)
     SqlMutant(
@@ -346,7 +355,7 @@ SQL_MUTANTS = [
         Q,
         "WHERE x.id = e.tenant_id AND x.enabled LIMIT 1",
         "WHERE x.id = e.tenant_id LIMIT 1",
-        ("tests/test_tenant_core.py", "-k", "disabled_tenant"),
+        ("tests/delivery/test_tenant_claims.py", "-k", "disabled_tenant"),
         within="LOCK_CLAIM_GATES = text(",
     ),
     # the quick path (QUICK_CLAIM_GATES) answers only when its batch is plain
@@ -355,7 +364,7 @@ SQL_MUTANTS = [
         Q,
         "SELECT y.enabled AND y.max_in_flight IS NULL",
         "SELECT y.max_in_flight IS NULL",
-        ("tests/test_claim_rank.py", "-k", "falls_back"),
+        ("tests/delivery/test_claim_rank.py", "-k", "falls_back"),
         within='_PLAIN = f"""',
     ),
     SqlMutant(
@@ -363,7 +372,7 @@ SQL_MUTANTS = [
         Q,
         "        SELECT f.* FROM firsts f WHERE f.set_aside",
         "        SELECT f.* FROM firsts f WHERE false",
-        ("tests/test_claim_rank.py", "-k", "falls_back"),
+        ("tests/delivery/test_claim_rank.py", "-k", "falls_back"),
     ),
     *(
         SqlMutant(

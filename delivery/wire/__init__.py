@@ -8,7 +8,7 @@ and none of redirects, cookies, compression, auth or streaming uploads. This wir
 writes each request as one buffer and parses the answer with httptools (llhttp,
 the parser of Node.js and uvicorn), in C.
 
-It keeps what httpx's own pool guarantees (tests/test_transport.py runs every case
+It keeps what httpx's own pool guarantees (tests/delivery/test_transport.py runs every case
 through both):
 
 - the SSRF guard: names are resolved once and every answer checked
@@ -27,7 +27,8 @@ through both):
   shutdown can tell queued attempts from started ones;
 - a response body not read to its end closes the connection instead of reusing it.
 
-What it trusts (tests/test_wire_defects.py, and tests/test_wire_fuzz.py against h11):
+What it trusts (tests/delivery/test_wire_defects.py, and tests/delivery/test_wire_fuzz.py
+against h11):
 a response counts only when it was parsed to its end; a connection goes back to the
 pool only when nothing at all followed that end, the server keeps it alive and speaks
 HTTP/1.1; the head, the trailers (dropped, never merged into the headers) and the

@@ -1,0 +1,407 @@
+"""The wire's edges that its mutation run (docs/mutation.md) found no test for.
+
+Each case pins one decision of delivery/wire.py that a one-token change could flip
+without another test noticing: which error class and text a broken answer gets, a
+blank line after an interim answer, the keep-alive expiry instant, what the pool does
+at its limit, reading paused and resumed under a large body, the httpx API's exact
+request head and timeouts. Scripted receivers on 127.0.0.1, as in test_wire_defects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from delivery.ssrf import AddressPolicy
+from delivery.wire import KEEPALIVE_EXPIRY, WireResponse, WireTransport
+from tests.delivery.loopback import answers
+from tests.delivery.scripted import OK, Monotonic, in_pieces, post_and_read, scripted, wire_with
+from tests.helpers import LOOPBACK, until
+
+
+async def read_all(response: WireResponse) -> bytes:
+    body = bytearray()
+    async for chunk in response.aiter_raw():
+        body += chunk
+    return bytes(body)
+
+
+# -- what a broken answer is called ---------------------------------------------------
+
+
+async def test_a_body_cut_by_the_close_is_a_protocol_error_mid_body() -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    truncated = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nonly5"
+    async with scripted(truncated, close_after_each=True) as server:
+        response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            await read_all(response)
+        await response.aclose()
+        await wire.aclose()
+    assert str(caught.value) == "the server closed the connection mid-body"
+    assert not response.released
+
+
+async def test_a_close_before_any_answer_says_no_response_came() -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(b"") as server:  # reads the request, closes without answering
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            await wire.post(server.url, {}, b"{}", deadline=5.0)
+        await wire.aclose()
+    assert str(caught.value) == "the server closed the connection without sending a response"
+
+
+@contextlib.asynccontextmanager
+async def resetting_after(answer: bytes, reset: asyncio.Event) -> AsyncIterator[str]:
+    """A receiver that writes `answer`, then, once `reset` is set, resets the connection
+    (RST, not FIN)."""
+    handlers: list[asyncio.Task[None]] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.append(task)
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+        writer.write(answer)
+        await writer.drain()
+        await reset.wait()
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+    finally:
+        reset.set()  # a test that failed before it lets the handler end
+        server.close()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        await server.wait_closed()
+
+
+async def test_a_reset_mid_body_is_a_read_error_that_says_the_connection_was_lost() -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    reset = asyncio.Event()
+    async with resetting_after(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nonly5", reset) as url:
+        response = await wire.post(url, {}, b"{}", deadline=5.0)
+        reset.set()  # the head is in: the reset comes mid-body
+        with pytest.raises(httpx.ReadError) as caught:
+            await read_all(response)
+        await response.aclose()
+        await wire.aclose()
+    assert str(caught.value).startswith("connection lost: [Errno 104]")
+
+
+# -- a blank line after an interim (1xx) answer ---------------------------------------
+
+FINAL = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+HINTS = b"HTTP/1.1 103 Early Hints\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        # the blank line in the next read (the check joins this response's reads)
+        [CONTINUE, b"\r\n" + FINAL],
+        [CONTINUE, b"\n" + FINAL],  # a bare LF is a blank line too
+        # after the second of two interim answers, not the first
+        [CONTINUE + HINTS + b"\n" + FINAL],
+        [CONTINUE, HINTS, b"\r\n" + FINAL],
+    ],
+)
+async def test_a_blank_line_after_an_interim_answer_is_refused(pieces: list[bytes]) -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with in_pieces(*pieces) as url:
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            await wire.post(url, {}, b"{}", deadline=5.0)
+        await wire.aclose()
+    assert str(caught.value) == ("malformed response: a blank line after an interim (1xx) response")
+
+
+async def test_interim_answers_in_reads_of_their_own_are_skipped() -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with in_pieces(CONTINUE, HINTS, FINAL) as url:
+        response = await wire.post(url, {}, b"{}", deadline=5.0)
+        assert (response.status_code, await read_all(response)) == (200, b"")
+        await response.aclose()
+        await wire.aclose()
+
+
+# -- connection reuse -----------------------------------------------------------------
+
+
+async def test_an_idle_connection_expires_at_the_expiry_instant() -> None:
+    clock = Monotonic()
+    wire = wire_with(clock)
+    async with scripted(OK, OK) as server:
+        assert await post_and_read(wire, server.url)
+        clock.now += KEEPALIVE_EXPIRY  # exactly: expired
+        await post_and_read(wire, server.url)
+        await wire.aclose()
+    assert server.connections == 2
+
+
+async def test_making_room_at_the_limit_keeps_the_other_idle_connections() -> None:
+    """At the limit, one idle connection to another host is closed; the host's other
+    idle connections stay pooled (and counted) and carry its next request."""
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK), max_connections=2)
+    async with scripted(delay=0.05) as one, scripted() as two:
+        both = await asyncio.gather(*(wire.post(one.url, {}, b"{}", deadline=5.0) for _ in "ab"))
+        for response in both:
+            await read_all(response)
+            await response.aclose()
+        assert [r.released for r in both] == [True, True]  # two idle connections to one
+        response = await wire.post(two.url, {}, b"{}", deadline=5.0)  # closes one of them
+        await read_all(response)
+        await response.aclose()
+        response = await wire.post(one.url, {}, b"{}", deadline=5.0)
+        await read_all(response)
+        await response.aclose()
+        await wire.aclose()
+    assert (one.connections, two.connections) == (2, 1)
+
+
+async def test_a_body_not_being_read_pauses_the_socket_and_reading_resumes_it() -> None:
+    """Past 256 KiB unread, the connection stops reading (bounded memory); as the caller
+    reads, it resumes, the body arrives whole and the connection is reused."""
+    size = 4 * 1024 * 1024
+    big = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + b"x" * size
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(big, OK) as server:
+        response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+        for _ in range(250):  # until the high-water mark is passed (the box may be slow)
+            if response._buffered > 256 * 1024:
+                break
+            await asyncio.sleep(0.02)
+        # A window, not a wait: the reads a wire that did not pause would take meanwhile.
+        await asyncio.sleep(0.1)
+        assert 256 * 1024 < response._buffered <= 512 * 1024  # one read past the mark
+        async with asyncio.timeout(10):
+            assert len(await read_all(response)) == size
+        await response.aclose()
+        assert response.released
+        again = await wire.post(server.url, {}, b"{}", deadline=5.0)
+        assert await read_all(again) == b"ok"
+        await again.aclose()
+        await wire.aclose()
+    assert server.connections == 1
+
+
+# -- the httpx transport API ----------------------------------------------------------
+
+
+async def test_the_httpx_api_writes_exactly_the_request_it_was_given() -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    odd = b"HTTP/1.1 404 Gone Fishing\r\nContent-Length: 0\r\n\r\n"
+    async with scripted(odd) as server, httpx.AsyncClient(transport=wire) as client:
+        request = client.build_request(
+            "PUT", server.url, content=b"hello", headers={"X-Why": "a\tb"}
+        )
+        response = await client.send(request)
+    assert (response.status_code, response.reason_phrase) == (404, "Gone Fishing")
+    assert server.heads == [
+        b"PUT /hook HTTP/1.1\r\n"
+        + b"".join(name + b": " + value + b"\r\n" for name, value in request.headers.raw).replace(
+            b"Content-Length: 5\r\n", b""
+        )
+        + b"Content-Length: 5\r\n\r\n"
+    ]
+    assert server.heads[0].count(b"Content-Length") == 1
+    assert server.bodies == [b"hello"]
+
+
+async def test_the_httpx_api_dials_a_name_in_origin_form() -> None:
+    resolve, asked = answers(["127.0.0.1"])
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK), resolver=resolve)
+    async with scripted() as server, httpx.AsyncClient(transport=wire) as client:
+        response = await client.post(f"http://hook.test:{server.port}/hook?a=1", content=b"{}")
+        again = await wire.post(f"http://hook.test:{server.port}/hook", {}, b"{}", deadline=5.0)
+        await again.aclose()
+    assert response.status_code == 200
+    assert [head.split(b"\r\n")[0] for head in server.heads] == [
+        b"POST /hook?a=1 HTTP/1.1",
+        b"POST /hook HTTP/1.1",
+    ]
+    assert asked == ["hook.test"]  # the second request reuses the connection
+
+
+async def test_the_httpx_api_names_the_bad_header_and_the_methods_it_sends() -> None:
+    async with (
+        scripted() as server,
+        httpx.AsyncClient(transport=WireTransport(policy=AddressPolicy(LOOPBACK))) as client,
+    ):
+        request = client.build_request(
+            "POST", server.url, content=b"{}", headers={"x-fine": "1", "x-evil": "a\x00b"}
+        )
+        with pytest.raises(httpx.LocalProtocolError) as bad_header:
+            await client.send(request)
+        with pytest.raises(httpx.LocalProtocolError) as bad_method:
+            await client.request("PÖST", server.url)
+    assert str(bad_header.value) == (
+        "the request header 'x-evil' has a name that is not a token or a value with a "
+        "control character (NUL, CR, LF, ...); fix the header"
+    )
+    assert str(bad_method.value) == (
+        "this wire sends webhooks; the method 'PÖST' is not supported "
+        "(use one of DELETE, GET, OPTIONS, PATCH, POST, PUT)"
+    )
+    assert server.bodies == []
+
+
+@pytest.mark.parametrize(
+    ("connect", "pool", "waited"),
+    [(0.1, 0.2, "0.3"), (None, 0.2, "0.2"), (0.2, None, "0.2")],
+)
+async def test_the_httpx_api_waits_connect_plus_pool_for_a_connection(
+    connect: float | None, pool: float | None, waited: str
+) -> None:
+    """With every connection busy, a request waits for one as long as its connect and
+    pool timeouts together allow, then fails as a connect timeout (nothing was sent)."""
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK), max_connections=1)
+    timeout = httpx.Timeout(5.0, connect=connect, pool=pool)
+    async with scripted(delay=1.0) as server, httpx.AsyncClient(transport=wire) as client:
+        busy = asyncio.create_task(wire.post(server.url, {}, b"{}", deadline=5.0))
+        await until(lambda: server.bodies, "the first request to hold the only connection")
+        async with asyncio.timeout(3):
+            with pytest.raises(httpx.ConnectTimeout) as caught:
+                await client.post(server.url, content=b"{}", timeout=timeout)
+        busy.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await busy
+    assert str(caught.value) == f"no connection to 127.0.0.1:{server.port} within {waited}s"
+    assert len(server.bodies) == 1
+
+
+async def test_eight_interim_answers_pass_and_a_ninth_is_refused() -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(CONTINUE * 8 + FINAL, CONTINUE * 9 + FINAL) as server:
+        response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+        assert response.status_code == 200
+        await read_all(response)
+        await response.aclose()
+        with pytest.raises(httpx.RemoteProtocolError, match=r"more than 8 interim \(1xx\)"):
+            await wire.post(server.url, {}, b"{}", deadline=5.0)
+        await wire.aclose()
+
+
+async def test_a_server_keep_alive_timeout_of_two_seconds_keeps_one() -> None:
+    """`timeout=2` less the second's margin leaves a second: kept (only no time is not)."""
+    answer = b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=2\r\nContent-Length: 0\r\n\r\n"
+    clock = Monotonic()
+    wire = wire_with(clock)
+    async with scripted(answer, answer) as server:
+        assert await post_and_read(wire, server.url)
+        clock.now += 0.5
+        assert await post_and_read(wire, server.url)
+        await wire.aclose()
+    assert server.connections == 1
+
+
+async def test_a_connection_whose_reading_is_paused_is_not_pooled() -> None:
+    """Paused (the high-water mark), it would not notice the server's close or stray
+    bytes while idle, nor read the next answer: it is closed, however the body ended."""
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(OK, OK) as server:
+        response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+        assert await read_all(response) == b"ok"
+        response._connection.pause_reading()  # as a large unread body leaves it
+        await response.aclose()
+        assert not response.released
+        async with asyncio.timeout(3):
+            assert await post_and_read(wire, server.url)
+        await wire.aclose()
+    assert server.connections == 2
+
+
+async def test_the_httpx_api_bounds_each_body_read_by_the_read_timeout() -> None:
+    stalled = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nonly5"
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with (
+        scripted(stalled) as server,
+        httpx.AsyncClient(transport=wire, timeout=httpx.Timeout(5, read=0.2)) as client,
+    ):
+        async with asyncio.timeout(3):
+            with pytest.raises(httpx.ReadTimeout) as caught:
+                await client.post(server.url, content=b"{}")
+    assert str(caught.value) == "no body bytes within 0.2s"
+
+
+@pytest.mark.parametrize(
+    ("credentials", "says"),
+    [
+        (
+            "",
+            "the proxy 127.0.0.1:{port} requires credentials (407 Proxy Authentication "
+            "Required); put them in the proxy URL: http://user:password@host:port",
+        ),
+        (
+            "u:secret@",
+            "the proxy 127.0.0.1:{port} refused the credentials in the proxy URL (407 Proxy "
+            "Authentication Required); fix the user name or password",
+        ),
+    ],
+)
+async def test_a_proxy_refusing_credentials_says_what_to_fix(credentials: str, says: str) -> None:
+    heard: list[bytes] = []
+    writers: list[asyncio.StreamWriter] = []
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        heard.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n")
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+            await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    wire = WireTransport(
+        policy=AddressPolicy(LOOPBACK), proxy=f"http://{credentials}127.0.0.1:{port}"
+    )
+    try:
+        with pytest.raises(httpx.ConnectError) as caught:
+            await wire.post("https://127.0.0.1:9/hook", {}, b"{}", deadline=5.0)
+    finally:
+        await wire.aclose()
+        server.close()
+        for writer in writers:
+            writer.transport.abort()
+        await server.wait_closed()
+    assert str(caught.value) == says.format(port=port)
+    assert (b"Proxy-Authorization" in heard[0]) is bool(credentials)
+
+
+@pytest.mark.parametrize(
+    ("codings", "says"),
+    [
+        (
+            b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+            "'chunked' (a second one)",
+        ),
+        (b"Transfer-Encoding: Xchunked\r\n", "'Xchunked'"),
+    ],
+)
+async def test_a_second_or_unknown_transfer_coding_is_refused(codings: bytes, says: str) -> None:
+    answer = b"HTTP/1.1 200 OK\r\n" + codings + b"\r\n2\r\nok\r\n0\r\n\r\n"
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(answer) as server:
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            await wire.post(server.url, {}, b"{}", deadline=5.0)
+        await wire.aclose()
+    assert str(caught.value) == f"malformed response: unsupported Transfer-Encoding {says}"
+
+
+async def test_the_httpx_api_without_timeouts_waits_for_its_connection() -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted() as server, httpx.AsyncClient(transport=wire, timeout=None) as client:
+        response = await client.post(server.url, content=b"{}")
+    assert response.status_code == 200

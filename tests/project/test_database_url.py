@@ -1,0 +1,102 @@
+"""The README's publish example (also the first example of docs/publishing.md) runs as
+written on a fresh machine (no OUTBOX_DATABASE_URL): `outbox.database_url()` starts and
+migrates the same embedded server the CLI uses."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import outbox
+from outbox.embedded import EmbeddedPostgres
+from tests.helpers import ROOT
+
+OUTBOX = [sys.executable, "-c", "from delivery.operator.cli import main; main()"]
+
+
+def publish_example(page: Path) -> str:
+    section = page.read_text().split("## Publishing from application code", 1)[1]
+    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert match, f"the publishing section of {page.name} has no python example"
+    return match.group(1)
+
+
+def readme_publish_example() -> str:
+    return publish_example(ROOT / "README.md")
+
+
+def test_the_docs_site_opens_with_the_same_publish_example() -> None:
+    """The one run below covers both places: the docs page's example is the README's."""
+    assert publish_example(ROOT / "docs" / "publishing.md") == readme_publish_example()
+
+
+def _env(data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    env["OUTBOX_DATA_DIR"] = str(data_dir)
+    return env
+
+
+def _run(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(args), env=_env(data_dir), capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    # Not under tmp_path: see tests/operator/test_lifecycle.py's data_dir.
+    path = Path(tempfile.mkdtemp(prefix="outbox-readme-"))
+    yield path
+    server = EmbeddedPostgres(path)
+    if server.running():
+        os.kill(int((server.pgdata / "postmaster.pid").read_text().split()[0]), signal.SIGINT)
+        deadline = time.monotonic() + 30
+        while server.running() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.slow  # a fresh embedded server
+def test_the_readme_publish_example_works_as_written_on_a_fresh_machine(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    example = tmp_path / "example.py"
+    example.write_text(readme_publish_example())
+    first = _run(data_dir, sys.executable, str(example))
+    assert first.returncode == 0, first.stderr
+    published = re.fullmatch(r"published (msg_\S+)\n", first.stdout)
+    assert published, first.stdout + first.stderr
+    server = EmbeddedPostgres(data_dir)
+    assert not server.running()  # the example was its only user: stopped at its exit
+
+    # The shell finds the same server (started again, migrated, left running).
+    url = _run(data_dir, *OUTBOX, "db", "url")
+    assert url.returncode == 0, url.stderr
+    assert url.stdout.startswith("postgresql+psycopg://")
+    assert server.running()  # `db url` leaves it running for the shell's next command
+    stop = _run(data_dir, *OUTBOX, "db", "stop")
+    assert stop.returncode == 0, stop.stderr
+    assert not server.running()
+
+
+def test_database_url_is_the_configured_one_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", "postgresql://app:pw@db.internal:5432/shop")
+    assert outbox.database_url() == "postgresql+psycopg://app:pw@db.internal:5432/shop"
+
+
+def test_database_url_refuses_bad_settings_with_one_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", "mysql://app@db/shop")
+    with pytest.raises(outbox.ConfigurationError, match="must point at PostgreSQL"):
+        outbox.database_url()
