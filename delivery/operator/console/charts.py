@@ -71,7 +71,7 @@ def axis_ticks(rng: ChartRange, now: dt.datetime) -> list[tuple[int, str]]:
     return ticks
 
 
-def series(rows: Iterable[Mapping[str, Any]], rng: ChartRange, now: dt.datetime) -> dict[str, Any]:
+def series(rows: Iterable[Mapping[Any, Any]], rng: ChartRange, now: dt.datetime) -> dict[str, Any]:
     """The chart's JSON: every bucket of the range, None where nothing was attempted."""
     by_bucket = {row["bucket"]: row for row in rows}
     starts = bucket_starts(rng, now)
