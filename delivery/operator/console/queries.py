@@ -27,7 +27,8 @@ INSERT_SESSION = text(
 # from before migration 0022 have neither id and are no session either.
 SELECT_SESSION = text(
     """
-    SELECT s.kind, s.actor, s.role, t.uid AS tenant_uid, s.csrf_token, s.expires_at
+    SELECT s.kind, s.actor, s.role, t.uid AS tenant_uid, t.name AS tenant_name, s.csrf_token,
+           s.expires_at
     FROM console_sessions s
     LEFT JOIN tenants t ON t.id = s.tenant_id
     LEFT JOIN admin_tokens k ON k.id = s.token_row
