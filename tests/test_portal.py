@@ -324,7 +324,7 @@ def test_a_tenant_scoped_console_session_sees_only_its_tenant(site: Site, page: 
     page.fill("form[action='/console/replays'] input[name=reason]", "globex fixed it")
     with page.expect_navigation():
         page.click("form[action='/console/replays'] button[type=submit]")
-    assert "Dry run: 1 deliveries match" in page.inner_text("#bulk-preview")
+    assert "Dry run: 1 delivery matches" in page.inner_text("#bulk-preview")
     with page.expect_navigation():
         page.click("form[action='/console/replays'] button[type=submit]")
     assert "Replayed 1 of 1" in page.inner_text("#bulk-result")

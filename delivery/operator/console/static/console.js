@@ -69,13 +69,19 @@
           series: series(kind).map(function (s, i) {
             return i === 0 ? s : Object.assign({ spanGaps: false, points: { show: true, size: 4 } }, s);
           }),
-          scales: { x: { time: true, range: function () { return [data.from, data.to]; } } },
+          scales: {
+            x: { time: true, range: function () { return [data.from, data.to]; } },
+            // Counts and latencies start at zero, so a small value does not look large.
+            y: { range: function (u, min, max) { return [0, max > 0 ? max * 1.15 : 1]; } },
+          },
           axes: [
             {
               splits: function () { return data.ticks; },
+              // On a narrow chart, every other (or third...) label, so none overlap.
               values: function (u, splits) {
-                var drawn = splits.map(function (tick) { return labelAt[tick] || ""; });
-                element.setAttribute("data-x-labels", drawn.join(" "));
+                var every = Math.max(1, Math.ceil((splits.length * 48) / Math.max(u.width - 60, 1)));
+                var drawn = splits.map(function (tick, i) { return i % every ? "" : labelAt[tick] || ""; });
+                element.setAttribute("data-x-labels", drawn.filter(Boolean).join(" "));
                 return drawn;
               },
             },
