@@ -167,6 +167,12 @@ PAGES: list[tuple[str, str, Visit]] = [
 ]
 
 
+def _page(pages: Pages, kind: str) -> Any:
+    """The context's one open tab (opened on first use)."""
+    context = pages.contexts[kind]
+    return context.pages[0] if context.pages else context.new_page()
+
+
 def _wait_for_charts(page: Any) -> None:
     page.wait_for_function(
         "() => [...document.querySelectorAll('[data-chart]')].every(e => e.dataset.rendered)"
@@ -178,8 +184,7 @@ def _wait_for_charts(page: Any) -> None:
 def test_every_page_fits_the_screen_and_passes_axe(
     pages: Pages, screenshot_dir: Path, name: str, kind: str, visit: Visit, width: int
 ) -> None:
-    page = pages.contexts[kind].pages[0] if pages.contexts[kind].pages else None
-    page = page or pages.contexts[kind].new_page()
+    page = _page(pages, kind)
     page.set_viewport_size({"width": width, "height": 900})
     visit(page, pages.site.base_url, pages.ids)
     _wait_for_charts(page)
@@ -194,10 +199,27 @@ def test_every_page_fits_the_screen_and_passes_axe(
     assert violations == [], f"{name} at {width} px:\n" + "\n".join(violations)
 
 
+def test_the_layout_check_sees_overlap_and_overflow(pages: Pages) -> None:
+    """The checker itself: a button moved onto the token field, a table made too wide."""
+    page = _page(pages, "anonymous")
+    page.set_viewport_size({"width": 390, "height": 900})
+    page.goto(f"{pages.site.base_url}/console/login")
+    assert page.evaluate(LAYOUT_CHECK)["overlaps"] == []
+    page.evaluate(
+        "() => { const at = document.querySelector('input[name=token]').getBoundingClientRect();"
+        " Object.assign(document.querySelector('button[type=submit]').style,"
+        " {position: 'fixed', left: at.left + 'px', top: at.top + 'px'}); }"
+    )
+    page.evaluate("document.querySelector('main').style.minWidth = '600px'")
+    layout = page.evaluate(LAYOUT_CHECK)
+    assert layout["overlaps"] == ["input:token / button:Sign in"]
+    assert layout["scrollWidth"] > layout["viewport"]
+
+
 def test_chart_axes_span_the_range_with_round_labels(pages: Pages) -> None:
     """The overview's hour chart: x from now - 1 h to now, the ticks charts.py chose (drawn
     by uPlot through our label callback), one bucket a minute."""
-    page = pages.contexts["console"].pages[0]
+    page = _page(pages, "console")
     page.set_viewport_size({"width": 1280, "height": 900})
     page.goto(f"{pages.site.base_url}/console/")
     _wait_for_charts(page)
@@ -225,7 +247,7 @@ def test_an_endpoint_without_attempts_shows_an_empty_chart(pages: Pages) -> None
     site = pages.site
     url = site.receiver.route("/quiet", Behaviour(status=200))
     quiet = add_endpoint(site.engine, site.box, url, "never.*", tenant="acme").endpoint.uid
-    page = pages.contexts["portal"].pages[0]
+    page = _page(pages, "portal")
     page.goto(f"{site.base_url}/portal/endpoints/{quiet}")
     _wait_for_charts(page)
     empty = page.locator("[data-chart] .empty")
@@ -235,7 +257,7 @@ def test_an_endpoint_without_attempts_shows_an_empty_chart(pages: Pages) -> None
 
 
 def test_the_portal_names_the_tenant_and_the_brand_never_internal_labels(pages: Pages) -> None:
-    page = pages.contexts["portal"].pages[0]
+    page = _page(pages, "portal")
     page.goto(f"{pages.site.base_url}/portal/deliveries/{pages.ids['succeeded']}")
     header = page.inner_text("header")
     assert "Shopfront webhooks" in header and "Acme Corp" in header
@@ -249,7 +271,7 @@ def test_the_portal_names_the_tenant_and_the_brand_never_internal_labels(pages: 
 
 
 def test_words_read_right(pages: Pages) -> None:
-    page = pages.contexts["console"].pages[0]
+    page = _page(pages, "console")
     base = pages.site.base_url
     page.goto(f"{base}/console/")
     alerts = page.inner_text("#overview-panel table")
