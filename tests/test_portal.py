@@ -348,8 +348,9 @@ def test_the_console_endpoint_page_shows_limits_charts_and_acts(site: Site, page
     with page.expect_navigation():
         page.click(f"#endpoints a:text-is('{uid}')")
     assert "Max attempts" in page.inner_text("#limits")
-    page.locator("[data-chart][data-rendered=true]").nth(1).wait_for()
-    assert page.locator("[data-chart] canvas").count() == 2
+    # The last hour and the last day, attempts and latency each.
+    page.locator("[data-chart][data-rendered=true]").nth(3).wait_for()
+    assert page.locator("[data-chart] canvas").count() == 4
     page.fill("#endpoint-actions input[name=reason]", "partner maintenance")
     with page.expect_navigation():
         page.click("button[value=disable]")

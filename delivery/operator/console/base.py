@@ -195,10 +195,15 @@ class ConsoleBase:
         return endpoint
 
 
-def moment(value: dt.datetime | None) -> str:
-    """A moment as a UTC date and time to the second (the pages state times, not ages)."""
+def moment(value: dt.datetime | str | None) -> str:
+    """A moment as a UTC date and time to the second (the pages state times, not ages);
+    ISO text (attempts come as JSON-ready dicts) reads the same way."""
     if value is None:
         return "-"
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.UTC)
     return value.strftime("%Y-%m-%d %H:%M:%S")
 
 
