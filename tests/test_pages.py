@@ -1,8 +1,8 @@
 """Every console and portal page in a real Chromium at 390 and 1280 px wide.
 
 Each page must fit its viewport (no horizontal scrolling of the page: tables scroll in
-their card), no two visible controls may overlap, axe-core (tests/vendor) must find no
-serious or critical violation, and a screenshot of it is saved (OUTBOX_SCREENSHOT_DIR,
+their card), no two visible controls may overlap, axe-core (tests/vendor; at 390 px) must
+find no serious or critical violation, and a screenshot of it is saved (OUTBOX_SCREENSHOT_DIR,
 else a temporary directory) so what people see can be looked at. One server, one
 database and one browser serve the whole module; the pages share one set of data.
 """
@@ -26,8 +26,11 @@ from outbox.tenants import create_tenant
 from tests.browser import Site
 from tests.helpers import add_endpoint, scalar
 
-AXE = Path(__file__).parent / "vendor" / "axe-core-4.14.1.min.js"
+AXE_SOURCE = (Path(__file__).parent / "vendor" / "axe-core-4.14.1.min.js").read_text()
 WIDTHS = (390, 1280)
+# axe-core runs once per page, on the narrow layout (where the nav and the tables
+# scroll): its rules do not depend on the width otherwise, and each run costs ~0.5 s.
+AXE_WIDTH = 390
 
 # The page's own width against the viewport's, and every pair of visible controls whose
 # boxes overlap (a control inside another, like a link in a button, is not a pair).
@@ -194,9 +197,10 @@ def test_every_page_fits_the_screen_and_passes_axe(
         f"{name} is {layout['scrollWidth']} px wide in a {layout['viewport']} px viewport"
     )
     assert layout["overlaps"] == [], f"{name}: controls overlap: {layout['overlaps']}"
-    page.evaluate(AXE.read_text())
-    violations = page.evaluate(AXE_RUN)
-    assert violations == [], f"{name} at {width} px:\n" + "\n".join(violations)
+    if width == AXE_WIDTH:
+        page.evaluate(AXE_SOURCE)
+        violations = page.evaluate(AXE_RUN)
+        assert violations == [], f"{name} at {width} px:\n" + "\n".join(violations)
 
 
 def test_the_layout_check_sees_overlap_and_overflow(pages: Pages) -> None:

@@ -38,6 +38,15 @@
     return [data.buckets, data.succeeded, data.failed];
   }
 
+  // Counts step in whole numbers; latencies as uPlot chooses.
+  function yAxis(kind) {
+    var axis = { size: 50 };
+    if (kind !== "latency") {
+      axis.incrs = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 100000, 1000000];
+    }
+    return axis;
+  }
+
   var RANGE_WORDS = { hour: "in the last hour", day: "in the last day" };
 
   // The server decides buckets, the x range (now - range to now) and the tick labels
@@ -85,7 +94,7 @@
                 return drawn;
               },
             },
-            { size: 50 },
+            yAxis(kind),
           ],
         };
         element.chart = new uPlot(options, columns(kind, data), element);
