@@ -245,6 +245,10 @@ def test_chart_axes_span_the_range_with_round_labels(pages: Pages) -> None:
     assert scale == [now - 3600, now]
     # Latency of empty buckets is a gap, not a zero: the series has nulls between points.
     assert None in data["p50_ms"] and data["points"] >= 1
+    # A range the charts do not have is refused by name, not read as some other range.
+    refused = page.request.get(f"{pages.site.base_url}/console/charts.json?range=week")
+    assert refused.status == 400
+    assert "range must be one of hour, day, not &#39;week&#39;" in refused.text()
 
 
 def test_an_endpoint_without_attempts_shows_an_empty_chart(pages: Pages) -> None:
