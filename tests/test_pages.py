@@ -197,6 +197,8 @@ def test_every_page_fits_the_screen_and_passes_axe(
         f"{name} is {layout['scrollWidth']} px wide in a {layout['viewport']} px viewport"
     )
     assert layout["overlaps"] == [], f"{name}: controls overlap: {layout['overlaps']}"
+    # Messages shared with the CLI mark commands with backticks: pages show <code> instead.
+    assert "`" not in page.inner_text("body"), f"{name} shows markdown backticks"
     if width == AXE_WIDTH:
         page.evaluate(AXE_SOURCE)
         violations = page.evaluate(AXE_RUN)
@@ -289,6 +291,14 @@ def test_words_read_right(pages: Pages) -> None:
     assert "1 deliveries" not in alerts and "endpoint(s)" not in alerts
     page.goto(f"{base}/console/deliveries/{pages.ids['dead']}")
     assert page.locator("#next-attempt").count() == 0
+    # A refusal that names a command shows it as code, not in markdown backticks.
+    signed_out = _page(pages, "anonymous")
+    signed_out.goto(f"{base}/console/login")
+    signed_out.fill("input[name=token]", "obx_unknown_token")
+    with signed_out.expect_navigation():
+        signed_out.click("button[type=submit]")
+    assert signed_out.locator(".error code").all_inner_texts() == ["outbox tokens create"]
+    assert "`" not in signed_out.inner_text("main")
     page.goto(f"{base}/console/deliveries")
     replayed = page.locator("#deliveries small.replay")
     assert replayed.count() == 1
