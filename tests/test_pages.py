@@ -142,6 +142,20 @@ def _bulk_preview(page: Any, base: str, ids: dict[str, Any]) -> None:
 Visit = Callable[[Any, str, dict[str, Any]], None]
 
 
+def _revealed_secret(page: Any, base: str, ids: dict[str, Any]) -> None:
+    page.goto(f"{base}/portal/endpoints/{ids['endpoint']}")
+    with page.expect_navigation():
+        page.click("button[value=reveal]")
+    assert page.locator("#secret").count() == 1
+
+
+def _issued_link(page: Any, base: str, ids: dict[str, Any]) -> None:
+    page.goto(f"{base}/console/tenants")
+    with page.expect_navigation():
+        page.click("#tenant-globex button[value=portal-link]")
+    assert page.locator("#portal-link").count() == 1
+
+
 def _go(path: str) -> Visit:
     def visit(page: Any, base: str, ids: dict[str, Any]) -> None:
         page.goto(base + path.format(**ids))
@@ -159,11 +173,13 @@ PAGES: list[tuple[str, str, Visit]] = [
     ("console-endpoints", "console", _go("/console/endpoints")),
     ("console-endpoint", "console", _go("/console/endpoints/{endpoint}")),
     ("console-tenants", "console", _go("/console/tenants")),
+    ("console-tenants-link", "console", _issued_link),
     ("console-audit", "console", _go("/console/audit")),
     ("console-bulk-replay", "console", _bulk_preview),
     ("console-error", "console", _go("/console/deliveries/999999999")),
     ("portal-endpoints", "portal", _go("/portal/endpoints")),
     ("portal-endpoint", "portal", _go("/portal/endpoints/{endpoint}")),
+    ("portal-endpoint-secret", "portal", _revealed_secret),
     ("portal-deliveries", "portal", _go("/portal/deliveries")),
     ("portal-delivery", "portal", _go("/portal/deliveries/{dead}")),
     ("portal-expired", "anonymous", _go("/portal/enter?link=obxl_unknown")),
