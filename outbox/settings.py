@@ -282,6 +282,12 @@ class Settings(BaseSettings):
         default="webhook-outbox", min_length=1, max_length=60, description="Shown in the pages."
     )
     console_brand_color: str = Field(default="#2f5bea", description="Header colour, #rrggbb.")
+    portal_brand: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=60,
+        description="The name the tenant portal's header shows (unset: the app name).",
+    )
     portal_frame_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Origins that may embed the portal in an iframe, e.g. https://app.example.",
@@ -379,10 +385,10 @@ class Settings(BaseSettings):
             )
         return self
 
-    @field_validator("console_app_name")
+    @field_validator("console_app_name", "portal_brand")
     @classmethod
-    def _app_name(cls, value: str) -> str:
-        if not value.isprintable():
+    def _app_name(cls, value: str | None) -> str | None:
+        if value is not None and not value.isprintable():
             raise ValueError("must be printable text, without control characters")
         return value
 

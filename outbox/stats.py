@@ -21,6 +21,7 @@ from outbox.schema import ATTEMPT_OUTCOMES as OUTCOMES
 from outbox.schema import BREAKER_STATES, DELIVERY_STATES
 from outbox.sql import stats as queries
 from outbox.tenants import scope_params
+from outbox.wording import plural
 
 TOP_ERRORS = 5
 
@@ -263,31 +264,61 @@ def evaluate_alerts(stats: Stats, limits: AlertThresholds) -> list[Alert]:
     # signal, so it is left out rather than firing until someone re-enables it.
     broken = [e for e in stats.endpoints if e.enabled and e.breaker.state != "closed"]
     window = f"{stats.window_seconds / 60:g} min"
+    previous = stats.window["dead_previous_window"]
+    dead_firing = dead >= limits.dead_per_window
+    top_firing = top is not None and top.deliveries >= limits.repeated_error_deliveries
+    oldest_firing = oldest >= limits.oldest_due_seconds
+    lag_firing = lag >= limits.relay_lag_seconds
+    # Each message says what is wrong when the signal fires and what is fine when not.
+    if dead_firing:
+        dead_message = (
+            f"{plural(dead, 'delivery', 'deliveries')} went dead in the last {window} "
+            f"({previous} the window before); `outbox deliveries list --state dead` shows them"
+        )
+    elif dead:
+        dead_message = (
+            f"{plural(dead, 'delivery', 'deliveries')} went dead in the last {window}, "
+            f"below the threshold of {limits.dead_per_window}"
+        )
+    else:
+        dead_message = f"no delivery went dead in the last {window}"
+    if top is None:
+        error_message = "no failed attempts in the window"
+    else:
+        error_message = (
+            f"{top.error!r} hit {plural(top.deliveries, 'delivery', 'deliveries')} on "
+            f"{plural(top.endpoints, 'endpoint')}"
+            + ("" if top_firing else f", below the threshold of {limits.repeated_error_deliveries}")
+        )
+    if oldest_firing:
+        oldest_message = (
+            f"the oldest due delivery has waited {oldest:.0f}s: workers are behind or stopped"
+        )
+    elif stats.oldest_due_age_seconds is None:
+        oldest_message = "no delivery is waiting: workers are keeping up"
+    else:
+        oldest_message = f"the oldest due delivery has waited {oldest:.0f}s: workers are keeping up"
+    if lag_firing:
+        lag_message = f"the oldest unrelayed event is {lag:.0f}s old: is the relay running?"
+    elif stats.relay_lag_seconds is None or lag < 1:
+        lag_message = "every event is relayed: the relay is keeping up"
+    else:
+        lag_message = f"the oldest unrelayed event is {lag:.0f}s old: the relay is keeping up"
     return [
-        Alert(
-            "dead_letters_rising",
-            dead >= limits.dead_per_window,
-            dead,
-            limits.dead_per_window,
-            f"{dead} deliveries went dead in the last {window} "
-            f"({stats.window['dead_previous_window']} the window before); "
-            "`outbox deliveries list --state dead` shows them",
-        ),
+        Alert("dead_letters_rising", dead_firing, dead, limits.dead_per_window, dead_message),
         Alert(
             "repeated_error",
-            top is not None and top.deliveries >= limits.repeated_error_deliveries,
+            top_firing,
             top.deliveries if top else 0,
             limits.repeated_error_deliveries,
-            f"{top.error!r} hit {top.deliveries} deliveries on {top.endpoints} endpoint(s)"
-            if top
-            else "no failed attempts in the window",
+            error_message,
         ),
         Alert(
             "oldest_due_delivery",
-            oldest >= limits.oldest_due_seconds,
+            oldest_firing,
             oldest,
             limits.oldest_due_seconds,
-            f"the oldest due delivery has waited {oldest:.0f}s: workers are behind or stopped",
+            oldest_message,
         ),
         Alert(
             "endpoint_auto_disabled",
@@ -309,13 +340,7 @@ def evaluate_alerts(stats: Stats, limits: AlertThresholds) -> list[Alert]:
             if broken
             else "every enabled endpoint's breaker is closed",
         ),
-        Alert(
-            "relay_lag",
-            lag >= limits.relay_lag_seconds,
-            lag,
-            limits.relay_lag_seconds,
-            f"the oldest unrelayed event is {lag:.0f}s old: is the relay running?",
-        ),
+        Alert("relay_lag", lag_firing, lag, limits.relay_lag_seconds, lag_message),
     ]
 
 

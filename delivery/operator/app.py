@@ -214,6 +214,7 @@ def admin_config(settings: Settings) -> AdminConfig:
         console=ConsoleConfig(
             app_name=settings.console_app_name,
             brand_color=settings.console_brand_color,
+            portal_brand=settings.portal_brand,
             frame_origins=tuple(settings.portal_frame_origins),
             public_url=settings.public_url,
         ),

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import threading
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.operator.api import AdminConfig, create_app, serve
 from delivery.operator.console.config import ConsoleConfig
 from delivery.receiver import Receiver
 from outbox.clock import ManualClock
-from outbox.crypto import SecretBox
-from outbox.db import make_async_engine
+from outbox.crypto import SecretBox, generate_key
+from outbox.db import make_async_engine, make_engine, sqlalchemy_url
 from tests.browser.site import CHROMIUM_ARGS, BackgroundLoop, Site, chromium_path
 
 
@@ -33,14 +37,15 @@ def admin_config(console_config: ConsoleConfig) -> AdminConfig:
     return AdminConfig(console=console_config)
 
 
-@pytest.fixture
-def site(
+@contextmanager
+def serve_site(
     engine: Engine,
     database_url: str,
     box: SecretBox,
     clock: ManualClock,
     admin_config: AdminConfig,
 ) -> Iterator[Site]:
+    """The admin server (console and portal) and a receiver, on a background loop."""
     loop = BackgroundLoop()
     stop = asyncio.Event()
     ready = threading.Event()
@@ -82,6 +87,51 @@ def site(
 
         loop.run(shutdown())
         loop.close()
+
+
+@pytest.fixture
+def site(
+    engine: Engine,
+    database_url: str,
+    box: SecretBox,
+    clock: ManualClock,
+    admin_config: AdminConfig,
+) -> Iterator[Site]:
+    with serve_site(engine, database_url, box, clock, admin_config) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def module_site(server_url: str, admin_engine: Engine, template_database: str) -> Iterator[Site]:
+    """One server and database for a whole module of page tests (they share their data)."""
+    name = f"outbox_pages_{uuid.uuid4().hex[:12]}"
+    with admin_engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"'))
+    url = make_url(sqlalchemy_url(server_url)).set(database=name)
+    database_url = url.render_as_string(hide_password=False)
+    engine = make_engine(database_url)
+    clock = ManualClock(dt.datetime.now(dt.UTC).replace(microsecond=0))
+    box = SecretBox.from_setting(generate_key("test"))
+    config = AdminConfig(console=ConsoleConfig(portal_brand="Shopfront webhooks"))
+    try:
+        with serve_site(engine, database_url, box, clock, config) as served:
+            yield served
+    finally:
+        engine.dispose()
+        with admin_engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def screenshot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where page tests save their screenshots: OUTBOX_SCREENSHOT_DIR (CI keeps it as an
+    artifact), else a pytest temporary directory."""
+    chosen = os.environ.get("OUTBOX_SCREENSHOT_DIR")
+    if chosen:
+        path = Path(chosen)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    return tmp_path_factory.mktemp("screenshots")
 
 
 @pytest.fixture(scope="module")

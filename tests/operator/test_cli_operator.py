@@ -72,7 +72,7 @@ async def test_find_by_error_show_replay_and_audit_from_the_terminal(
     before = snapshot(engine, dead["id"])
 
     dry = outbox("replay", "--endpoint", added["id"], "--reason", "fixed", "--dry-run")
-    assert "1 deliveries would be replayed; nothing changed" in dry.output
+    assert "1 delivery would be replayed; nothing changed" in dry.output
     assert scalar(engine, "SELECT count(*) FROM deliveries") == 2
     refused = outbox("replay", str(dead["id"] + 1), "--reason", "again", ok=False)
     assert refused.exit_code == 1 and "--force" in refused.output
@@ -121,7 +121,7 @@ async def test_endpoint_lifecycle_commands_and_rotation_grace(
     outbox("endpoints", "disable", uid, "--reason", "maintenance")
     assert "disabled (maintenance)" in outbox("endpoints", "status").output
     deleted = outbox("endpoints", "delete", uid, "--reason", "partner left")
-    assert "1 deliveries" in deleted.output
+    assert "with 1 delivery and 1 attempt" in deleted.output
     actions = [e["action"] for e in as_json(outbox("audit", "--json"))]
     assert actions == [
         "endpoint.delete",

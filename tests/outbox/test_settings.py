@@ -80,6 +80,7 @@ def test_console_settings_reach_the_console_config(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setenv("OUTBOX_CONSOLE_APP_NAME", "Acme Hooks")
     monkeypatch.setenv("OUTBOX_CONSOLE_BRAND_COLOR", "#112233")
+    monkeypatch.setenv("OUTBOX_PORTAL_BRAND", "Acme partner hooks")
     monkeypatch.setenv(
         "OUTBOX_PORTAL_FRAME_ORIGINS", "https://app.acme.example, http://localhost:3000"
     )
@@ -87,6 +88,7 @@ def test_console_settings_reach_the_console_config(monkeypatch: pytest.MonkeyPat
     console = admin_config(load_settings()).console
     assert console.app_name == "Acme Hooks"
     assert console.brand_color == "#112233"
+    assert console.portal_brand == "Acme partner hooks"
     assert console.frame_origins == ("https://app.acme.example", "http://localhost:3000")
     assert console.public_url == "https://hooks.acme.example"
 
@@ -96,6 +98,7 @@ def test_console_settings_reach_the_console_config(monkeypatch: pytest.MonkeyPat
     [
         ("OUTBOX_CONSOLE_BRAND_COLOR", "red; } body { display: none"),
         ("OUTBOX_CONSOLE_APP_NAME", "bad\nname"),
+        ("OUTBOX_PORTAL_BRAND", "bad\x1bbrand"),
         ("OUTBOX_PORTAL_FRAME_ORIGINS", "https://app.example/path"),
         ("OUTBOX_PORTAL_FRAME_ORIGINS", "*"),
         ("OUTBOX_PUBLIC_URL", "hooks.example.com"),

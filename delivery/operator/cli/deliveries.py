@@ -38,6 +38,7 @@ from delivery.operator.validation import (
 )
 from outbox import deliveries as delivery_ops
 from outbox.clock import SystemClock
+from outbox.wording import plural
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -329,7 +330,10 @@ def replay(
         echo_json(result.as_json())
         return
     if result.dry_run:
-        click.echo(f"dry run: {result.matched} deliveries would be replayed; nothing changed")
+        click.echo(
+            f"dry run: {plural(result.matched, 'delivery', 'deliveries')} would be replayed;"
+            " nothing changed"
+        )
         if result.sample:
             print_table(_delivery_rows(result.sample, now), _DELIVERY_HEADERS)
         return

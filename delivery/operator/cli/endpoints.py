@@ -45,6 +45,7 @@ from outbox.headers import get_headers, parse_header_argument, set_headers
 from outbox.settings import Settings
 from outbox.stats import collect_stats
 from outbox.tenants import DEFAULT_TENANT
+from outbox.wording import plural
 
 
 @click.group()
@@ -413,8 +414,8 @@ def endpoints_delete(
         echo_json({"deleted": endpoint_id, **result})
     else:
         click.echo(
-            f"deleted {endpoint_id} with {result['deliveries']} deliveries "
-            f"and {result['attempts']} attempts"
+            f"deleted {endpoint_id} with {plural(result['deliveries'], 'delivery', 'deliveries')} "
+            f"and {plural(result['attempts'], 'attempt')}"
         )
 
 

@@ -25,6 +25,7 @@ from delivery.operator.cli.common import (
 from outbox import tenants as ops
 from outbox.clock import SystemClock
 from outbox.errors import TenantError
+from outbox.wording import plural
 
 
 def _metadata(value: str | None) -> dict[str, Any] | None:
@@ -260,7 +261,9 @@ def tenants_delete(
         echo_json({"deleted": tenant_id, **result})
     else:
         click.echo(
-            f"deleted {tenant_id}: {result['endpoints']} endpoints, {result['events']} events, "
-            f"{result['deliveries']} deliveries, {result['attempts']} attempts; "
-            f"{len(result['revoked_tokens'])} tokens revoked"
+            f"deleted {tenant_id}: {plural(result['endpoints'], 'endpoint')}, "
+            f"{plural(result['events'], 'event')}, "
+            f"{plural(result['deliveries'], 'delivery', 'deliveries')}, "
+            f"{plural(result['attempts'], 'attempt')}; "
+            f"{plural(len(result['revoked_tokens']), 'token')} revoked"
         )

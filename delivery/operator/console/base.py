@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from markupsafe import Markup, escape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
@@ -29,6 +30,7 @@ from delivery.operator.console.sessions import WebSession, load_session
 from delivery.operator.context import OperatorContext
 from delivery.operator.refusals import UnauthenticatedLimiter, client_address
 from outbox.errors import NotFoundError, OutboxError
+from outbox.wording import plural
 
 log = logging.getLogger("delivery.operator.console")
 HERE = Path(__file__).resolve().parent
@@ -63,6 +65,8 @@ class ConsoleBase:
         self.env.filters["when"] = moment
         self.env.filters["ms"] = _ms
         self.env.filters["pct"] = _pct
+        self.env.filters["plural"] = plural
+        self.env.filters["code"] = code_spans
         # Readable JSON; the template's autoescaping then makes it safe HTML.
         self.env.filters["pretty"] = _pretty
 
@@ -191,10 +195,15 @@ class ConsoleBase:
         return endpoint
 
 
-def moment(value: dt.datetime | None) -> str:
-    """A moment as a UTC date and time to the second (the pages state times, not ages)."""
+def moment(value: dt.datetime | str | None) -> str:
+    """A moment as a UTC date and time to the second (the pages state times, not ages);
+    ISO text (attempts come as JSON-ready dicts) reads the same way."""
     if value is None:
         return "-"
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.UTC)
     return value.strftime("%Y-%m-%d %H:%M:%S")
 
 
@@ -204,6 +213,20 @@ def _ms(value: float | None) -> str:
 
 def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+_CODE = Markup("<code>{}</code>")
+
+
+def code_spans(value: object) -> Markup:
+    """Escaped text whose `backticked` parts (messages shared with the CLI) become <code>;
+    an unpaired backtick stays as it is."""
+    parts = str(value).split("`")
+    if len(parts) % 2 == 0:
+        return escape(value)
+    return Markup("").join(
+        _CODE.format(part) if index % 2 else escape(part) for index, part in enumerate(parts)
+    )
 
 
 def _pct(value: float | None) -> str:

@@ -17,6 +17,8 @@ class ConsoleConfig:
 
     app_name: str = "webhook-outbox"
     brand_color: str = "#2f5bea"
+    # The name the portal's header shows its tenants (OUTBOX_PORTAL_BRAND); app_name if unset.
+    portal_brand: str | None = None
     # Origins allowed to embed the portal in an iframe (e.g. https://app.example.com).
     frame_origins: tuple[str, ...] = ()
     session_ttl: dt.timedelta = dt.timedelta(hours=8)

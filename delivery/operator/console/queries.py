@@ -27,7 +27,8 @@ INSERT_SESSION = text(
 # from before migration 0022 have neither id and are no session either.
 SELECT_SESSION = text(
     """
-    SELECT s.kind, s.actor, s.role, t.uid AS tenant_uid, s.csrf_token, s.expires_at
+    SELECT s.kind, s.actor, s.role, t.uid AS tenant_uid, t.name AS tenant_name, s.csrf_token,
+           s.expires_at
     FROM console_sessions s
     LEFT JOIN tenants t ON t.id = s.tenant_id
     LEFT JOIN admin_tokens k ON k.id = s.token_row
@@ -66,10 +67,17 @@ REDEEM_PORTAL_LINK = text(
     """
 )
 
-# Deliveries per minute by outcome, and attempt latency p50/p99 per minute, over a window.
+# Attempts per bucket by outcome, and attempt latency p50/p99 per bucket, over one chart
+# range (charts.py): bounded on both sides so it reads the range by the started_at index,
+# never the history. Buckets start on multiples of the bucket from 2000-01-01 UTC, as
+# charts.bucket_starts counts them.
+_BUCKET = (
+    "date_bin(make_interval(secs => :bucket_seconds), a.started_at,"
+    " TIMESTAMPTZ '2000-01-01 00:00:00+00')"
+)
 ATTEMPT_SERIES = text(
-    """
-    SELECT date_trunc('minute', a.started_at) AS minute,
+    f"""
+    SELECT {_BUCKET} AS bucket,
            count(*) FILTER (WHERE a.outcome = 'succeeded') AS succeeded,
            count(*) FILTER (WHERE a.outcome = 'retryable') AS retryable,
            count(*) FILTER (WHERE a.outcome = 'permanent') AS permanent,
@@ -78,7 +86,7 @@ ATTEMPT_SERIES = text(
            percentile_cont(0.99) WITHIN GROUP (ORDER BY a.duration_ms) AS p99_ms
     FROM delivery_attempts a
     JOIN deliveries d ON d.id = a.delivery_id
-    WHERE a.started_at >= :since
+    WHERE a.started_at >= :since AND a.started_at <= :until
       AND (CAST(:tenant_uid AS text) IS NULL
            OR d.tenant_id = (SELECT id FROM tenants WHERE uid = :tenant_uid))
     GROUP BY 1
@@ -144,10 +152,10 @@ SELECT_ENDPOINT_SETTINGS = text(
     """
 )
 
-# Attempts per minute of one endpoint (its page's charts).
+# Attempts per bucket of one endpoint (its page's charts), bounded like ATTEMPT_SERIES.
 ENDPOINT_ATTEMPT_SERIES = text(
-    """
-    SELECT date_trunc('minute', a.started_at) AS minute,
+    f"""
+    SELECT {_BUCKET} AS bucket,
            count(*) FILTER (WHERE a.outcome = 'succeeded') AS succeeded,
            count(*) FILTER (WHERE a.outcome = 'retryable') AS retryable,
            count(*) FILTER (WHERE a.outcome = 'permanent') AS permanent,
@@ -156,7 +164,8 @@ ENDPOINT_ATTEMPT_SERIES = text(
            percentile_cont(0.99) WITHIN GROUP (ORDER BY a.duration_ms) AS p99_ms
     FROM delivery_attempts a
     JOIN deliveries d ON d.id = a.delivery_id
-    WHERE a.started_at >= :since AND d.endpoint_id = (SELECT id FROM endpoints WHERE uid = :uid)
+    WHERE a.started_at >= :since AND a.started_at <= :until
+      AND d.endpoint_id = (SELECT id FROM endpoints WHERE uid = :uid)
     GROUP BY 1
     ORDER BY 1
     """

@@ -41,6 +41,8 @@ class WebSession:
     role: str  # 'viewer' or 'operator'
     tenant_uid: str | None
     csrf_token: str
+    # The tenant's display name, for the portal's header (never the actor or role).
+    tenant_name: str | None = None
 
     @property
     def can_act(self) -> bool:
@@ -106,6 +108,7 @@ def load_session(
         role=str(row.role),
         tenant_uid=row.tenant_uid,
         csrf_token=str(row.csrf_token),
+        tenant_name=row.tenant_name,
     )
 
 

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from delivery.operator.console import queries, scoped
+from delivery.operator.console import charts, queries, scoped
 from delivery.operator.console.base import (
     CONSOLE_COOKIE,
     HERE,
@@ -146,28 +146,26 @@ class Console(ConsoleBase):
         return self.render(request, "_overview_panel.html", session=session, stats=stats)
 
     async def charts(self, request: Request, session: WebSession) -> Response:
-        span = dt.timedelta(days=1) if request.query_params.get("range") == "day" else None
-        span = span or dt.timedelta(hours=1)
-        since = self.context.clock.now() - span
+        try:
+            rng = charts.chart_range(request.query_params.get("range"))
+        except ValueError as exc:
+            raise PageError(400, str(exc)) from exc
+        now = self.context.clock.now()
+        since, until = charts.bounds(rng, now)
+        window = {"since": since, "until": until, "bucket_seconds": rng.bucket.total_seconds()}
         tenant = session.tenant_uid
         uid = request.path_params.get("uid")
 
         def read(conn: Connection) -> list[Any]:
             if uid is not None:
                 scoped.require_endpoint(conn, uid, tenant)
-                statement, params = queries.ENDPOINT_ATTEMPT_SERIES, {"since": since, "uid": uid}
+                statement, params = queries.ENDPOINT_ATTEMPT_SERIES, {**window, "uid": uid}
             else:
-                statement, params = queries.ATTEMPT_SERIES, {"since": since, "tenant_uid": tenant}
+                statement, params = queries.ATTEMPT_SERIES, {**window, "tenant_uid": tenant}
             return list(conn.execute(statement, params).mappings())
 
         rows = await self.context.read(read)
-        data = {
-            "minutes": [int(row["minute"].timestamp()) for row in rows],
-            "succeeded": [int(row["succeeded"]) for row in rows],
-            "failed": [int(row["retryable"] + row["permanent"] + row["ambiguous"]) for row in rows],
-            "p50_ms": [float(row["p50_ms"]) for row in rows],
-            "p99_ms": [float(row["p99_ms"]) for row in rows],
-        }
+        data = charts.series(rows, rng, now)
         return self.secure(JSONResponse(data), portal=session.kind == "portal")
 
     # -- deliveries -----------------------------------------------------------------------

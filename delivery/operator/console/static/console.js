@@ -33,31 +33,72 @@
 
   function columns(kind, data) {
     if (kind === "latency") {
-      return [data.minutes, data.p50_ms, data.p99_ms];
+      return [data.buckets, data.p50_ms, data.p99_ms];
     }
-    return [data.minutes, data.succeeded, data.failed];
+    return [data.buckets, data.succeeded, data.failed];
   }
 
+  // Counts step in whole numbers; latencies as uPlot chooses.
+  function yAxis(kind) {
+    var axis = { size: 50 };
+    if (kind !== "latency") {
+      axis.incrs = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 100000, 1000000];
+    }
+    return axis;
+  }
+
+  var RANGE_WORDS = { hour: "in the last hour", day: "in the last day" };
+
+  // The server decides buckets, the x range (now - range to now) and the tick labels
+  // (charts.py); this only draws them. Empty buckets are null: uPlot leaves a gap.
   function draw(element) {
     var kind = element.getAttribute("data-chart");
     fetch(element.getAttribute("data-src"), { credentials: "same-origin" })
       .then(function (response) { return response.json(); })
       .then(function (data) {
+        if (element.chart) { element.chart.destroy(); element.chart = null; }
         element.textContent = "";
-        element.setAttribute("data-points", String(data.minutes.length));
-        if (!data.minutes.length) {
-          element.textContent = "No attempts in this period.";
+        element.setAttribute("data-points", String(data.points));
+        element.setAttribute("data-x-from", String(data.from));
+        element.setAttribute("data-x-to", String(data.to));
+        if (!data.points) {
+          var empty = document.createElement("p");
+          empty.className = "empty";
+          empty.textContent = "No attempts " + (RANGE_WORDS[data.range] || "in this period") + ".";
+          element.appendChild(empty);
+          element.setAttribute("data-rendered", "empty");
           return;
         }
+        var labelAt = {};
+        data.ticks.forEach(function (tick, i) { labelAt[tick] = data.labels[i]; });
         var options = {
-          width: Math.max(element.clientWidth, 320),
+          width: Math.max(element.clientWidth, 200),
           height: 180,
-          series: series(kind),
-          axes: [{}, { size: 50 }],
+          tzDate: function (ts) { return uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"); },
+          series: series(kind).map(function (s, i) {
+            return i === 0 ? s : Object.assign({ spanGaps: false, points: { show: true, size: 4 } }, s);
+          }),
+          scales: {
+            x: { time: true, range: function () { return [data.from, data.to]; } },
+            // Counts and latencies start at zero, so a small value does not look large.
+            y: { range: function (u, min, max) { return [0, max > 0 ? max * 1.15 : 1]; } },
+          },
+          axes: [
+            {
+              splits: function () { return data.ticks; },
+              // On a narrow chart, every other (or third...) label, so none overlap.
+              values: function (u, splits) {
+                var every = Math.max(1, Math.ceil((splits.length * 48) / Math.max(u.width - 60, 1)));
+                var drawn = splits.map(function (tick, i) { return i % every ? "" : labelAt[tick] || ""; });
+                element.setAttribute("data-x-labels", drawn.filter(Boolean).join(" "));
+                return drawn;
+              },
+            },
+            yAxis(kind),
+          ],
         };
-        var chart = new uPlot(options, columns(kind, data), element);
+        element.chart = new uPlot(options, columns(kind, data), element);
         element.setAttribute("data-rendered", "true");
-        element.chart = chart;
       })
       .catch(function (error) {
         element.textContent = "Chart unavailable: " + error;

@@ -1,0 +1,368 @@
+"""Every console and portal page in a real Chromium at 390 and 1280 px wide.
+
+Each page must fit its viewport (no horizontal scrolling of the page: tables scroll in
+their card), no two visible controls may overlap, axe-core (tests/browser/vendor; at 390 px) must
+find no serious or critical violation, and a screenshot of it is saved (OUTBOX_SCREENSHOT_DIR,
+else a temporary directory) so what people see can be looked at. One server, one
+database and one browser serve the whole module; the pages share one set of data.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from delivery.operator.console.sessions import issue_portal_link
+from delivery.receiver import Behaviour
+from outbox import publish
+from outbox.deliveries import replay
+from outbox.tenants import create_tenant
+from tests.browser.site import Site
+from tests.helpers import add_endpoint, scalar
+
+AXE_SOURCE = (Path(__file__).parent / "vendor" / "axe-core-4.14.1.min.js").read_text()
+WIDTHS = (390, 1280)
+# axe-core runs once per page, on the narrow layout (where the nav and the tables
+# scroll): its rules do not depend on the width otherwise, and each run costs ~0.5 s.
+AXE_WIDTH = 390
+
+# The page's own width against the viewport's, and every pair of visible controls whose
+# boxes overlap (a control inside another, like a link in a button, is not a pair).
+LAYOUT_CHECK = """
+() => {
+  const root = document.documentElement;
+  const selector = "a[href], button, input:not([type=hidden]), select, textarea, summary";
+  const shown = [...document.querySelectorAll(selector)].filter((el) => {
+    const box = el.getBoundingClientRect();
+    const style = getComputedStyle(el);
+    return box.width > 0 && box.height > 0 && style.visibility !== "hidden";
+  });
+  const name = (el) =>
+    el.tagName.toLowerCase() + ":" + (el.textContent || el.name || "").trim().slice(0, 30);
+  const overlaps = [];
+  for (let i = 0; i < shown.length; i++) {
+    for (let j = i + 1; j < shown.length; j++) {
+      const a = shown[i], b = shown[j];
+      if (a.contains(b) || b.contains(a)) continue;
+      const p = a.getBoundingClientRect(), q = b.getBoundingClientRect();
+      const w = Math.min(p.right, q.right) - Math.max(p.left, q.left);
+      const h = Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top);
+      if (w > 1 && h > 1) overlaps.push(name(a) + " / " + name(b));
+    }
+  }
+  return { scrollWidth: root.scrollWidth, viewport: root.clientWidth, overlaps: overlaps };
+}
+"""
+
+AXE_RUN = """
+async () => {
+  const result = await axe.run(document, { resultTypes: ["violations"] });
+  return result.violations
+    .filter((v) => v.impact === "serious" || v.impact === "critical")
+    .map((v) => v.impact + " " + v.id + ": " + v.help + " at " +
+         v.nodes.slice(0, 3).map((n) => n.target.join(" ")).join(", "));
+}
+"""
+
+
+@dataclass
+class Pages:
+    """The module's data and three browser contexts: signed out, console, portal."""
+
+    site: Site
+    ids: dict[str, Any]
+    contexts: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def pages(module_site: Site, browser: Any) -> Iterator[Pages]:
+    site = module_site
+    with site.engine.begin() as conn:
+        create_tenant(conn, "acme", name="Acme Corp")
+        create_tenant(conn, "globex", name="Globex")
+    ok = site.receiver.route("/orders", Behaviour(status=200))
+    bad = site.receiver.route(
+        "/invoices", Behaviour(status=400, body=b"invoice rejected: " + b"x" * 300)
+    )
+    orders = add_endpoint(site.engine, site.box, ok, "order.*", tenant="acme").endpoint.uid
+    add_endpoint(site.engine, site.box, bad, "invoice.*", tenant="acme")
+    add_endpoint(site.engine, site.box, ok, "*", tenant="globex")
+    with site.engine.begin() as conn:
+        for n in range(6):
+            publish(conn, "order.created", {"order_id": n}, tenant="acme")
+        for n in range(2):
+            publish(conn, "invoice.paid", {"invoice": n, "lines": list(range(40))}, tenant="acme")
+        publish(conn, "order.shipped", {"order_id": 99}, tenant="globex")
+    site.deliver()
+    dead = int(scalar(site.engine, "SELECT min(id) FROM deliveries WHERE state = 'dead'"))
+    with site.engine.begin() as conn:
+        replay(conn, [dead], actor="test", reason="partner fixed it", now=site.clock.now())
+    site.deliver()
+    ids = {
+        "dead": dead,
+        "succeeded": int(
+            scalar(site.engine, "SELECT min(id) FROM deliveries WHERE state = 'succeeded'")
+        ),
+        "endpoint": orders,
+    }
+    contexts = {kind: browser.new_context(viewport={"width": 1280, "height": 900}) for kind in
+                ("anonymous", "console", "portal")}  # fmt: skip
+    console = contexts["console"].new_page()
+    console.goto(f"{site.base_url}/console/login")
+    console.fill("input[name=token]", site.token("operator", "alice"))
+    with console.expect_navigation():
+        console.click("button[type=submit]")
+    with site.engine.begin() as conn:
+        link = issue_portal_link(
+            conn, "acme", actor="test", now=site.clock.now(), ttl=dt.timedelta(minutes=5)
+        )
+    portal = contexts["portal"].new_page()
+    portal.goto(f"{site.base_url}/portal/enter?link={link}")
+    assert portal.url.endswith("/portal/endpoints")
+    try:
+        yield Pages(site, ids, contexts)
+    finally:
+        for context in contexts.values():
+            context.close()
+
+
+def _bulk_preview(page: Any, base: str, ids: dict[str, Any]) -> None:
+    page.goto(f"{base}/console/deliveries?state=dead")
+    page.fill("form[action='/console/replays'] input[name=reason]", "partner fixed it")
+    with page.expect_navigation():
+        page.click("form[action='/console/replays'] button")
+
+
+Visit = Callable[[Any, str, dict[str, Any]], None]
+
+
+def _revealed_secret(page: Any, base: str, ids: dict[str, Any]) -> None:
+    page.goto(f"{base}/portal/endpoints/{ids['endpoint']}")
+    with page.expect_navigation():
+        page.click("button[value=reveal]")
+    assert page.locator("#secret").count() == 1
+
+
+def _issued_link(page: Any, base: str, ids: dict[str, Any]) -> None:
+    page.goto(f"{base}/console/tenants")
+    with page.expect_navigation():
+        page.click("#tenant-globex button[value=portal-link]")
+    assert page.locator("#portal-link").count() == 1
+
+
+def _go(path: str) -> Visit:
+    def visit(page: Any, base: str, ids: dict[str, Any]) -> None:
+        page.goto(base + path.format(**ids))
+
+    return visit
+
+
+# (name, context, how to get there): every template of the console and the portal.
+PAGES: list[tuple[str, str, Visit]] = [
+    ("console-login", "anonymous", _go("/console/login")),
+    ("console-overview", "console", _go("/console/")),
+    ("console-deliveries", "console", _go("/console/deliveries")),
+    ("console-delivery-dead", "console", _go("/console/deliveries/{dead}")),
+    ("console-delivery-succeeded", "console", _go("/console/deliveries/{succeeded}")),
+    ("console-endpoints", "console", _go("/console/endpoints")),
+    ("console-endpoint", "console", _go("/console/endpoints/{endpoint}")),
+    ("console-tenants", "console", _go("/console/tenants")),
+    ("console-tenants-link", "console", _issued_link),
+    ("console-audit", "console", _go("/console/audit")),
+    ("console-bulk-replay", "console", _bulk_preview),
+    ("console-error", "console", _go("/console/deliveries/999999999")),
+    ("portal-endpoints", "portal", _go("/portal/endpoints")),
+    ("portal-endpoint", "portal", _go("/portal/endpoints/{endpoint}")),
+    ("portal-endpoint-secret", "portal", _revealed_secret),
+    ("portal-deliveries", "portal", _go("/portal/deliveries")),
+    ("portal-delivery", "portal", _go("/portal/deliveries/{dead}")),
+    ("portal-expired", "anonymous", _go("/portal/enter?link=obxl_unknown")),
+]
+
+
+def _page(pages: Pages, kind: str) -> Any:
+    """The context's one open tab (opened on first use)."""
+    context = pages.contexts[kind]
+    return context.pages[0] if context.pages else context.new_page()
+
+
+def _wait_for_charts(page: Any) -> None:
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('[data-chart]')].every(e => e.dataset.rendered)"
+    )
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize(("name", "kind", "visit"), PAGES, ids=[p[0] for p in PAGES])
+def test_every_page_fits_the_screen_and_passes_axe(
+    pages: Pages, screenshot_dir: Path, name: str, kind: str, visit: Visit, width: int
+) -> None:
+    page = _page(pages, kind)
+    page.set_viewport_size({"width": width, "height": 900})
+    visit(page, pages.site.base_url, pages.ids)
+    _wait_for_charts(page)
+    page.screenshot(path=str(screenshot_dir / f"{name}-{width}.png"), full_page=True)
+    layout = page.evaluate(LAYOUT_CHECK)
+    assert layout["scrollWidth"] <= layout["viewport"], (
+        f"{name} is {layout['scrollWidth']} px wide in a {layout['viewport']} px viewport"
+    )
+    assert layout["overlaps"] == [], f"{name}: controls overlap: {layout['overlaps']}"
+    # Messages shared with the CLI mark commands with backticks: pages show <code> instead.
+    assert "`" not in page.inner_text("body"), f"{name} shows markdown backticks"
+    if width == AXE_WIDTH:
+        page.evaluate(AXE_SOURCE)
+        violations = page.evaluate(AXE_RUN)
+        assert violations == [], f"{name} at {width} px:\n" + "\n".join(violations)
+
+
+def test_the_layout_check_sees_overlap_and_overflow(pages: Pages) -> None:
+    """The checker itself: a button moved onto the token field, a table made too wide."""
+    page = _page(pages, "anonymous")
+    page.set_viewport_size({"width": 390, "height": 900})
+    page.goto(f"{pages.site.base_url}/console/login")
+    assert page.evaluate(LAYOUT_CHECK)["overlaps"] == []
+    page.evaluate(
+        "() => { const at = document.querySelector('input[name=token]').getBoundingClientRect();"
+        " Object.assign(document.querySelector('button[type=submit]').style,"
+        " {position: 'fixed', left: at.left + 'px', top: at.top + 'px'}); }"
+    )
+    page.evaluate("document.querySelector('main').style.minWidth = '600px'")
+    layout = page.evaluate(LAYOUT_CHECK)
+    assert layout["overlaps"] == ["input:token / button:Sign in"]
+    assert layout["scrollWidth"] > layout["viewport"]
+
+
+def test_chart_axes_span_the_range_with_round_labels(pages: Pages) -> None:
+    """The overview's hour chart: x from now - 1 h to now, the ticks charts.py chose (drawn
+    by uPlot through our label callback), one bucket a minute."""
+    page = _page(pages, "console")
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"{pages.site.base_url}/console/")
+    _wait_for_charts(page)
+    data = page.request.get(f"{pages.site.base_url}/console/charts.json?range=hour").json()
+    now = int(pages.site.clock.now().timestamp())
+    assert (data["from"], data["to"]) == (now - 3600, now)
+    chart = page.locator("[data-chart=outcomes]").first
+    assert chart.get_attribute("data-rendered") == "true"
+    assert (chart.get_attribute("data-x-from"), chart.get_attribute("data-x-to")) == (
+        str(now - 3600),
+        str(now),
+    )
+    drawn = chart.get_attribute("data-x-labels") or ""
+    assert drawn.split() == data["labels"] and len(data["labels"]) == 6
+    scale = page.evaluate(
+        "() => { const c = document.querySelector('[data-chart=outcomes]').chart;"
+        " return [c.scales.x.min, c.scales.x.max]; }"
+    )
+    assert scale == [now - 3600, now]
+    # Latency of empty buckets is a gap, not a zero: the series has nulls between points.
+    assert None in data["p50_ms"] and data["points"] >= 1
+    # A range the charts do not have is refused by name, not read as some other range.
+    refused = page.request.get(f"{pages.site.base_url}/console/charts.json?range=week")
+    assert refused.status == 400
+    assert "range must be one of hour, day, not &#39;week&#39;" in refused.text()
+
+
+def test_an_endpoint_without_attempts_shows_an_empty_chart(pages: Pages) -> None:
+    site = pages.site
+    url = site.receiver.route("/quiet", Behaviour(status=200))
+    quiet = add_endpoint(site.engine, site.box, url, "never.*", tenant="acme").endpoint.uid
+    page = _page(pages, "portal")
+    page.goto(f"{site.base_url}/portal/endpoints/{quiet}")
+    _wait_for_charts(page)
+    empty = page.locator("[data-chart] .empty")
+    assert empty.count() == 4
+    assert empty.first.inner_text() == "No attempts in the last hour."
+    assert page.locator("[data-chart] canvas").count() == 0
+
+
+def test_the_portal_names_the_tenant_and_the_brand_never_internal_labels(pages: Pages) -> None:
+    page = _page(pages, "portal")
+    page.goto(f"{pages.site.base_url}/portal/deliveries/{pages.ids['succeeded']}")
+    header = page.inner_text("header")
+    assert "Shopfront webhooks" in header and "Acme Corp" in header
+    for internal in ("portal:", "operator", "tenant acme", "webhook-outbox"):
+        assert internal not in header
+    assert page.title().endswith("· Shopfront webhooks")
+    # A succeeded delivery: no next attempt, no empty actions card.
+    assert page.locator("#next-attempt").count() == 0
+    assert page.locator("#finished").count() == 1
+    assert page.locator("section.actions").count() == 0
+
+
+def test_words_read_right(pages: Pages) -> None:
+    page = _page(pages, "console")
+    base = pages.site.base_url
+    page.goto(f"{base}/console/")
+    alerts = page.inner_text("#overview-panel table")
+    assert "`" not in page.content()
+    assert "behind or stopped" not in alerts and "is the relay running" not in alerts
+    assert "workers are keeping up" in alerts and "the relay is keeping up" in alerts
+    assert "1 deliveries" not in alerts and "endpoint(s)" not in alerts
+    page.goto(f"{base}/console/deliveries/{pages.ids['dead']}")
+    assert page.locator("#next-attempt").count() == 0
+    # A refusal that names a command shows it as code, not in markdown backticks.
+    signed_out = _page(pages, "anonymous")
+    signed_out.goto(f"{base}/console/login")
+    signed_out.fill("input[name=token]", "obx_unknown_token")
+    with signed_out.expect_navigation():
+        signed_out.click("button[type=submit]")
+    assert signed_out.locator(".error code").all_inner_texts() == ["outbox tokens create"]
+    assert "`" not in signed_out.inner_text("main")
+    page.goto(f"{base}/console/deliveries")
+    replayed = page.locator("#deliveries small.replay")
+    assert replayed.count() == 1
+    assert replayed.inner_text() == f"replay of {pages.ids['dead']}"
+    # Tenant names lead to the tenant, not to a list of its deliveries.
+    tenant_link = page.locator("#deliveries a:text-is('acme')").first
+    assert tenant_link.get_attribute("href") == "/console/tenants#tenant-acme"
+    with page.expect_navigation():
+        tenant_link.click()
+    assert page.locator("#tenant-acme").is_visible()
+
+
+def test_a_dead_delivery_is_replayed_from_the_keyboard(pages: Pages) -> None:
+    """Tab to the reason, type it, Tab to Replay (focus visible), Enter: the replay opens.
+    Last in the module: it adds a delivery the other tests' pages would show."""
+    site = pages.site
+    page = pages.contexts["anonymous"].new_page()
+    page.goto(f"{site.base_url}/console/login")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.name") == "token"
+    page.keyboard.type(site.token("operator", "keyboard"))
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Sign in"
+    with page.expect_navigation():
+        page.keyboard.press("Enter")
+    assert page.url == f"{site.base_url}/console/"
+
+    dead = int(scalar(site.engine, "SELECT max(id) FROM deliveries WHERE state = 'dead'"))
+    page.goto(f"{site.base_url}/console/deliveries/{dead}")
+    for _ in range(40):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.name") == "reason":
+            break
+    form = page.evaluate("document.activeElement.closest('form').getAttribute('action')")
+    assert form.endswith("/replay")
+    page.keyboard.type("sent again from the keyboard")
+    page.keyboard.press("Tab")
+    focused = page.evaluate(
+        "() => { const el = document.activeElement; const s = getComputedStyle(el);"
+        " return [el.value, s.outlineStyle, parseFloat(s.outlineWidth)]; }"
+    )
+    assert focused[0] == "replay"
+    assert focused[1] != "none" and focused[2] >= 2, f"no visible focus: {json.dumps(focused)}"
+    with page.expect_navigation():
+        page.keyboard.press("Enter")
+    replayed = int(page.url.rsplit("/", 1)[1])
+    assert replayed != dead
+    assert (
+        scalar(site.engine, "SELECT replay_of FROM deliveries WHERE id = :id", id=replayed) == dead
+    )
+    page.close()
