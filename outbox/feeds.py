@@ -36,7 +36,7 @@ from outbox.schema import DELIVERY_MODES
 from outbox.sql import feeds as queries
 from outbox.tenants import scope_params
 
-TOKEN_PREFIX = "obf_"
+TOKEN_PREFIX = "obf_"  # noqa: S105 (a prefix, not a secret)
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 _UID = re.compile(r"^ep_[0-9a-f]{32}$")
