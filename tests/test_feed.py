@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
@@ -20,12 +21,13 @@ from standardwebhooks import Webhook
 
 from delivery.http import build_http_client
 from delivery.operator.api import create_app
+from delivery.operator.cli import main
 from delivery.receiver import Receiver
 from delivery.retention import Retention, RetentionConfig
 from delivery.worker import Worker, WorkerConfig
 from outbox import publish
 from outbox.clock import ManualClock
-from outbox.crypto import SecretBox
+from outbox.crypto import SecretBox, generate_key
 from outbox.endpoints import CreatedEndpoint
 from outbox.errors import EndpointError, FeedError
 from outbox.feeds import cursor_for, parse_cursor, rotate_feed_token, set_delivery_mode
@@ -341,3 +343,38 @@ def test_cursors_round_trip_and_nothing_else_parses(position: int, junk: str) ->
         except FeedError:
             return
         assert parsed is not None and junk == cursor_for(uid, parsed)
+
+
+def test_the_cli_sets_mode_and_filter_and_rotates_the_feed_token(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, engine: Engine
+) -> None:
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", database_url)
+    monkeypatch.setenv("OUTBOX_SECRET_KEYS", generate_key("cli"))
+    cli = CliRunner()
+
+    def run(*args: str) -> Any:
+        result = cli.invoke(main, list(args), catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    added = run(
+        "endpoints", "add", "https://example.com/h", "--events", "*", "--mode", "pull",
+        "--filter", '$.amount >= 100 && $.currency == "EUR"', "--json",
+    )  # fmt: skip
+    assert added["delivery_mode"] == "pull" and added["feed_token"].startswith("obf_")
+    assert added["payload_filter"] == '$.amount >= 100 && $.currency == "EUR"'
+    uid = added["id"]
+    token_hash = scalar(engine, "SELECT feed_token_hash FROM endpoints WHERE uid = :u", u=uid)
+    assert token_hash and added["feed_token"].split(".")[1] not in token_hash  # hashed
+    rotated = run("endpoints", "feed-token", uid, "--json")
+    assert rotated["feed_token"] != added["feed_token"]
+    cleared = run("endpoints", "update", uid, "--filter", "", "--mode", "both", "--json")
+    assert (cleared["payload_filter"], cleared["delivery_mode"]) == (None, "both")
+    assert "feed_token" not in cleared  # it had one: not shown again
+    refused = cli.invoke(main, ["endpoints", "update", uid, "--filter", "$.amount >"])
+    assert refused.exit_code != 0
+    assert "not a valid SQL/JSON path: syntax error" in refused.output
+    text_add = cli.invoke(
+        main, ["endpoints", "add", "https://example.com/p", "--events", "*", "--mode", "both"]
+    )
+    assert "feed token: obf_" in text_add.output
