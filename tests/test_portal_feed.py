@@ -30,9 +30,7 @@ def _feed(site: Site, uid: str, token: str) -> httpx.Response:
         return http.get(f"/feed/v1/{uid}", headers={"authorization": f"Bearer {token}"})
 
 
-def test_a_tenant_adds_a_filtered_pull_endpoint_and_reads_its_feed(
-    site: Site, page: Any
-) -> None:
+def test_a_tenant_adds_a_filtered_pull_endpoint_and_reads_its_feed(site: Site, page: Any) -> None:
     site.tenant("acme")
     page.goto(site.base_url + _open_portal(site, "acme"))
     page.fill("#add-endpoint input[name=url]", "https://acme.example/hooks")
