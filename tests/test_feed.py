@@ -378,3 +378,30 @@ def test_the_cli_sets_mode_and_filter_and_rotates_the_feed_token(
         main, ["endpoints", "add", "https://example.com/p", "--events", "*", "--mode", "both"]
     )
     assert "feed token: obf_" in text_add.output
+
+
+async def test_retention_never_drops_an_event_another_feed_still_lists(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    api: httpx.AsyncClient,
+) -> None:
+    """Pruning in small batches: an event leaves only with its last feed entry, so a feed
+    whose entry was not pruned yet never loses it silently (no gap without a 410)."""
+    first = add_endpoint(engine, box, "https://a.example/x", "*", delivery_mode="pull")
+    second = add_endpoint(engine, box, "https://b.example/x", "*", delivery_mode="pull")
+    with engine.begin() as conn:
+        for n in range(2):
+            publish(conn, "order.created", {"n": n})
+    await Relay(async_engine, clock).run_until_idle()
+    clock.advance(dt.timedelta(days=8).total_seconds())
+    config = RetentionConfig(retention_days=7, batch_size=1)
+    await Retention(async_engine, clock, config).run_once()  # one feed entry, one event
+    for created in (first, second):
+        start = cursor_for(created.endpoint.uid, 0)
+        answer = await Partner(api, created).get(after=start)
+        if answer.status_code == 200:  # not pruned yet: both events still there
+            assert [json.loads(i["body"])["data"]["n"] for i in answer.json()["items"]] == [0, 1]
+        else:
+            assert answer.status_code == 410
