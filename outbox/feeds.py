@@ -305,3 +305,15 @@ def read_feed_rows(
         queries.SELECT_FEED_PAGE, {"endpoint_id": owner.id, "after": after, "limit": limit}
     ).all()
     return after, rows
+
+
+def refuse_pushes_to_pull_endpoints(conn: Connection, delivery_ids: Sequence[int]) -> None:
+    """A replay is a POST: refused for a pull-only endpoint, saying how to get it."""
+    rows = conn.execute(queries.SELECT_PULL_ONLY_DELIVERIES, {"ids": list(delivery_ids)}).all()
+    if rows:
+        listed = ", ".join(f"{row.id} ({row.uid})" for row in rows)
+        raise EndpointError(
+            f"cannot replay {listed}: the endpoint is pull-only and gets no POSTs; its "
+            "partner reads the event from its feed, or set --mode both to push again; "
+            "nothing was replayed"
+        )

@@ -28,12 +28,14 @@ from delivery.worker import Worker, WorkerConfig
 from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox, generate_key
+from outbox.deliveries import replay
 from outbox.endpoints import CreatedEndpoint
 from outbox.errors import EndpointError, FeedError
 from outbox.feeds import cursor_for, parse_cursor, rotate_feed_token, set_delivery_mode
 from outbox.relay import Relay
 from outbox.sql.feeds import SELECT_FEED_PAGE
 from outbox.tenants import create_tenant
+from outbox.testevents import send_test_event
 from tests.helpers import LOOPBACK, add_endpoint, scalar
 
 OTHER = "seller-b"
@@ -405,3 +407,24 @@ async def test_retention_never_drops_an_event_another_feed_still_lists(
             assert [json.loads(i["body"])["data"]["n"] for i in answer.json()["items"]] == [0, 1]
         else:
             assert answer.status_code == 410
+
+
+async def test_a_pull_only_endpoint_gets_no_post_from_tests_or_replays(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+) -> None:
+    created = add_endpoint(engine, box, "https://gone.example/x", "*")
+    with engine.begin() as conn:
+        publish(conn, "order.created", {"n": 1})
+    await Relay(async_engine, clock).run_until_idle()
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE deliveries SET state = 'dead', completed_at = now()"))
+        set_delivery_mode(conn, created.endpoint.uid, "pull", actor="test")
+    dead = int(scalar(engine, "SELECT id FROM deliveries"))
+    with engine.begin() as conn, pytest.raises(EndpointError, match="pull-only"):
+        replay(conn, [dead], actor="test", reason="r", now=clock.now())
+    with engine.begin() as conn, pytest.raises(EndpointError, match="pull-only"):
+        send_test_event(conn, created.endpoint.uid, now=clock.now(), actor="test")
+    assert scalar(engine, "SELECT count(*) FROM deliveries") == 1

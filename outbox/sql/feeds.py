@@ -83,3 +83,12 @@ NORMALIZE_FILTER = text("SELECT CAST(CAST(:filter AS jsonpath) AS text) AS norma
 
 # A filter evaluated on an empty object, raising: tells a predicate from a plain path.
 PROBE_FILTER = text("SELECT jsonb_path_match_tz('{}'::jsonb, CAST(:filter AS jsonpath))")
+
+# Which of these deliveries belong to a pull-only endpoint (a replay would POST to it).
+SELECT_PULL_ONLY_DELIVERIES = text(
+    """
+    SELECT d.id, e.uid FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id
+    WHERE d.id = ANY(CAST(:ids AS bigint[])) AND e.delivery_mode = 'pull'
+    ORDER BY d.id
+    """
+)
