@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import (
+from bench.cluster import (
     EVENT_TYPE,
     LOOPBACK,
     PAYLOAD,
@@ -36,10 +36,9 @@ from bench.harness import (
     Plan,
     ReceiverProcess,
     WorkerProcesses,
-    _preload_events,
-    _vacuum,
     ours_commands,
 )
+from bench.components import _preload_events, _vacuum
 from delivery.worker import WorkerConfig, render_body
 from outbox.clock import SystemClock
 from outbox.crypto import SecretBox, generate_key

@@ -24,7 +24,8 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
-from bench.harness import EVENT_TYPE, PAYLOAD, Cluster, Plan, _vacuum, claim_loops
+from bench.cluster import EVENT_TYPE, PAYLOAD, Cluster, Plan
+from bench.components import _vacuum, claim_loops
 from outbox.clock import SystemClock
 from outbox.crypto import SecretBox, generate_key
 from outbox.db import make_async_engine, sqlalchemy_url

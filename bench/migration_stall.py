@@ -30,8 +30,9 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
+from bench.cluster import EVENT_TYPE, PAYLOAD, machine
+from bench.components import _vacuum
 from bench.flat import _HISTORY
-from bench.harness import EVENT_TYPE, PAYLOAD, _vacuum, machine
 from delivery.receiver import Receiver
 from outbox.crypto import generate_key
 from outbox.db import sqlalchemy_url

@@ -31,7 +31,8 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, text
 
-from bench import harness
+from bench.cluster import PAYLOAD, Cluster
+from bench.components import _vacuum, claim_loops
 from outbox.clock import SystemClock
 from outbox.crypto import SecretBox, generate_key, generate_secret
 from outbox.db import make_async_engine, sqlalchemy_url
@@ -168,7 +169,7 @@ def add_due_deliveries(engine: Engine, endpoint_ids: list[int], count: int) -> N
         count=count,
         ids=endpoint_ids,
         k=len(endpoint_ids),
-        payload=json.dumps(harness.PAYLOAD),
+        payload=json.dumps(PAYLOAD),
     )
 
 
@@ -183,13 +184,13 @@ def add_unrelayed_events(engine: Engine, count: int) -> None:
         """,
         count=count,
         busy=BUSY_TENANT,
-        payload=json.dumps(harness.PAYLOAD),
+        payload=json.dumps(PAYLOAD),
     )
 
 
 async def drain(url: str, key_setting: str, plan: ScalePlan, label: str) -> dict[str, Any]:
-    harness._vacuum(url)
-    done, began, ended = await harness.claim_loops(
+    _vacuum(url)
+    done, began, ended = await claim_loops(
         url, key_setting, plan.batch_size, plan.loops, f"scale.{label}"
     )
     seconds = ended - began
@@ -200,7 +201,7 @@ async def relay_rate(url: str, plan: ScalePlan) -> dict[str, Any]:
     engine = _engine(url)
     add_unrelayed_events(engine, plan.relay_events)
     engine.dispose()
-    harness._vacuum(url)
+    _vacuum(url)
     async_engine = make_async_engine(url, pool_pre_ping=False)
     began = time.perf_counter()
     done = await Relay(async_engine, SystemClock(), RelayConfig()).run_until_idle()
@@ -214,9 +215,7 @@ async def relay_rate(url: str, plan: ScalePlan) -> dict[str, Any]:
     }
 
 
-async def measure(
-    cluster: harness.Cluster, plan: ScalePlan, progress: Any = None
-) -> dict[str, Any]:
+async def measure(cluster: Cluster, plan: ScalePlan, progress: Any = None) -> dict[str, Any]:
     """Every scale figure, with the two ratios and their verdicts."""
     key_setting = generate_key("bench")
     box = SecretBox.from_setting(key_setting)
@@ -281,7 +280,7 @@ async def measure(
 
 
 async def _drain_busy(
-    cluster: harness.Cluster,
+    cluster: Cluster,
     box: SecretBox,
     key_setting: str,
     plan: ScalePlan,

@@ -17,7 +17,7 @@ from outbox.sql.relay import HEALTH_GATED, claimed_columns
 # any HTTP request starts. It starts from :endpoint_ids, at most :limit endpoints with
 # due work chosen from their heads (LOCK_CLAIM_GATES, health.choose_endpoints), so idle
 # endpoints cost nothing, a thousand busy ones cost a batch's worth, and a disabled
-# tenant's deliveries wait. delivery/health.py passes a budget for each gated
+# tenant's deliveries wait. delivery/health/ passes a budget for each gated
 # endpoint (breaker open or half-open, limits, ramp, 429 pause) and each capped tenant;
 # the others are unlimited.
 #   fairness: each endpoint offers at most its budget (LATERAL, on its own index), rows
@@ -265,7 +265,7 @@ DISABLE_GONE_ENDPOINTS = text(
 )
 
 
-# -- endpoint health (delivery/health.py) ------------------------------------------------
+# -- endpoint health (delivery/health/) ------------------------------------------------
 
 _HEALTH_COLUMNS = """
     h.max_in_flight, h.max_per_second, h.breaker_state, h.consecutive_failures,
@@ -278,7 +278,7 @@ _HEALTH_COLUMNS = """
 # scheduled work: a skip scan of ix_deliveries_due_per_endpoint_ranked finds them (one index
 # probe per such endpoint; idle endpoints are never read). One row per such endpoint
 # that has a due delivery, is enabled and whose tenant is enabled (a disabled tenant's
-# deliveries wait), with its head (first due row in claim order): delivery/health.py
+# deliveries wait), with its head (first due row in claim order): delivery/health/
 # chooses from these heads the endpoints the claim will visit (at most one per slot).
 # The health rows of gated endpoints and the rows of capped tenants are locked with
 # SKIP LOCKED: `locked` / `tenant_locked` is false when another worker holds one, and

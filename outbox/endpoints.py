@@ -288,7 +288,7 @@ def set_enabled(
     if updated is None:
         raise endpoint_not_found(uid)
     if enabled:
-        # Recover gently: one probe first, then the ramp (delivery/health.py).
+        # Recover gently: one probe first, then the ramp (delivery/health/).
         conn.execute(queries.RESET_ENDPOINT_HEALTH_ON_ENABLE, {"id": updated.id})
     record_audit(
         conn,

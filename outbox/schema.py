@@ -337,7 +337,7 @@ deliveries = Table(
     ),
     # A tenant's deliveries, newest first (scoped lists and stats).
     Index("ix_deliveries_tenant_id_id", "tenant_id", "id"),
-    # Fair claiming walks each endpoint's due rows in claim order (delivery/health.py);
+    # Fair claiming walks each endpoint's due rows in claim order (delivery/health/);
     # `id` last (migration 0020): an endpoint's head is one row, whatever the storage order.
     Index(
         "ix_deliveries_due_per_endpoint_ranked",

@@ -187,7 +187,7 @@ class Settings(BaseSettings):
         ge=0,
         description="`outbox run` logs a one-line summary this often, s; 0 = never.",
     )
-    # Endpoint health (delivery/health.py): circuit breaker, ramp, 429 pause, auto-disable.
+    # Endpoint health (delivery/health/): circuit breaker, ramp, 429 pause, auto-disable.
     breaker_failure_threshold: int = Field(
         default=5, gt=0, description="Consecutive failures that open an endpoint's breaker."
     )

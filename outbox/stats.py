@@ -1,7 +1,7 @@
 """Numbers an operator (or an alert rule) needs: backlog, lag, rates, per-endpoint health.
 
 Per-endpoint health includes the circuit breaker as the workers left it in
-`endpoint_health` (delivery/health.py writes it; this module only reads the row,
+`endpoint_health` (delivery/health/ writes it; this module only reads the row,
 so outbox/ still never imports delivery/).
 
 Everything is read from the database, so every process and every replica report

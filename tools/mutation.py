@@ -38,6 +38,33 @@ from typing import Any
 
 from tools.sql_mutants import OLD_OQ, ROOT, SQL_MUTANTS, apply_mutant
 
+# The wire against scripted loopback receivers and a real proxy; test_proxy's
+# settings, CLI, API and `outbox run` tests are left out (they add no wire line).
+_WIRE_TESTS = [
+    "tests/test_wire.py",
+    "tests/test_wire_defects.py",
+    "tests/test_wire_edges.py",
+    "tests/test_wire_fuzz.py",
+    "tests/test_connect_race.py",
+    "tests/test_proxy.py",
+    "-k",
+    "not (in_every_process or test_cli_sets or admin_api_sets or key_rotation_re_encrypts"
+    " or hostile_proxy_urls or the_setting_is_validated)",
+]
+
+# Claims, leases, outcome recording and the loop; the transport is not what it decides.
+_WORKER_TESTS = [
+    "tests/test_fencing.py",
+    "tests/test_rules.py",
+    "tests/test_delivery.py",
+    "tests/test_documented_rules.py",
+    "tests/test_handoff.py",
+    "tests/test_claim_on_completion.py",
+    "tests/test_worker_outcomes.py",
+    "-k",
+    "not httpx",
+]
+
 # Module -> the fastest tests that pin its behaviour. Parametrized transports run on
 # httpx only here: the transport is not what these modules decide.
 MODULES: dict[str, list[str]] = {
@@ -68,18 +95,10 @@ MODULES: dict[str, list[str]] = {
         # uvloop's handles warn when collected under mutmut's stats run (warnings are errors)
         "not in_every_process and not uvloop",
     ],
-    # Claims, leases, outcome recording and the loop; the transport is not what it decides.
-    "delivery/worker.py": [
-        "tests/test_fencing.py",
-        "tests/test_rules.py",
-        "tests/test_delivery.py",
-        "tests/test_documented_rules.py",
-        "tests/test_handoff.py",
-        "tests/test_claim_on_completion.py",
-        "tests/test_worker_outcomes.py",
-        "-k",
-        "not httpx",
-    ],
+    "delivery/worker/model.py": _WORKER_TESTS,
+    "delivery/worker/claiming.py": _WORKER_TESTS,
+    "delivery/worker/outcomes.py": _WORKER_TESTS,
+    "delivery/worker/loop.py": _WORKER_TESTS,
     "outbox/deliveries.py": [
         "tests/test_operations.py",
         "tests/test_operations_replay.py",
@@ -92,19 +111,9 @@ MODULES: dict[str, list[str]] = {
         "tests/test_operations.py",
         "tests/test_tenant_scope.py",
     ],
-    # The wire against scripted loopback receivers and a real proxy; test_proxy's
-    # settings, CLI, API and `outbox run` tests are left out (they add no wire line).
-    "delivery/wire.py": [
-        "tests/test_wire.py",
-        "tests/test_wire_defects.py",
-        "tests/test_wire_edges.py",
-        "tests/test_wire_fuzz.py",
-        "tests/test_connect_race.py",
-        "tests/test_proxy.py",
-        "-k",
-        "not (in_every_process or test_cli_sets or admin_api_sets or key_rotation_re_encrypts"
-        " or hostile_proxy_urls or the_setting_is_validated)",
-    ],
+    "delivery/wire/connection.py": _WIRE_TESTS,
+    "delivery/wire/connect.py": _WIRE_TESTS,
+    "delivery/wire/transport.py": _WIRE_TESTS,
 }
 
 

@@ -243,13 +243,13 @@ class ReplayFilter(_Input):
 
 
 class ReplayOne(_Input):
-    reason: Reason | None = None
+    reason: Reason = Field(description="Why; goes in the audit log (required).")
     force: StrictBool = False
     again: StrictBool = False
 
 
 class ReplayMany(_Input):
-    reason: Reason | None = None
+    reason: Reason = Field(description="Why; goes in the audit log (required).")
     ids: Annotated[list[Id], Field(max_length=MAX_IDS)] | None = None
     filter: ReplayFilter | None = None
     dry_run: StrictBool = False
@@ -260,12 +260,12 @@ class ReplayMany(_Input):
 
 
 class DiscardOne(_Input):
-    reason: Reason | None = None
+    reason: Reason = Field(description="Why; goes in the audit log (required).")
 
 
 class DiscardMany(_Input):
     ids: Annotated[list[Id], Field(min_length=1, max_length=MAX_IDS)]
-    reason: Reason | None = None
+    reason: Reason = Field(description="Why; goes in the audit log (required).")
 
 
 class DeliveryIds(_Input):
@@ -331,6 +331,12 @@ class EndpointAction(_Input):
     reason: Reason | None = None
 
 
+class EndpointDisable(EndpointAction):
+    """Disabling takes a reason (its audit row says why the deliveries wait)."""
+
+    reason: Reason = Field(description="Why; goes in the audit log (required).")
+
+
 class RotateSecret(_Input):
     grace_seconds: GraceSeconds | None = None
     secret: Text | None = None
@@ -351,7 +357,7 @@ def _flag(value: Any) -> Any:
 
 
 class EndpointDelete(_Input):
-    reason: Reason | None = Field(None, description="Why (required).")
+    reason: Reason = Field(description="Why (required).")
     force: Annotated[StrictBool, BeforeValidator(_flag)] = Field(
         False, description="Delete pending ones too."
     )
@@ -401,7 +407,7 @@ class TenantListQuery(_ReadByHandler):
 
 
 class TenantDelete(_ReadByHandler):
-    reason: str | None = Field(None, description="Why (required).")
+    reason: str = Field(description="Why (required).")
     force: bool = Field(False, description="Delete pending ones too.")
 
 
@@ -423,6 +429,12 @@ class TenantUpdate(_ReadByHandler):
 
 class TenantAction(_ReadByHandler):
     reason: str | None = Field(None, description="Why; goes in the audit log.")
+
+
+class TenantDisable(TenantAction):
+    """Disabling takes a reason (its audit row says why the deliveries are held)."""
+
+    reason: str = Field(description="Why; goes in the audit log (required).")
 
 
 class PortalLinkCreate(_ReadByHandler):

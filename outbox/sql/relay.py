@@ -46,7 +46,7 @@ _EVENT_TYPE_MAX_ATTEMPTS = """
 """
 
 # Whether an endpoint's health row holds its deliveries back from a plain claim.
-# An endpoint whose health row gates its claims (delivery/health.py): breaker not closed,
+# An endpoint whose health row gates its claims (delivery/health/): breaker not closed,
 # a concurrency or rate limit, a ramp or a 429 pause (`h`: its endpoint_health row). One
 # definition for the claim's gates, the claim's quick path and the relay's handoff, so
 # that what one of them treats as ungated the others do too.
@@ -185,7 +185,7 @@ def claimed_columns(delivery: str) -> str:
         ev.message_id, ev.event_type, ev.payload::text AS payload_json,
         ev.created_at AS event_created_at, ev.traceparent,
         {delivery}.endpoint_id,
-        -- a spotless breaker: its successes need no health write (delivery/health.py)
+        -- a spotless breaker: its successes need no health write (delivery/health/)
         COALESCE(h.breaker_state = 'closed' AND h.consecutive_failures = 0
                  AND h.window_failures = 0 AND h.failing_since IS NULL
                  AND h.paused_until IS NULL AND h.trips = 0, true) AS endpoint_spotless

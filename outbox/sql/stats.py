@@ -111,7 +111,7 @@ STATS_ENDPOINTS = text(
     FROM endpoints e
     LEFT JOIN per ON per.endpoint_id = e.id
     LEFT JOIN backlog ON backlog.endpoint_id = e.id
-    -- The breaker is written by delivery/health.py; a missing row is a closed breaker.
+    -- The breaker is written by delivery/health/; a missing row is a closed breaker.
     LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
     WHERE {in_scope("e.tenant_id")}
     ORDER BY e.id

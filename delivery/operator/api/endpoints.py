@@ -15,6 +15,7 @@ from delivery.operator.validation import (
     EndpointAction,
     EndpointCreate,
     EndpointDelete,
+    EndpointDisable,
     EndpointUpdate,
     RotateSecret,
 )
@@ -148,7 +149,8 @@ async def update_endpoint_route(call: Call) -> Any:
 
 
 async def _set_enabled(call: Call, enabled: bool) -> Any:
-    uid, data = call.path_uid(), await call.body_as(EndpointAction)
+    model = EndpointAction if enabled else EndpointDisable
+    uid, data = call.path_uid(), await call.body_as(model)
 
     def change(conn: Connection) -> dict[str, Any]:
         item = set_enabled(
@@ -279,7 +281,7 @@ routes = [
         "Disable an endpoint; its deliveries wait.",
         disable_endpoint,
         (UID,),
-        body=EndpointAction,
+        body=EndpointDisable,
     ),
     Operation(
         "POST",

@@ -16,6 +16,7 @@ from delivery.operator.validation import (
     TenantAction,
     TenantCreate,
     TenantDelete,
+    TenantDisable,
     TenantListQuery,
     TenantUpdate,
 )
@@ -217,7 +218,7 @@ routes = [
         "Disable a tenant: its deliveries are held (nothing is dropped) until enabled.",
         disable_tenant_route,
         (TENANT,),
-        body=TenantAction,
+        body=TenantDisable,
     ),
     Operation(
         "POST",

@@ -1,0 +1,227 @@
+"""The worker's claiming: due deliveries within each endpoint's breaker and limits."""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from delivery import health, queries
+from delivery.http import OutgoingRequest
+from delivery.policy import RetryPolicy, matching_rule, parse_status_overrides
+from delivery.worker.model import (
+    _NO_HEADERS,
+    _NO_OVERRIDES,
+    BARREN_FOR,
+    ClaimedDelivery,
+    WorkerConfig,
+    _envelope,
+    _memo,
+)
+from outbox.clock import Clock
+from outbox.crypto import SecretBox, SigningKey, signing_key
+from outbox.endpoints import decrypt_proxy, secret_context
+from outbox.headers import decrypt_headers
+
+
+class Claiming:
+    """Claims and what each claimed row needs to be sent (`Worker` holds the state)."""
+
+    _engine: AsyncEngine
+    _box: SecretBox
+    _clock: Clock
+    config: WorkerConfig
+    _keys: dict[str, SigningKey]
+    _headers: dict[str, dict[str, str]]
+    _proxies: dict[str, str]
+    _policies: dict[tuple[tuple[float, ...] | None, str, int], RetryPolicy]
+    _type_json: dict[str, str]
+    _slots_held: collections.Counter[int]
+    _gated: frozenset[int]
+    _capped: frozenset[int]
+    _opening: dt.datetime | None
+    next_gate_at: dt.datetime | None
+    claims: int
+    _barren: dict[int, dt.datetime]
+    _spread: int
+    gate_paths: collections.Counter[str]
+
+    # -- claiming -------------------------------------------------------------------
+
+    async def claim(self, limit: int) -> list[ClaimedDelivery]:
+        """Claim up to `limit` due deliveries, within each endpoint's breaker and limits.
+
+        A claim visits at most `limit` endpoints. When some of them had nothing claimable
+        (per-key ordering held every due row) and other endpoints were left out, it claims
+        again at once with those set aside, so stuck endpoints cannot starve the rest.
+        """
+        claimed: list[ClaimedDelivery] = []
+        # The rounds' earliest gate opening; `next_gate_at` changes once, when the claim is
+        # over (whoever reads it meanwhile sees the last claim's answer), and a failed claim
+        # leaves no stale wake-up behind.
+        self._opening = None
+        try:
+            for _ in range(3):
+                found, retry = await self._claim_round(limit - len(claimed))
+                claimed += found
+                if len(claimed) >= limit or not retry:
+                    break
+        finally:
+            self.next_gate_at = self._opening
+        return claimed
+
+    async def _claim_round(self, limit: int) -> tuple[list[ClaimedDelivery], bool]:
+        now = self._clock.now()
+        self.claims += 1
+        self._barren = {eid: until for eid, until in self._barren.items() if until > now}
+        local = self._slots_left()
+        async with self._engine.begin() as conn:
+            gates = await health.open_gates(
+                conn,
+                now=now,
+                config=self.config.health,
+                limit=limit,
+                set_aside=self._barren.keys(),
+                local_caps=local,
+                quick=self._spread >= limit,
+            )
+            self._spread = gates.spread
+            self.gate_paths[gates.path] += 1
+            params = gates.params(limit, local, self._barren.keys())
+            more = params.pop("more")
+            if not params["endpoint_ids"]:
+                # Nothing due (or all held: disabled tenants, no budget left).
+                self._note_gates(gates, local, {})
+                self._note_gate_opening(
+                    health.earliest_opening(gates, now=now, config=self.config.health)
+                )
+                return [], False
+            rows = (
+                await conn.execute(
+                    queries.CLAIM_DUE_DELIVERIES,
+                    {
+                        "now": now,
+                        "limit": limit,
+                        "worker_id": self.config.worker_id,
+                        "lease_expires_at": now + dt.timedelta(seconds=self.config.lease_seconds),
+                        **params,
+                    },
+                )
+            ).all()
+            taken = health.claimed_per_endpoint(row.endpoint_id for row in rows)
+            self._note_gate_opening(
+                await health.close_gates(conn, gates, taken, now=now, config=self.config.health)
+            )
+        self._note_gates(gates, local, taken)
+        served = {row.endpoint_id for row in rows}
+        barren = [eid for eid in params["endpoint_ids"] if eid not in served]
+        for endpoint_id in barren:
+            self._barren[endpoint_id] = now + BARREN_FOR
+        return [self._prepare(row, now) for row in rows], bool(barren) and more
+
+    def _note_gate_opening(self, at: dt.datetime | None) -> None:
+        """Keep the earliest gate opening seen by this claim's rounds."""
+        if at is not None and (self._opening is None or at < self._opening):
+            self._opening = at
+
+    def _note_gates(
+        self, gates: health.Gates, local: Mapping[int, int], taken: Mapping[int, int]
+    ) -> None:
+        """What the claim left wanting: endpoints behind a health gate or a capped tenant,
+        and endpoints whose share of this worker's slots it used up (or found used up)."""
+        self._gated = frozenset(gates.budgets) | frozenset(
+            endpoint_id
+            for endpoint_id, tenant_id in gates.tenant_of.items()
+            if tenant_id in gates.tenant_budgets
+        )
+        cap = self.config.endpoint_slots
+        self._capped = frozenset(
+            endpoint_id
+            for endpoint_id in {*local, *taken}
+            if taken.get(endpoint_id, 0) >= local.get(endpoint_id, cap)
+        )
+
+    def _slots_left(self) -> dict[int, int]:
+        """Per endpoint with attempts running here: how many more slots it may take."""
+        cap = self.config.endpoint_slots
+        return {endpoint_id: max(0, cap - held) for endpoint_id, held in self._slots_held.items()}
+
+    def _key(self, stored: str, endpoint_uid: str) -> SigningKey:
+        return _memo(
+            self._keys,
+            stored,
+            lambda: signing_key(self._box.decrypt(stored, context=secret_context(endpoint_uid))),
+        )
+
+    def _policy(
+        self, own: Sequence[float] | None, event_type: str, max_attempts: int
+    ) -> RetryPolicy:
+        """The endpoint's schedule, else the event type's, else the global one. Max attempts
+        were resolved the same way when the delivery was created (the relay)."""
+        return _memo(
+            self._policies,
+            (tuple(own) if own else None, "" if own else event_type, max_attempts),
+            lambda: RetryPolicy(
+                schedule=tuple(
+                    own
+                    or matching_rule(self.config.retry_schedule_by_event_type, event_type)
+                    or self.config.retry_schedule
+                ),
+                max_attempts=max_attempts,
+                jitter=self.config.retry_jitter,
+                retry_after_max=self.config.retry_after_max,
+            ),
+        )
+
+    def _prepare(self, row: Any, now: dt.datetime) -> ClaimedDelivery:
+        keys = [self._key(row.signing_secret, row.endpoint_uid)]
+        if row.previous_signing_secret and (
+            row.previous_secret_expires_at is None or row.previous_secret_expires_at > now
+        ):
+            keys.append(self._key(row.previous_signing_secret, row.endpoint_uid))
+        timeout = min(
+            row.timeout_seconds or self.config.request_timeout, self.config.longest_deadline
+        )
+        type_json = _memo(self._type_json, row.event_type, lambda: json.dumps(row.event_type))
+        return ClaimedDelivery(
+            id=row.id,
+            claim=row.claim,
+            attempts=row.attempts,
+            max_attempts=row.max_attempts,
+            endpoint_uid=row.endpoint_uid,
+            endpoint_id=row.endpoint_id,
+            endpoint_spotless=row.endpoint_spotless,
+            event_type=row.event_type,
+            traceparent=row.traceparent,
+            policy=self._policy(row.retry_schedule, row.event_type, row.max_attempts),
+            request=OutgoingRequest(
+                delivery_id=row.id,
+                url=row.url,
+                message_id=row.message_id,
+                body=_envelope(type_json, row.event_created_at, row.payload_json),
+                keys=keys,
+                timeout=timeout,
+                status_overrides=(
+                    parse_status_overrides(row.status_overrides)
+                    if row.status_overrides
+                    else _NO_OVERRIDES
+                ),
+                retry_after_max=self.config.retry_after_max,
+                extra_headers=self._custom_headers(row.custom_headers, row.endpoint_uid),
+                proxy=self._proxy(row.proxy_url, row.endpoint_uid) if row.proxy_url else None,
+            ),
+        )
+
+    def _custom_headers(self, stored: str | None, endpoint_uid: str) -> Mapping[str, str]:
+        if not stored:
+            return _NO_HEADERS
+        return _memo(
+            self._headers, stored, lambda: decrypt_headers(self._box, endpoint_uid, stored)
+        )
+
+    def _proxy(self, stored: str, endpoint_uid: str) -> str:
+        return _memo(self._proxies, stored, lambda: decrypt_proxy(self._box, endpoint_uid, stored))
