@@ -230,3 +230,14 @@ def test_like_regex_is_refused_because_one_pattern_takes_seconds_per_event(
         )
         spent = time.perf_counter() - started
     assert spent > 0.1, f"{spent:.3f}s: the pattern is cheap here, revisit the refusal"
+
+
+async def test_the_bench_row_relays_both_kinds_and_reports_both_rates(database_url: str) -> None:
+    """bench/filters.py at a tiny size: every event reaches every endpoint of its kind."""
+    from bench.filters import FilterPlan, filter_rates, report
+
+    plan = FilterPlan(endpoints=5, events_per_round=3, rounds=1, batch_size=2)
+    result = await filter_rates(database_url, plan)
+    assert result["plain"]["delivery_rows_per_s"] > 0
+    assert result["filtered"]["delivery_rows_per_s"] > 0
+    assert "unfiltered:" in report(result) and "filtered:" in report(result)
