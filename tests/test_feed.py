@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
+from openapi_spec_validator import validate
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks import Webhook
@@ -36,6 +37,7 @@ from outbox.relay import Relay
 from outbox.sql.feeds import SELECT_FEED_PAGE
 from outbox.tenants import create_tenant
 from outbox.testevents import send_test_event
+from outbox.tokens import create_token
 from tests.helpers import LOOPBACK, add_endpoint, scalar
 
 OTHER = "seller-b"
@@ -428,3 +430,26 @@ async def test_a_pull_only_endpoint_gets_no_post_from_tests_or_replays(
     with engine.begin() as conn, pytest.raises(EndpointError, match="pull-only"):
         send_test_event(conn, created.endpoint.uid, now=clock.now(), actor="test")
     assert scalar(engine, "SELECT count(*) FROM deliveries") == 1
+
+
+async def test_the_partners_openapi_document_describes_the_feed(
+    engine: Engine, api: httpx.AsyncClient
+) -> None:
+    """Generated from the very route the server dispatches, so parameters cannot drift."""
+    with engine.begin() as conn:
+        _, viewer = create_token(conn, name="docs", role="viewer", actor="test")
+    answer = await api.get(
+        "/v1/contract/openapi.json", headers={"authorization": f"Bearer {viewer}"}
+    )
+    document = answer.json()
+    validate(document)
+    spec = document["paths"]["/feed/v1/{endpoint}"]["get"]
+    assert {(p["in"], p["name"]) for p in spec["parameters"]} == {
+        ("path", "endpoint"),
+        ("query", "after"),
+        ("query", "limit"),
+    }
+    assert spec["security"] == [{"feedToken": []}]
+    assert {"200", "400", "401", "404", "410"} <= set(spec["responses"])
+    assert document["components"]["securitySchemes"]["feedToken"]["scheme"] == "bearer"
+    assert "webhooks" in document  # the event types are still there
