@@ -4,8 +4,10 @@ Standard Webhooks library as if it had been POSTed; nobody else's endpoint is re
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -35,10 +37,11 @@ from outbox.errors import EndpointError, FeedError
 from outbox.feeds import cursor_for, parse_cursor, rotate_feed_token, set_delivery_mode
 from outbox.relay import Relay
 from outbox.sql.feeds import SELECT_FEED_PAGE
+from outbox.sql.relay import RELAY_BATCH
 from outbox.tenants import create_tenant
 from outbox.testevents import send_test_event
 from outbox.tokens import create_token
-from tests.helpers import LOOPBACK, add_endpoint, scalar
+from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
 
 OTHER = "seller-b"
 
@@ -453,3 +456,51 @@ async def test_the_partners_openapi_document_describes_the_feed(
     assert {"200", "400", "401", "404", "410"} <= set(spec["responses"])
     assert document["components"]["securitySchemes"]["feedToken"]["scheme"] == "bearer"
     assert "webhooks" in document  # the event types are still there
+
+
+async def test_feed_positions_follow_commit_order_across_concurrent_relays(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+) -> None:
+    """A relay whose pass is still open holds the feed's row: a second relay appending to
+    the same feed waits for its commit and numbers after it, so a reader never sees
+    position 2 while position 1 may still appear."""
+    created = add_endpoint(engine, box, "https://pull.example/x", "*", delivery_mode="pull")
+    with engine.begin() as conn:
+        publish(conn, "order.created", {"n": 1})
+    params = {
+        "limit": 10,
+        "now": clock.now(),
+        "max_attempts": 8,
+        "rule_patterns": [],
+        "rule_max_attempts": [],
+    }
+    first = engine.connect()
+    first_pass = first.begin()
+    first.execute(RELAY_BATCH, params)  # appended, not committed
+    with engine.begin() as conn:
+        publish(conn, "order.created", {"n": 2})
+    second = asyncio.create_task(Relay(async_engine, clock).run_once())
+    deadline = time.monotonic() + 20
+    while not scalar(
+        engine,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock'",
+    ):
+        assert time.monotonic() < deadline, "the second relay never waited for the first"
+        assert not second.done(), second
+        await asyncio.sleep(0.01)
+    assert scalar(engine, "SELECT count(*) FROM feed_entries") == 0  # nothing visible yet
+    first_pass.commit()
+    first.close()
+    assert (await second).fed == 1
+    order = rows(
+        engine,
+        "SELECT f.position, o.payload FROM feed_entries f JOIN outbox_events o "
+        "ON o.id = f.event_id WHERE f.endpoint_id = (SELECT id FROM endpoints WHERE uid = :u) "
+        "ORDER BY f.position",
+        u=created.endpoint.uid,
+    )
+    assert [(r["position"], r["payload"]) for r in order] == [(1, {"n": 1}), (2, {"n": 2})]
