@@ -241,3 +241,45 @@ async def test_the_bench_row_relays_both_kinds_and_reports_both_rates(database_u
     assert result["plain"]["delivery_rows_per_s"] > 0
     assert result["filtered"]["delivery_rows_per_s"] > 0
     assert "unfiltered:" in report(result) and "filtered:" in report(result)
+
+
+async def test_the_admin_api_validates_and_shows_the_filter(
+    engine: Engine, async_engine: AsyncEngine, box: SecretBox, clock: ManualClock
+) -> None:
+    import httpx
+
+    from delivery.operator.api import create_app
+    from outbox.tokens import create_token
+
+    with engine.begin() as conn:
+        _, secret = create_token(conn, name="ops", role="operator", actor="test")
+    auth = {"authorization": f"Bearer {secret}"}
+    app = create_app(async_engine, box, clock=clock)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://admin"
+    ) as http:
+        base = {"url": "https://f.example/x", "event_types": "*"}
+        bad = await http.post(
+            "/v1/endpoints", json={**base, "payload_filter": "$.a >"}, headers=auth
+        )
+        assert bad.status_code == 400
+        assert "not a valid SQL/JSON path: syntax error" in bad.json()["error"]
+        huge = await http.post(
+            "/v1/endpoints", json={**base, "payload_filter": "$.a == 1" * 200}, headers=auth
+        )
+        assert huge.status_code == 400 and "1000" in huge.text
+        assert rows(engine, "SELECT uid FROM endpoints") == []  # nothing half-made
+        made = await http.post(
+            "/v1/endpoints", json={**base, "payload_filter": EUR_100}, headers=auth
+        )
+        assert made.status_code == 200 and made.json()["payload_filter"] == EUR_100
+        uid = made.json()["id"]
+        cleared = await http.patch(
+            f"/v1/endpoints/{uid}", json={"payload_filter": None}, headers=auth
+        )
+        assert cleared.status_code == 200, cleared.text
+        assert cleared.json()["payload_filter"] is None and cleared.json()["filter_skips"] == 0
+        refused = await http.patch(
+            f"/v1/endpoints/{uid}", json={"payload_filter": '$.a like_regex "x"'}, headers=auth
+        )
+        assert refused.status_code == 400 and "like_regex" in refused.json()["error"]
