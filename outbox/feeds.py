@@ -31,7 +31,14 @@ from typing import Any
 from sqlalchemy import Connection
 
 from outbox.audit import record_audit
-from outbox.errors import EndpointError, FeedAuthError, FeedError, FeedGoneError
+from outbox.errors import (
+    EndpointError,
+    EndpointNotFoundError,
+    FeedAuthError,
+    FeedError,
+    FeedGoneError,
+)
+from outbox.filters import validate_filter
 from outbox.schema import DELIVERY_MODES
 from outbox.sql import feeds as queries
 from outbox.tenants import scope_params
@@ -47,10 +54,9 @@ def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def _not_found(uid: str) -> EndpointError:
-    from outbox.endpoints import endpoint_not_found
-
-    return endpoint_not_found(uid)
+def _not_found(uid: str) -> EndpointNotFoundError:
+    """The answer for an unknown endpoint (outbox.endpoints says the same; it imports us)."""
+    return EndpointNotFoundError(f"no endpoint {uid!r}; `outbox endpoints list` shows the ids")
 
 
 def check_delivery_mode(mode: str) -> str:
@@ -184,8 +190,6 @@ def set_payload_filter(
     scope: str | None = None,
 ) -> None:
     """Set (validated, outbox.filters) or clear (None or blank) the endpoint's filter."""
-    from outbox.filters import validate_filter
-
     stored = validate_filter(conn, payload_filter)
     before = feed_settings(conn, uid, scope=scope)
     conn.execute(
