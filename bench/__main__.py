@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from bench import scale
+from bench import filters, scale
 from bench.harness import Plan, run, sustained_median
 
 TARGETS = {
@@ -261,11 +261,14 @@ def report(results: dict[str, Any]) -> str:
         if "scale" in results:
             parts += [
                 *scale.report(results["scale"]),
+                *([filters.report(results["filters"])] if "filters" in results else []),
                 "",
                 "targets (issue 10, ratios within this run)",
                 _table(scale.verdicts(results["scale"]), ["target", "measured", "goal", "verdict"]),
                 "",
             ]
+        if "filters" in results:
+            parts += [filters.report(results["filters"]), ""]
         return "\n".join([*parts, *flat_report(results), target_table(results)])
     relay = results["relay"]
     claim = results["claim_complete"]
@@ -325,11 +328,12 @@ def report(results: dict[str, Any]) -> str:
 @click.option("--repeat", type=click.IntRange(min=1), default=None, help="Repeat each run N times.")
 @click.option(
     "--only",
-    type=click.Choice(["core", "drain", "flat", "scale", "migration"]),
+    type=click.Choice(["core", "drain", "flat", "scale", "filters", "migration"]),
     multiple=True,
     help="Run only these sections (repeatable): core = end to end, relay, claim, scale, RSS; "
     "drain = backlog "
     "drains, flat = grown tables against empty ones, scale = issue 10's figures alone, "
+    "filters = relay rate with 1,000 filtered endpoints against 1,000 unfiltered ones, "
     "migration = stalls while this release migrates the previous one's schema under load "
     "(only with --only).",
 )

@@ -63,10 +63,12 @@ class Plan:
     flat_history: int = 10_000_000
     flat_events: int = 20_000
     flat_rounds: int = 3
-    # "core": the issue-7 rows; "drain": bench/drain.py; "flat": bench/flat.py.
-    sections: tuple[str, ...] = ("core", "drain", "flat")
+    # "core": the issue-7 rows; "drain": bench/drain.py; "flat": bench/flat.py;
+    # "filters": bench/filters.py (payload filters, issue 25).
+    sections: tuple[str, ...] = ("core", "drain", "flat", "filters")
     event_loop: str = "auto"  # OUTBOX_EVENT_LOOP of the worker processes
     scale_quick: bool = False  # bench/scale.py at its quick sizes
+    filters_quick: bool = False  # bench/filters.py at its quick sizes
 
     @classmethod
     def quick(cls) -> Plan:
@@ -93,6 +95,7 @@ class Plan:
             flat_events=500,
             flat_rounds=1,
             scale_quick=True,
+            filters_quick=True,
         )
 
 

@@ -96,6 +96,16 @@ async def _run(
                 "rows against empty tables"
             )
             results["flat"] = await flat_cost(cluster, plan)
+        if "filters" in plan.sections:
+            from bench import filters
+
+            filter_plan = filters.FilterPlan.quick() if plan.filters_quick else filters.FilterPlan()
+            progress(
+                f"relay with payload filters: {filter_plan.endpoints} filtered endpoints "
+                f"against {filter_plan.endpoints} unfiltered"
+            )
+            url = cluster.database_url(cluster.new_database("filters"))
+            results["filters"] = await filters.filter_rates(url, filter_plan)
         if "core" not in plan.sections:
             if "scale" in plan.sections:  # (core runs it too)
                 from bench import scale

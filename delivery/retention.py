@@ -49,10 +49,19 @@ class PruneResult:
     attempts: int = 0
     events: int = 0
     audit: int = 0
+    feed_entries: int = 0
+    filter_skips: int = 0
 
     @property
     def total(self) -> int:
-        return self.deliveries + self.attempts + self.events + self.audit
+        return (
+            self.deliveries
+            + self.attempts
+            + self.events
+            + self.audit
+            + self.feed_entries
+            + self.filter_skips
+        )
 
 
 def _cutoff(now: dt.datetime, days: float) -> dt.datetime | None:
@@ -99,6 +108,14 @@ class Retention:
                 )
             ).one()
             result.deliveries, result.attempts = int(row.deliveries), int(row.attempts)
+        # Feed entries live as long as deliveries (OUTBOX_RETENTION_DAYS); they go before
+        # the events, which stay while a feed still lists them.
+        async with self._engine.begin() as conn:
+            limits = {"before": before, "limit": self.config.batch_size}
+            row = (await conn.execute(queries.PRUNE_FEED_ENTRIES, limits)).one()
+            result.feed_entries = int(row.entries)
+            row = (await conn.execute(queries.PRUNE_FILTER_SKIPS, limits)).one()
+            result.filter_skips = int(row.skips)
         async with self._engine.begin() as conn:
             row = (
                 await conn.execute(
@@ -117,6 +134,8 @@ class Retention:
             total.attempts += step.attempts
             total.events += step.events
             total.audit += step.audit
+            total.feed_entries += step.feed_entries
+            total.filter_skips += step.filter_skips
             if step.total == 0:
                 break
         return total

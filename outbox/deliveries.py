@@ -20,6 +20,7 @@ from sqlalchemy import Connection
 
 from outbox.audit import record_audit_many, require_reason
 from outbox.errors import NotFoundError, OperationError
+from outbox.feeds import refuse_pushes_to_pull_endpoints
 from outbox.schema import DELIVERY_STATES
 from outbox.sql import deliveries as queries
 from outbox.tenants import scope_params
@@ -322,6 +323,7 @@ def replay(
         )
     if not wanted:
         return ReplayResult(dry_run=False, matched=0, skipped=len(skipped))
+    refuse_pushes_to_pull_endpoints(conn, wanted)
     due = _spread(now, len(wanted), rate_per_minute)
     rows = conn.execute(
         queries.INSERT_REPLAYS,

@@ -28,9 +28,12 @@ from outbox.crypto import (
     signing_key,
 )
 from outbox.errors import EndpointError, EndpointNotFoundError, SecretKeyError
+from outbox.feeds import check_delivery_mode, new_feed_token
+from outbox.filters import validate_filter
 from outbox.ids import new_endpoint_id
 from outbox.schema import LATENCY_BUCKETS
 from outbox.sql import endpoints as queries
+from outbox.sql.feeds import ENSURE_ENDPOINT_FEED
 from outbox.tenants import DEFAULT_TENANT, scope_params, validate_tenant_uid
 from outbox.urls import parse_proxy_url, validate_endpoint_url
 
@@ -53,6 +56,9 @@ class Endpoint:
     signature_scheme: str = "hmac"
     public_key: str | None = None  # `whpk_...` for ed25519: what the partner verifies with
     proxy: str | None = None  # its own egress proxy as host:port (the URL is a secret)
+    delivery_mode: str = "push"  # push, pull (its catch-up feed only) or both (outbox.feeds)
+    payload_filter: str | None = None  # a SQL/JSON path predicate (outbox.filters)
+    filter_skips: int = 0  # events its filter could not evaluate, skipped (kept until retention)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +75,9 @@ class Endpoint:
             "signature_scheme": self.signature_scheme,
             "public_key": self.public_key,
             "proxy": self.proxy,
+            "delivery_mode": self.delivery_mode,
+            "payload_filter": self.payload_filter,
+            "filter_skips": self.filter_skips,
         }
 
 
@@ -76,6 +85,7 @@ class Endpoint:
 class CreatedEndpoint:
     endpoint: Endpoint
     secret: str  # shown once, at creation; stored only encrypted
+    feed_token: str | None = None  # a pull or both endpoint's feed token, shown once
 
 
 def check_signing_secret(secret: str | None, signature: str | None) -> str:
@@ -193,15 +203,23 @@ def create_endpoint(
     tenant: str = DEFAULT_TENANT,
     all_tenants: bool = False,
     signature: str | None = None,
+    delivery_mode: str = "push",
+    payload_filter: str | None = None,
 ) -> CreatedEndpoint:
     """Insert an endpoint of `tenant` in the caller's transaction; the secret is stored
     encrypted. `all_tenants` makes it receive every tenant's matching events.
-    `signature` is 'hmac' (v1, the default) or 'ed25519' (v1a)."""
+    `signature` is 'hmac' (v1, the default) or 'ed25519' (v1a). A 'pull' or 'both'
+    endpoint gets a feed token (outbox.feeds), shown once in the answer."""
     tenant = validate_tenant_uid(tenant, error=EndpointError)
     url = validate_endpoint_url(url, https_only=https_only)
     patterns = parse_event_patterns(event_types)
     plain_secret = check_signing_secret(secret, signature)
+    check_delivery_mode(delivery_mode)
+    stored_filter = validate_filter(conn, payload_filter)
     uid = new_endpoint_id()
+    feed_token, feed_token_hash = (None, None)
+    if delivery_mode != "push":
+        feed_token, feed_token_hash = new_feed_token(uid)
     inserted = conn.execute(
         queries.INSERT_ENDPOINT,
         {
@@ -212,13 +230,20 @@ def create_endpoint(
             "description": description,
             "event_types": patterns,
             **secret_columns(box, uid, plain_secret),
+            "delivery_mode": delivery_mode,
+            "payload_filter": stored_filter,
+            "feed_token_hash": feed_token_hash,
         },
     ).first()
     if inserted is None:
         raise EndpointError(
             f"unknown tenant {tenant!r}: create it first with `outbox tenants add {tenant}`"
         )
-    return CreatedEndpoint(endpoint=get_endpoint(conn, uid), secret=plain_secret)
+    if feed_token is not None:
+        conn.execute(ENSURE_ENDPOINT_FEED, {"id": inserted.id})
+    return CreatedEndpoint(
+        endpoint=get_endpoint(conn, uid), secret=plain_secret, feed_token=feed_token
+    )
 
 
 def endpoint_not_found(uid: str) -> EndpointNotFoundError:
@@ -395,6 +420,8 @@ def add_endpoint(
     signature: str | None = None,
     tenant: str = DEFAULT_TENANT,
     all_tenants: bool = False,
+    delivery_mode: str = "push",
+    payload_filter: str | None = None,
 ) -> CreatedEndpoint:
     """`create_endpoint` (which validates the URL) plus an audit row; the secret is never logged."""
     created = create_endpoint(
@@ -408,6 +435,8 @@ def add_endpoint(
         signature=signature,
         tenant=tenant,
         all_tenants=all_tenants,
+        delivery_mode=delivery_mode,
+        payload_filter=payload_filter,
     )
     record_audit(
         conn,
@@ -419,6 +448,8 @@ def add_endpoint(
             "url": created.endpoint.url,
             "event_types": created.endpoint.event_types,
             "all_tenants": all_tenants,
+            "delivery_mode": delivery_mode,
+            "payload_filter": created.endpoint.payload_filter,
         },
         request_id=request_id,
     )

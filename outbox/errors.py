@@ -55,3 +55,19 @@ class CatalogueError(OutboxError, ValueError):
 
 class CatalogueNotFoundError(CatalogueError, NotFoundError):
     """No event type (or rejected event) by that name, or none the caller's scope can see."""
+
+
+class FeedError(OutboxError, ValueError):
+    """A catch-up feed request is malformed (cursor, limit); the message says what to send."""
+
+
+class FeedAuthError(FeedError):
+    """No valid feed token for a feed: missing, malformed, rotated or revoked (HTTP 401)."""
+
+
+class FeedGoneError(FeedError):
+    """The cursor is older than what retention kept (HTTP 410); restart at `oldest_cursor`."""
+
+    def __init__(self, message: str, oldest_cursor: str) -> None:
+        super().__init__(message)
+        self.oldest_cursor = oldest_cursor

@@ -52,6 +52,8 @@ class RelayResult:
     deliveries: int
     rejected: int = 0
     handed_off: int = 0  # of `deliveries`, inserted already claimed for the local worker
+    fed: int = 0  # entries appended to pull and push+pull endpoints' feeds
+    skipped: int = 0  # (event, endpoint) pairs whose payload filter could not be evaluated
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +125,12 @@ class Relay:
                 # failure none are given (if the commit did happen, their lease expires
                 # and the reaper reschedules them).
                 await self._handoff.take(capacity, handed, now)
+        if result.skipped:
+            log.warning(
+                "%d events were skipped for an endpoint whose payload filter could not be "
+                "evaluated on them (a type mismatch?); `outbox endpoints show` counts them",
+                result.skipped,
+            )
         if result.rejected:
             log.warning(
                 "%d events broke their event type's schema and were rejected; "
@@ -149,6 +157,7 @@ class Relay:
             else:
                 row = await self._batch(conn, now)
             events, deliveries = int(row.events), int(row.deliveries)
+            fed, skipped = int(row.fed), int(row.skipped)
             if row.to_validate:
                 rejected = await conn.run_sync(
                     lambda c: validate_pending(
@@ -161,7 +170,10 @@ class Relay:
                 )
                 row = await self._batch(conn, now)
                 events, deliveries = events + int(row.events), deliveries + int(row.deliveries)
-            result = RelayResult(events, deliveries, rejected, handed_off=len(handed))
+                fed, skipped = fed + int(row.fed), skipped + int(row.skipped)
+            result = RelayResult(
+                events, deliveries, rejected, handed_off=len(handed), fed=fed, skipped=skipped
+            )
             # Deliveries handed off need no wake-up: only scheduled ones are notified.
             if result.deliveries > result.handed_off:
                 await conn.execute(queries.NOTIFY_DELIVERIES_DUE)
@@ -205,14 +217,16 @@ class Relay:
 
     async def run_until_idle(self) -> RelayResult:
         """Relay every batch there is now (tests and the demo use this)."""
-        events = deliveries = rejected = 0
+        events = deliveries = rejected = fed = skipped = 0
         while True:
             result = await self.run_once()
             events += result.events
             deliveries += result.deliveries
             rejected += result.rejected
+            fed += result.fed
+            skipped += result.skipped
             if result.events < self.config.batch_size:
-                return RelayResult(events, deliveries, rejected)
+                return RelayResult(events, deliveries, rejected, fed=fed, skipped=skipped)
 
     async def run(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None) -> None:
         """Relay until `stop` is set; a wake-up (NOTIFY) cuts the poll wait short."""

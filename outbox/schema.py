@@ -176,6 +176,13 @@ endpoints = Table(
     # (it may carry credentials), and only `host:port` in the clear, for display.
     Column("proxy_url", Text),
     Column("proxy_host", Text),
+    # How it gets its events (migration 0025): 'push' (HTTP POSTs), 'pull' (only its
+    # catch-up feed, outbox/feeds.py) or 'both'.
+    Column("delivery_mode", Text, nullable=False, server_default=text("'push'")),
+    # A SQL/JSON path predicate on the payload (outbox/filters.py); NULL: every event.
+    Column("payload_filter", Text),
+    # SHA-256 of the feed token (shown once when created or rotated).
+    Column("feed_token_hash", Text),
     Column("timeout_seconds", Float),
     Column("max_attempts", Integer),
     Column("retry_schedule", ARRAY(Float)),
@@ -187,6 +194,65 @@ endpoints = Table(
     CheckConstraint("signature_scheme IN ('hmac', 'ed25519')", name="known_signature_scheme"),
     Index("ix_endpoints_tenant_id", "tenant_id"),
     CheckConstraint("enabled OR disabled_reason IS NOT NULL", name="disabled_has_reason"),
+    CheckConstraint("delivery_mode IN ('push', 'pull', 'both')", name="known_delivery_mode"),
+)
+
+DELIVERY_MODES = ("push", "pull", "both")
+
+# An endpoint's feed (migration 0025): the last position handed out and the position
+# retention pruned through. The relay takes this row's lock when it appends, so one
+# endpoint's positions are in commit order: a reader never skips a position that
+# commits later. Kept apart from `endpoints` so appends never block endpoint edits.
+endpoint_feeds = Table(
+    "endpoint_feeds",
+    metadata,
+    Column(
+        "endpoint_id",
+        BigInteger,
+        ForeignKey("endpoints.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("last_position", BigInteger, nullable=False, server_default=text("0")),
+    Column("pruned_through", BigInteger, nullable=False, server_default=text("0")),
+)
+
+# The feed itself: one row per event for a pull or push+pull endpoint, read by a
+# primary-key range scan (endpoint_id, position > cursor).
+feed_entries = Table(
+    "feed_entries",
+    metadata,
+    Column(
+        "endpoint_id",
+        BigInteger,
+        ForeignKey("endpoints.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("position", BigInteger, primary_key=True),
+    Column(
+        "event_id",
+        BigInteger,
+        ForeignKey("outbox_events.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    _now_column("created_at"),
+    Index("ix_feed_entries_event_id", "event_id"),
+    Index("ix_feed_entries_created_at", "created_at"),
+)
+
+# Events an endpoint's payload filter could not evaluate (say, `$.amount >= 100` on a
+# string amount): skipped for that endpoint, counted and kept here until retention.
+filter_skips = Table(
+    "filter_skips",
+    metadata,
+    Column(
+        "endpoint_id",
+        BigInteger,
+        ForeignKey("endpoints.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("event_id", BigInteger, primary_key=True),
+    _now_column("created_at"),
+    Index("ix_filter_skips_created_at", "created_at"),
 )
 
 deliveries = Table(

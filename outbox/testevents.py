@@ -89,6 +89,11 @@ def send_test_event(
             f"endpoint {uid} is disabled ({endpoint.disabled_reason}): enable it, then send "
             "the test (a test to a disabled endpoint would only wait)"
         )
+    if endpoint.delivery_mode == "pull":
+        raise EndpointError(
+            f"endpoint {uid} is pull-only: it gets no POSTs, so a test would never be sent; "
+            "its partner reads events from its feed (set the mode to both to test pushes)"
+        )
     if event_type is None:
         name = PING_EVENT_TYPE
         payload: dict[str, Any] = {

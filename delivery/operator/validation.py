@@ -39,6 +39,8 @@ from pydantic import (
 from outbox import deliveries as delivery_ops
 from outbox.endpoint_rules import MAX_ENDPOINT_TIMEOUT_SECONDS
 from outbox.errors import OperationError
+from outbox.feeds import MAX_PAGE as MAX_FEED_PAGE
+from outbox.filters import MAX_FILTER_LENGTH
 
 MAX_ID = 2**63 - 1  # PostgreSQL bigint
 MAX_WINDOW_SECONDS = 366 * 86400
@@ -173,6 +175,9 @@ TimeoutSeconds = Annotated[
     float, BeforeValidator(_number), Field(gt=0, le=MAX_ENDPOINT_TIMEOUT_SECONDS)
 ]
 Attempts = Annotated[int, BeforeValidator(_integer), Field(ge=1, le=100)]
+# A payload filter (outbox/filters.py checks it in PostgreSQL); "" clears it.
+PayloadFilter = Annotated[str, BeforeValidator(_text), Field(max_length=MAX_FILTER_LENGTH)]
+DeliveryMode = Literal["push", "pull", "both"]
 BulkCount = Annotated[int, BeforeValidator(_integer), Field(ge=1, le=MAX_BULK)]
 
 
@@ -279,6 +284,9 @@ class EndpointCreate(_Input):
     all_tenants: StrictBool = False
     # Its own egress proxy, http://user:password@host:port (stored encrypted).
     proxy: Text | None = None
+    # push (HTTP POSTs), pull (the catch-up feed only) or both; a feed token is shown once.
+    delivery_mode: DeliveryMode = "push"
+    payload_filter: PayloadFilter | None = None
 
 
 class EndpointUpdate(_Input):
@@ -290,11 +298,31 @@ class EndpointUpdate(_Input):
     reason: Reason | None = None
     # A proxy URL sets the endpoint's own proxy; an explicit null removes it.
     proxy: Text | None = None
+    delivery_mode: DeliveryMode | None = None
+    # A SQL/JSON path predicate; "" or an explicit null removes the filter.
+    payload_filter: PayloadFilter | None = None
 
     @property
     def changes_fields(self) -> bool:
-        """Whether anything but the proxy (and the reason) is to change."""
-        return bool(self.model_fields_set - {"proxy", "reason"})
+        """Whether anything but the proxy, mode and filter (and the reason) is to change."""
+        return bool(self.model_fields_set - {"proxy", "reason", "delivery_mode", "payload_filter"})
+
+
+class FeedQuery(_Input):
+    """GET /feed/v1/{endpoint}: where to continue and how much to take."""
+
+    after: Annotated[str, BeforeValidator(_text), Field(max_length=64)] | None = Field(
+        None,
+        description="The `next_cursor` of the previous page; leave it out to start at the "
+        "oldest event kept.",
+    )
+    limit: Annotated[int, BeforeValidator(_integer), Field(ge=1, le=MAX_FEED_PAGE)] | None = Field(
+        None, description=f"Items per page, 1 to {MAX_FEED_PAGE} (default 100)."
+    )
+
+
+class FeedTokenRotate(_Input):
+    reason: Reason | None = None
 
 
 class EndpointAction(_Input):

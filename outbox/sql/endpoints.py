@@ -14,9 +14,10 @@ INSERT_ENDPOINT = text(
     """
     INSERT INTO endpoints
         (uid, tenant_id, all_tenants, url, description, event_types, signing_secret,
-         signature_scheme, signing_public_key)
+         signature_scheme, signing_public_key, delivery_mode, payload_filter, feed_token_hash)
     SELECT :uid, t.id, :all_tenants, :url, :description, :event_types, :signing_secret,
-           :signature_scheme, :public_key
+           :signature_scheme, :public_key, :delivery_mode, CAST(:payload_filter AS text),
+           CAST(:feed_token_hash AS text)
     FROM tenants t WHERE t.uid = :tenant
     RETURNING id
     """
@@ -26,7 +27,9 @@ INSERT_ENDPOINT = text(
 _ENDPOINT_COLUMNS = """
     e.id, e.uid, t.uid AS tenant, e.all_tenants, e.url, e.description, e.event_types,
     e.enabled, e.disabled_reason, e.disabled_at, e.created_at, e.signature_scheme,
-    e.signing_public_key AS public_key, e.proxy_host AS proxy
+    e.signing_public_key AS public_key, e.proxy_host AS proxy, e.delivery_mode,
+    e.payload_filter,
+    (SELECT count(*) FROM filter_skips s WHERE s.endpoint_id = e.id) AS filter_skips
 """
 
 # Every endpoint in scope, oldest first.

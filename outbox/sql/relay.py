@@ -56,7 +56,9 @@ HEALTH_GATED = """(h.breaker_state <> 'closed' OR h.max_in_flight IS NOT NULL
 
 # The events of one relay pass: the oldest unrelayed, locked so other relays skip them.
 _RELAY_PICK = """
-    SELECT id, tenant_id, event_type, ordering_key, priority
+    -- the payload only for filtered endpoints (_RELAY_ROUTES): read with the row already
+    -- fetched, once per event rather than one more probe per filtered route
+    SELECT id, tenant_id, event_type, ordering_key, priority, payload
     FROM outbox_events
     -- events from outbox_publish() wait for their schema check (Relay.run_once)
     WHERE relayed_at IS NULL AND NOT validate_pending
@@ -84,14 +86,53 @@ _RELAY_ROUTES = f"""
     ) r
     JOIN batch b ON b.id = r.event_id
     CROSS JOIN LATERAL (  -- a primary-key probe per route, never a scan of endpoints
-        SELECT x.id, x.tenant_id, x.max_attempts FROM endpoints x
+        SELECT x.id, x.tenant_id, x.max_attempts, x.delivery_mode,
+               -- the payload filter (outbox/filters.py): true, false, or NULL when it
+               -- could not be evaluated on this payload; evaluated only for an endpoint
+               -- that has one
+               CASE WHEN x.payload_filter IS NULL THEN true
+                    ELSE outbox_payload_matches(b.payload, x.payload_filter) END AS matched
+        FROM endpoints x
         WHERE x.id = r.endpoint_id AND x.enabled LIMIT 1
     ) e
+"""
+
+# The routes of a batch (`routed`: event_id, endpoint_id, delivery_mode, matched) that
+# feed an endpoint's catch-up feed (migration 0025), appended to it in event order.
+# `feed_heads` takes each fed endpoint's endpoint_feeds row lock, in endpoint order (so
+# two relays never deadlock), until the commit: a concurrent relay appending to the same
+# endpoint waits and numbers after it, so positions are in commit order and a reader
+# that has seen position n can never have missed a smaller one. Events whose filter
+# could not be evaluated are recorded in filter_skips (counted, never silent).
+_FEED_AND_SKIPS = """
+    feed_routes AS (
+        SELECT event_id, endpoint_id,
+               row_number() OVER (PARTITION BY endpoint_id ORDER BY event_id) AS n,
+               count(*) OVER (PARTITION BY endpoint_id) AS total
+        FROM routed WHERE matched AND delivery_mode <> 'push'
+    ), feed_heads AS (
+        INSERT INTO endpoint_feeds AS f (endpoint_id, last_position)
+        SELECT endpoint_id, count(*) FROM feed_routes GROUP BY endpoint_id ORDER BY endpoint_id
+        ON CONFLICT (endpoint_id)
+            DO UPDATE SET last_position = f.last_position + excluded.last_position
+        RETURNING f.endpoint_id, f.last_position
+    ), fed AS (
+        INSERT INTO feed_entries (endpoint_id, position, event_id, created_at)
+        SELECT r.endpoint_id, h.last_position - r.total + r.n, r.event_id, :now
+        FROM feed_routes r JOIN feed_heads h ON h.endpoint_id = r.endpoint_id
+        RETURNING 1
+    ), skipped AS (
+        INSERT INTO filter_skips (endpoint_id, event_id, created_at)
+        SELECT endpoint_id, event_id, :now FROM routed WHERE matched IS NULL
+        ON CONFLICT DO NOTHING
+        RETURNING 1
+    )
 """
 
 # What a relay pass reports: events marked, deliveries fanned out, events to validate.
 _RELAY_COUNTS = """
     (SELECT count(*) FROM marked) AS events, (SELECT count(*) FROM fanned) AS deliveries,
+    (SELECT count(*) FROM fed) AS fed, (SELECT count(*) FROM skipped) AS skipped,
     EXISTS (SELECT 1 FROM outbox_events WHERE relayed_at IS NULL AND validate_pending)
         AS to_validate
 """
@@ -104,18 +145,25 @@ _RELAY_COUNTS = """
 # The f-strings insert constant fragments, never input.
 RELAY_BATCH = text(
     f"""
-    WITH batch AS ({_RELAY_PICK}), fanned AS (
+    WITH batch AS ({_RELAY_PICK}), routed AS (
+        SELECT b.id AS event_id, e.id AS endpoint_id, e.tenant_id, b.priority, b.ordering_key,
+               COALESCE(e.max_attempts, ({_EVENT_TYPE_MAX_ATTEMPTS}), :max_attempts)
+                   AS max_attempts,
+               e.delivery_mode, e.matched
+        {_RELAY_ROUTES}
+    ), fanned AS (
+        -- a pull-only endpoint gets no delivery row: nothing for a worker to claim
         INSERT INTO deliveries
             (event_id, endpoint_id, tenant_id, state, max_attempts, next_attempt_at, priority,
              ordering_key, created_at, updated_at)
-        SELECT b.id, e.id, e.tenant_id, 'scheduled',
-               COALESCE(e.max_attempts, ({_EVENT_TYPE_MAX_ATTEMPTS}), :max_attempts), :now,
-               b.priority, b.ordering_key, :now, :now
-        {_RELAY_ROUTES}
-        ORDER BY b.id, e.id
+        SELECT r.event_id, r.endpoint_id, r.tenant_id, 'scheduled', r.max_attempts, :now,
+               r.priority, r.ordering_key, :now, :now
+        FROM routed r
+        WHERE r.matched AND r.delivery_mode <> 'pull'
+        ORDER BY r.event_id, r.endpoint_id
         ON CONFLICT (event_id, endpoint_id) WHERE replay_of IS NULL DO NOTHING
         RETURNING 1
-    ), marked AS (
+    ), {_FEED_AND_SKIPS}, marked AS (
         UPDATE outbox_events o SET relayed_at = :now
         FROM batch WHERE o.id = batch.id
         RETURNING 1
@@ -164,6 +212,7 @@ RELAY_BATCH_HANDOFF = text(
         SELECT b.id AS event_id, e.id AS endpoint_id, e.tenant_id, b.priority, b.ordering_key,
                COALESCE(e.max_attempts, ({_EVENT_TYPE_MAX_ATTEMPTS}), :max_attempts)
                    AS max_attempts,
+               e.delivery_mode, e.matched,
                NOT EXISTS (
                    SELECT 1 FROM endpoint_health h
                    WHERE h.endpoint_id = e.id
@@ -183,6 +232,7 @@ RELAY_BATCH_HANDOFF = text(
                    PARTITION BY r.free, r.endpoint_id ORDER BY r.event_id
                ) <= COALESCE(s.slots, :endpoint_slots) AS fits
         FROM routed r LEFT JOIN slots s ON s.endpoint_id = r.endpoint_id
+        WHERE r.matched AND r.delivery_mode <> 'pull'
     ), handed AS (
         SELECT w.*,
                w.fits AND row_number() OVER (
@@ -203,7 +253,7 @@ RELAY_BATCH_HANDOFF = text(
         ORDER BY h.event_id, h.endpoint_id
         ON CONFLICT (event_id, endpoint_id) WHERE replay_of IS NULL DO NOTHING
         RETURNING id, event_id, endpoint_id, state, claims, attempts, max_attempts
-    ), marked AS (
+    ), {_FEED_AND_SKIPS}, marked AS (
         UPDATE outbox_events o SET relayed_at = :now
         FROM batch WHERE o.id = batch.id
         RETURNING 1

@@ -77,13 +77,16 @@ PRUNE_DELIVERIES = text(
     """
 )
 
-# Prune relayed events with no delivery left (all pruned, or nobody subscribed).
+# Prune relayed events with no delivery and no feed entry left.
+# (All pruned, or nobody subscribed.) A pull endpoint's events stay while its feed
+# entries do (PRUNE_FEED_ENTRIES), whatever happened to their pushes.
 PRUNE_EVENTS = text(
     """
     WITH doomed AS (
         SELECT o.id FROM outbox_events o
         WHERE o.relayed_at IS NOT NULL AND o.relayed_at < :before
           AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = o.id)
+          AND NOT EXISTS (SELECT 1 FROM feed_entries f WHERE f.event_id = o.id)
         ORDER BY o.relayed_at
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
@@ -108,5 +111,53 @@ PRUNE_AUDIT = text(
         DELETE FROM audit_log a USING doomed WHERE a.id = doomed.id RETURNING 1
     )
     SELECT count(*) AS audit FROM gone
+    """
+)
+
+# Prune feed entries appended before the cutoff, oldest first, and move each feed's mark.
+# endpoint_feeds.pruned_through becomes the highest position pruned, so a cursor older
+# than it answers 410 (outbox/feeds.py). The feed rows are locked in endpoint order, as
+# the relay locks them, so the two never deadlock.
+PRUNE_FEED_ENTRIES = text(
+    """
+    WITH doomed AS (
+        SELECT endpoint_id, position FROM feed_entries
+        WHERE created_at < :before
+        ORDER BY created_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM feed_entries f USING doomed d
+        WHERE f.endpoint_id = d.endpoint_id AND f.position = d.position
+        RETURNING f.endpoint_id, f.position
+    ), tops AS (
+        SELECT endpoint_id, max(position) AS top FROM gone GROUP BY endpoint_id
+    ), locked AS (
+        SELECT e.endpoint_id FROM endpoint_feeds e
+        WHERE e.endpoint_id IN (SELECT endpoint_id FROM tops)
+        ORDER BY e.endpoint_id
+        FOR UPDATE
+    ), marked AS (
+        UPDATE endpoint_feeds e SET pruned_through = GREATEST(e.pruned_through, t.top)
+        FROM tops t JOIN locked l ON l.endpoint_id = t.endpoint_id
+        WHERE e.endpoint_id = t.endpoint_id
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM gone) AS entries, (SELECT count(*) FROM marked) AS feeds
+    """
+)
+
+# Prune the record of events a payload filter could not evaluate, oldest first.
+PRUNE_FILTER_SKIPS = text(
+    """
+    WITH doomed AS (
+        SELECT endpoint_id, event_id FROM filter_skips
+        WHERE created_at < :before ORDER BY created_at LIMIT :limit
+    ), gone AS (
+        DELETE FROM filter_skips s USING doomed d
+        WHERE s.endpoint_id = d.endpoint_id AND s.event_id = d.event_id
+        RETURNING 1
+    )
+    SELECT count(*) AS skips FROM gone
     """
 )

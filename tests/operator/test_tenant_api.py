@@ -231,6 +231,26 @@ async def _create_endpoint(w: World) -> None:
 async def _update_endpoint(w: World) -> None:
     not_found(await w.patch(f"/v1/endpoints/{w.b_endpoint}", {"description": "mine"}))
     not_found(await w.patch(f"/v1/endpoints/{w.warehouse}", {"description": "mine"}))
+    # The feed and filter fields alone go through their own functions: scoped the same.
+    for change in ({"delivery_mode": "pull"}, {"payload_filter": "$.a == 1"}):
+        not_found(await w.patch(f"/v1/endpoints/{w.b_endpoint}", change))
+
+
+async def _rotate_feed_token(w: World) -> None:
+    not_found(await w.post(f"/v1/endpoints/{w.b_endpoint}/feed-token", {}))
+
+
+async def _read_feed(w: World) -> None:
+    """seller-a's own feed token on seller-b's endpoint: not found, like an unknown id."""
+    created = await w.post(
+        "/v1/endpoints",
+        {"url": "https://a.example/hook", "event_types": "*", "delivery_mode": "pull"},
+    )
+    token = {"authorization": f"Bearer {created.json()['feed_token']}"}
+    own = await w.http.get(f"/feed/v1/{created.json()['id']}", headers=token)
+    assert own.status_code == 200, own.text
+    not_found(await w.http.get(f"/feed/v1/{w.b_endpoint}", headers=token))
+    not_found(await w.http.get(f"/feed/v1/{w.warehouse}", headers=token))
 
 
 async def _delete_endpoint(w: World) -> None:
@@ -452,6 +472,8 @@ CASES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/endpoints/{uid}/enable"): _enable_endpoint,
     ("POST", "/v1/endpoints/{uid}/disable"): _disable_endpoint,
     ("POST", "/v1/endpoints/{uid}/rotate-secret"): _rotate_secret,
+    ("POST", "/v1/endpoints/{uid}/feed-token"): _rotate_feed_token,
+    ("GET", "/feed/v1/{endpoint}"): _read_feed,
     ("GET", "/v1/stats"): _stats,
     ("GET", "/v1/audit"): _audit,
     ("GET", "/v1/tenants"): _list_tenants,
@@ -468,7 +490,13 @@ CASES: dict[tuple[str, str], Case] = {
 }
 
 # Routes that need no token and hold no tenant's data.
-PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/openapi.json")}
+# No admin token: the feed takes its endpoint's feed token (scoped by it: _read_feed).
+PUBLIC = {
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/openapi.json"),
+    ("GET", "/feed/v1/{endpoint}"),
+}
 
 
 def test_every_route_has_a_scoping_case() -> None:

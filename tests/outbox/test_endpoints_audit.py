@@ -102,6 +102,9 @@ def test_add_endpoint_passes_every_setting_on_and_audits_it(engine: Engine, box:
                 "url": created.endpoint.url,
                 "event_types": created.endpoint.event_types,
                 "all_tenants": created.endpoint.all_tenants,
+                # issue 25: how it receives its events and what it filters on
+                "delivery_mode": "push",
+                "payload_filter": None,
             },
             "request_id": request_id,
             "tenant_uid": created.endpoint.tenant,

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from delivery.operator.api.core import ApiError, Call, Operation, Param
+from delivery.operator.api.feed import feed_openapi
 from delivery.operator.validation import (
     ContractExportQuery,
     EventTypeCreate,
@@ -141,11 +142,12 @@ async def export_openapi(call: Call) -> Any:
     title = call.query("title") or "Webhooks"
     version = call.query("version") or "1.0.0"
     operational = (call.query("operational") or "true").lower() not in ("0", "false", "no")
-    return await call.api.read(
+    document = await call.api.read(
         lambda c: catalogue.openapi_document(
             c, title=title, version=version, include_operational=operational
         )
     )
+    return feed_openapi(document)  # the catch-up feed partners pull from
 
 
 async def list_rejected(call: Call) -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from delivery.operator.api.core import Call, Operation, Param
+from delivery.operator.api.feed import apply_feed_changes
 from delivery.operator.validation import (
     EndpointAction,
     EndpointCreate,
@@ -79,6 +80,8 @@ async def create_endpoint_route(call: Call) -> Any:
             signature=data.signature,
             tenant=owner,
             all_tenants=all_tenants,
+            delivery_mode=data.delivery_mode,
+            payload_filter=data.payload_filter,
         )
         if data.proxy is not None:
             endpoint = set_proxy(
@@ -94,7 +97,8 @@ async def create_endpoint_route(call: Call) -> Any:
         secret = (
             {} if created.endpoint.signature_scheme == "ed25519" else {"secret": created.secret}
         )
-        return {**created.endpoint.as_json(), **secret}
+        feed = {} if created.feed_token is None else {"feed_token": created.feed_token}
+        return {**created.endpoint.as_json(), **secret, **feed}
 
     answer = await call.api.write(create)
     return {**answer, "warnings": await call.api.address_warnings(answer["url"])}
@@ -103,9 +107,12 @@ async def create_endpoint_route(call: Call) -> Any:
 async def update_endpoint_route(call: Call) -> Any:
     uid, data = call.path_uid(), await call.body_as(EndpointUpdate)
 
+    feed_token: list[str] = []
+
     def update(c: Connection) -> Endpoint:
         proxy_given = "proxy" in data.model_fields_set
-        if data.changes_fields or not proxy_given:
+        feed_given = apply_feed_changes(c, call, uid, data, feed_token)
+        if data.changes_fields or not (proxy_given or feed_given):
             item = endpoint_ops.update_endpoint(
                 c,
                 uid,
@@ -120,6 +127,8 @@ async def update_endpoint_route(call: Call) -> Any:
                 https_only=call.api.config.https_only,
                 scope=call.scope,
             )
+        else:
+            item = get_endpoint(c, uid, scope=call.scope)
         if proxy_given:
             item = set_proxy(
                 c,
@@ -135,7 +144,8 @@ async def update_endpoint_route(call: Call) -> Any:
 
     updated = await call.api.write(update)
     warnings = await call.api.address_warnings(updated.url) if data.url is not None else []
-    return {**updated.as_json(), "warnings": warnings}
+    shown = {"feed_token": feed_token[0]} if feed_token else {}
+    return {**updated.as_json(), **shown, "warnings": warnings}
 
 
 async def _set_enabled(call: Call, enabled: bool) -> Any:
@@ -240,7 +250,8 @@ routes = [
         "PATCH",
         "/v1/endpoints/{uid}",
         "operator",
-        "Change an endpoint's URL, events, description, timeout, max attempts or proxy.",
+        "Change an endpoint's URL, events, description, timeout, max attempts, proxy, "
+        "delivery mode or payload filter.",
         update_endpoint_route,
         (UID,),
         body=EndpointUpdate,

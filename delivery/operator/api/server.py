@@ -25,6 +25,7 @@ from delivery.operator.api.contract import routes as contract_routes
 from delivery.operator.api.core import Call, Dispatcher, Operation, build_openapi
 from delivery.operator.api.deliveries import routes as deliveries_routes
 from delivery.operator.api.endpoints import routes as endpoints_routes
+from delivery.operator.api.feed import routes as feed_routes
 from delivery.operator.api.health import routes as health_routes
 from delivery.operator.api.stats import routes as stats_routes
 from delivery.operator.api.tenants import routes as tenants_routes
@@ -51,6 +52,7 @@ def all_routes() -> tuple[Operation, ...]:
         *stats_routes,
         *deliveries_routes,
         *endpoints_routes,
+        *feed_routes,
         *tenants_routes,
         *audit_routes,
         *tokens_routes,

@@ -40,7 +40,15 @@ from outbox.endpoint_rules import (
     parse_status_override,
     set_delivery_rules,
 )
-from outbox.endpoints import Endpoint, list_endpoints, reveal_secret, set_enabled, set_proxy
+from outbox.endpoints import (
+    Endpoint,
+    get_endpoint,
+    list_endpoints,
+    reveal_secret,
+    set_enabled,
+    set_proxy,
+)
+from outbox.feeds import rotate_feed_token, set_delivery_mode, set_payload_filter
 from outbox.headers import get_headers, parse_header_argument, set_headers
 from outbox.settings import Settings
 from outbox.stats import collect_stats
@@ -90,6 +98,34 @@ proxy_option = click.option(
 )
 
 
+mode_option = click.option(
+    "--mode",
+    "delivery_mode",
+    type=click.Choice(["push", "pull", "both"]),
+    default=None,
+    help="push: HTTP POSTs (the default); pull: only the catch-up feed (GET /feed/v1/ID, "
+    "no POSTs); both. A feed token is printed once when the endpoint first gets a feed.",
+)
+filter_option = click.option(
+    "--filter",
+    "payload_filter",
+    default=None,
+    metavar="EXPR",
+    help="Only events whose payload matches this SQL/JSON path predicate, e.g. "
+    '\'$.amount >= 100 && $.currency == "EUR"\' ("" removes it).',
+)
+
+
+def _print_feed_token(uid: str, token: str | None) -> None:
+    if token is not None:
+        click.echo(f"feed token: {token}")
+        click.echo(
+            f"Give it to the partner: GET /feed/v1/{uid} with 'Authorization: Bearer <token>'; "
+            "it is stored hashed and not shown again (`outbox endpoints feed-token` makes a "
+            "new one)."
+        )
+
+
 @endpoints.command("add")
 @click.argument("url")
 @click.option("--events", required=True, help="Comma-separated patterns: 'order.*,invoice.paid'.")
@@ -105,6 +141,8 @@ proxy_option = click.option(
     "--all-tenants", is_flag=True, help="Receive the matching events of every tenant, not one."
 )
 @proxy_option
+@mode_option
+@filter_option
 @json_option
 @friendly_errors
 def endpoints_add(
@@ -116,6 +154,8 @@ def endpoints_add(
     tenant: str,
     all_tenants: bool,
     proxy: str | None,
+    delivery_mode: str | None,
+    payload_filter: str | None,
     as_json: bool,
 ) -> None:
     """Add an endpoint; prints its id and its signing secret (shown only now), or for
@@ -138,6 +178,8 @@ def endpoints_add(
                 signature=signature,
                 tenant=tenant,
                 all_tenants=all_tenants,
+                delivery_mode=delivery_mode or "push",
+                payload_filter=payload_filter,
             )
             if proxy is not None:
                 endpoint = set_proxy(conn, box, created.endpoint.uid, proxy, actor=default_actor())
@@ -145,9 +187,11 @@ def endpoints_add(
     warnings = address_warnings(current, created.endpoint.url, as_json=as_json)
     if as_json:
         shown = secret_json(created.endpoint, created.secret)
-        echo_json({**created.endpoint.as_json(), **shown, "warnings": warnings})
+        feed = {} if created.feed_token is None else {"feed_token": created.feed_token}
+        echo_json({**created.endpoint.as_json(), **shown, **feed, "warnings": warnings})
         return
     print_secret(created.endpoint, created.secret, False)
+    _print_feed_token(created.endpoint.uid, created.feed_token)
     if created.endpoint.signature_scheme == "hmac":
         click.echo("Give the secret to the receiver; it is stored encrypted and not shown again.")
     else:
@@ -189,6 +233,10 @@ def _show_endpoint(item: Endpoint, as_json: bool) -> None:
         print_table(_endpoint_rows([item]), _ENDPOINT_HEADERS)
         if item.proxy is not None:
             click.echo(f"proxy: {item.proxy}")
+        if item.delivery_mode != "push":
+            click.echo(f"mode: {item.delivery_mode} (feed: GET /feed/v1/{item.uid})")
+        if item.payload_filter is not None:
+            click.echo(f"filter: {item.payload_filter} ({item.filter_skips} events skipped)")
 
 
 def _set_enabled(uid: str, enabled: bool, reason: str | None, actor: str, as_json: bool) -> None:
@@ -338,6 +386,8 @@ def endpoints_reveal_secret(
 @click.option("--reason", default=None, help="Why, for the audit log.")
 @proxy_option
 @click.option("--no-proxy", is_flag=True, help="Stop using the endpoint's own proxy.")
+@mode_option
+@filter_option
 @actor_option
 @json_option
 @friendly_errors
@@ -351,10 +401,13 @@ def endpoints_update(
     reason: str | None,
     proxy: str | None,
     no_proxy: bool,
+    delivery_mode: str | None,
+    payload_filter: str | None,
     actor: str | None,
     as_json: bool,
 ) -> None:
-    """Change an endpoint's URL, events, description, timeout, attempts or proxy."""
+    """Change an endpoint's URL, events, description, timeout, attempts, proxy, delivery
+    mode or payload filter. A mode change applies to events relayed from then on."""
     if proxy is not None and no_proxy:
         raise click.UsageError("give --proxy URL or --no-proxy, not both")
     changes = parse(
@@ -370,8 +423,19 @@ def endpoints_update(
     )
     uid = text_option("ENDPOINT_ID", endpoint_id) or endpoint_id
     who = text_option("--actor", actor) or default_actor()
-    proxy_only = (proxy is not None or no_proxy) and not (changes.model_fields_set - {"reason"})
+    others = (
+        proxy is not None or no_proxy or delivery_mode is not None or payload_filter is not None
+    )
+    proxy_only = others and not (changes.model_fields_set - {"reason"})
+    feed_token = None
     with database() as (current, db), db.engine.begin() as conn:
+        if delivery_mode is not None:
+            feed_token = set_delivery_mode(
+                conn, uid, delivery_mode, actor=who, reason=changes.reason
+            )
+        if payload_filter is not None:
+            set_payload_filter(conn, uid, payload_filter, actor=who, reason=changes.reason)
+        item = get_endpoint(conn, uid)
         if not proxy_only:
             item = endpoint_ops.update_endpoint(
                 conn,
@@ -390,9 +454,30 @@ def endpoints_update(
             item = set_proxy(conn, box, uid, proxy, actor=who, reason=changes.reason)
     warnings = address_warnings(current, item.url, as_json=as_json) if url is not None else []
     if as_json:
-        echo_json({**item.as_json(), "warnings": warnings})
+        feed = {} if feed_token is None else {"feed_token": feed_token}
+        echo_json({**item.as_json(), **feed, "warnings": warnings})
     else:
         _show_endpoint(item, as_json)
+        _print_feed_token(item.uid, feed_token)
+
+
+@endpoints.command("feed-token")
+@click.argument("endpoint_id")
+@click.option("--reason", default=None, help="Why, for the audit log.")
+@actor_option
+@json_option
+@friendly_errors
+def endpoints_feed_token(
+    endpoint_id: str, reason: str | None, actor: str | None, as_json: bool
+) -> None:
+    """A new feed token for the endpoint's catch-up feed (printed once); the old one stops
+    working at once. Set the endpoint's --mode to pull or both for it to have a feed."""
+    with database() as (_, db), db.engine.begin() as conn:
+        token = rotate_feed_token(conn, endpoint_id, actor=actor or default_actor(), reason=reason)
+    if as_json:
+        echo_json({"id": endpoint_id, "feed_token": token})
+    else:
+        _print_feed_token(endpoint_id, token)
 
 
 @endpoints.command("delete")

@@ -19,6 +19,7 @@ from delivery.operator.console import queries
 from outbox import audit as audit_log
 from outbox import deliveries as delivery_ops
 from outbox import endpoints as endpoint_ops
+from outbox import feeds
 from outbox.crypto import SecretBox
 from outbox.endpoints import CreatedEndpoint, Endpoint, get_endpoint, reveal_secret, set_enabled
 from outbox.endpoints import list_endpoints as list_all_endpoints
@@ -148,6 +149,8 @@ def add_endpoint(
     event_types: list[str],
     description: str,
     https_only: bool,
+    delivery_mode: str = "push",
+    payload_filter: str | None = None,
 ) -> CreatedEndpoint:
     """A new endpoint of `tenant` (never all_tenants from here), audited."""
     return endpoint_ops.add_endpoint(
@@ -159,7 +162,34 @@ def add_endpoint(
         description=description,
         https_only=https_only,
         tenant=tenant,
+        delivery_mode=delivery_mode,
+        payload_filter=payload_filter,
     )
+
+
+def set_feed_fields(
+    conn: Connection,
+    uid: str,
+    tenant: str | None,
+    *,
+    actor: str,
+    delivery_mode: str | None,
+    payload_filter: str | None,
+) -> str | None:
+    """The edit form's delivery mode and payload filter, where they changed; a feed token
+    made for an endpoint that now has its first feed (shown once)."""
+    endpoint = require_endpoint(conn, uid, tenant)
+    token = None
+    if delivery_mode is not None and delivery_mode != endpoint.delivery_mode:
+        token = feeds.set_delivery_mode(conn, uid, delivery_mode, actor=actor, scope=tenant)
+    if payload_filter is not None and (payload_filter.strip() or None) != endpoint.payload_filter:
+        feeds.set_payload_filter(conn, uid, payload_filter, actor=actor, scope=tenant)
+    return token
+
+
+def rotate_feed_token(conn: Connection, uid: str, tenant: str | None, *, actor: str) -> str:
+    require_endpoint(conn, uid, tenant)
+    return feeds.rotate_feed_token(conn, uid, actor=actor, scope=tenant)
 
 
 def update_endpoint(

@@ -360,10 +360,17 @@ class Console(ConsoleBase):
                 event_types=[*chosen, *extra],
                 description=str(form.get("description") or "").strip(),
                 https_only=https_only,
+                delivery_mode=str(form.get("delivery_mode") or "push"),
+                payload_filter=str(form.get("payload_filter") or "") or None,
             )
         )
         return await self._endpoint_page(
-            request, session, created.endpoint.uid, secret=created.secret, notice="created"
+            request,
+            session,
+            created.endpoint.uid,
+            secret=created.secret,
+            notice="created",
+            feed_token=created.feed_token,
         )
 
     def _uid(self, request: Request) -> str:
@@ -380,6 +387,7 @@ class Console(ConsoleBase):
         *,
         secret: str | None = None,
         notice: str | None = None,
+        feed_token: str | None = None,
     ) -> Response:
         tenant = session.tenant_uid
 
@@ -408,6 +416,7 @@ class Console(ConsoleBase):
             event_types=types,
             secret=secret,
             notice=notice,
+            feed_token=feed_token,
         )
 
     async def endpoint(self, request: Request, session: WebSession) -> Response:
@@ -449,6 +458,11 @@ class Console(ConsoleBase):
             return await self._endpoint_page(
                 request, session, uid, secret=rotated.secret, notice="rotated"
             )
+        if action == "feed-token":
+            token = await self.context.write(
+                lambda c: scoped.rotate_feed_token(c, uid, tenant, actor=actor)
+            )
+            return await self._endpoint_page(request, session, uid, feed_token=token)
         if action == "test":
             delivery_id = await self.context.write(
                 lambda c: scoped.send_test_event(c, uid, tenant, actor=actor, now=now)
@@ -458,8 +472,10 @@ class Console(ConsoleBase):
             raw = await request.form()
             chosen = [str(v) for v in raw.getlist("event_type") if str(v).strip()]
             extra = [p.strip() for p in (form.get("patterns") or "").split(",") if p.strip()]
-            await self.context.write(
-                lambda c: scoped.update_endpoint(
+
+            def edit(c: Connection) -> str | None:
+                """One transaction: a refused filter leaves the other fields unchanged too."""
+                scoped.update_endpoint(
                     c,
                     uid,
                     tenant,
@@ -469,7 +485,18 @@ class Console(ConsoleBase):
                     event_types=[*chosen, *extra] or None,
                     https_only=config.https_only,
                 )
-            )
+                return scoped.set_feed_fields(
+                    c,
+                    uid,
+                    tenant,
+                    actor=actor,
+                    delivery_mode=form.get("delivery_mode"),
+                    payload_filter=form.get("payload_filter"),
+                )
+
+            first_token = await self.context.write(edit)
+            if first_token is not None:
+                return await self._endpoint_page(request, session, uid, feed_token=first_token)
             return self._redirect(session, f"/endpoints/{uid}")
         if action == "delete":
             await self.context.write(
