@@ -9,7 +9,7 @@ import httpx
 from standardwebhooks import Webhook
 
 from outbox import publish
-from tests.browser import Site
+from tests.browser.site import Site
 from tests.helpers import scalar
 
 
