@@ -25,6 +25,7 @@ import click
 
 from delivery.operator import api, app
 from delivery.operator.cli.common import (
+    admin_base_url,
     database,
     echo_json,
     friendly_errors,
@@ -215,7 +216,9 @@ def _upgrade(
 
 @click.command()
 @click.option(
-    "--admin", is_flag=True, help="Also serve the admin HTTP API (OUTBOX_ADMIN_HOST/PORT)."
+    "--admin",
+    is_flag=True,
+    help="Also serve the admin HTTP API, console and portal (OUTBOX_ADMIN_HOST/PORT).",
 )
 @click.option(
     "--processes",
@@ -353,7 +356,10 @@ def _admin_runner(
                 stop=stop,
                 sock=sock,
                 on_started=lambda bound: click.echo(
-                    f"admin API on http://{host}:{bound} (OpenAPI at /openapi.json)", err=True
+                    f"admin API on {admin_base_url(host, bound)} (OpenAPI at /openapi.json); "
+                    f"console at {admin_base_url(host, bound)}/console, tenant portal at "
+                    f"{admin_base_url(host, bound)}/portal (`outbox portal link TENANT`)",
+                    err=True,
                 ),
             )
         finally:
@@ -382,7 +388,10 @@ async def _run_all_until_signalled(
 @click.option("--port", type=int, default=None, help="Default OUTBOX_ADMIN_PORT (8181).")
 @friendly_errors
 def serve(port: int | None) -> None:
-    """Serve only the admin HTTP API (OUTBOX_ADMIN_HOST, default 127.0.0.1)."""
+    """Serve the admin HTTP API, the web console (/console) and the tenant portal (/portal).
+
+    On OUTBOX_ADMIN_HOST (default 127.0.0.1) and --port; deliveries are `outbox run`'s.
+    """
     current = settings()
     configure_logging(current.log_level, fmt=current.log_format)
     chosen = current.admin_port if port is None else port
