@@ -35,7 +35,7 @@ from delivery.operator.cli.common import (
     settings,
 )
 from delivery.operator.loop import run_loop
-from delivery.operator.supervisor import default_processes
+from delivery.operator.supervisor import default_processes, run_until_signalled
 from outbox import migrate as migrations
 from outbox.crypto import SecretBox
 from outbox.db import make_async_engine
@@ -292,9 +292,9 @@ def run(admin: bool, processes: int | None) -> None:
         try:
             if admin_socket is not None:
                 runner = _admin_runner(current, db, box, sock=admin_socket)
-                run_loop(_run_all_until_signalled([service.run, runner]), current.event_loop)
+                run_loop(run_until_signalled(service, [runner]), current.event_loop)
             else:
-                run_loop(_run_until_signalled(service), current.event_loop)
+                run_loop(run_until_signalled(service), current.event_loop)
         finally:
             rearm_terminate()  # the loop reset SIGTERM; the embedded server still has to stop
         click.echo("outbox stopped", err=True)
@@ -313,18 +313,6 @@ def bind_admin(host: str, port: int) -> Iterator[socket.socket]:
         ) from exc
     with sock:
         yield sock
-
-
-async def _run_until_signalled(service: app.Service) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        await service.run(stop)
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
 
 
 @click.command()
