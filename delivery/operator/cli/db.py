@@ -2,8 +2,8 @@
 
 `outbox db url` prints what `outbox.database_url()` returns in application code:
 OUTBOX_DATABASE_URL, or the URL of the embedded server, which it starts (and
-migrates) if it is not running and leaves running. `outbox db stop` stops an
-embedded server nobody uses any more.
+migrates) if it is not running and keeps running, whichever commands come and go,
+until `outbox db stop`: the process it printed the URL for may connect at any time.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def url(libpq: bool) -> None:
     """Print the database URL (the same as `outbox.database_url()` in Python).
 
     With OUTBOX_DATABASE_URL unset this starts the embedded server if needed, migrates
-    it, and leaves it running (it stops when its last user exits, or `outbox db stop`).
+    it, and keeps it running until `outbox db stop` (other `outbox` commands leave it up).
     """
     current = settings()
     if current.database_url:
@@ -44,10 +44,13 @@ def url(libpq: bool) -> None:
         engine = make_engine(found)
         try:
             migrations.upgrade(engine)
+            server.keep_running()
         finally:
             engine.dispose()
             server.detach()
-        click.echo(f"embedded PostgreSQL running in {server.pgdata}", err=True)
+        click.echo(
+            f"embedded PostgreSQL running in {server.pgdata} until `outbox db stop`", err=True
+        )
     click.echo(libpq_url(found) if libpq else sqlalchemy_url(found))
 
 
@@ -68,6 +71,7 @@ def stop() -> None:
             f"the embedded PostgreSQL is in use by process {', '.join(map(str, users))}; "
             "stop those first (it then stops by itself)"
         )
+    server.release()  # what `outbox db url` kept running
     server.start()
     server.stop()
     click.echo(f"stopped the embedded PostgreSQL in {server.pgdata}")
