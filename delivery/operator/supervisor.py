@@ -149,6 +149,7 @@ async def run_until_signalled(
     also: Sequence[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = (),
     *,
     supervised: bool = False,
+    on_ready: Callable[[], None] | None = None,
 ) -> None:
     """Run `service.run(stop)` (and each of `also` with the same `stop`) until a signal.
 
@@ -156,6 +157,7 @@ async def run_until_signalled(
     many and for how long at most; Ctrl-C again (a SIGINT after that) stops at once,
     handing their claims back. A supervised child leaves SIGINT to its supervisor (a
     terminal's Ctrl-C reaches the whole process group) and takes SIGUSR1 as "at once".
+    `on_ready` runs once these signals are handled (say "running" there, not before).
     """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -201,6 +203,8 @@ async def run_until_signalled(
     for signum, handler in handlers.items():
         loop.add_signal_handler(signum, handler)
     try:
+        if on_ready is not None:
+            on_ready()
         async with asyncio.TaskGroup() as group:
             group.create_task(service.run(stop))
             for runner in also:
@@ -292,8 +296,12 @@ class Supervisor:
         return 1 if failed else 0
 
 
-def run_supervised(spec: ProcessSpec, processes: int, grace: float) -> int:
-    """Run the supervisor in the foreground until SIGINT/SIGTERM; returns an exit status."""
+def run_supervised(
+    spec: ProcessSpec, processes: int, grace: float, on_ready: Callable[[], None] | None = None
+) -> int:
+    """Run the supervisor in the foreground until SIGINT/SIGTERM; returns an exit status.
+
+    `on_ready` runs once those signals are handled."""
     supervisor = Supervisor(spec, processes)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -306,6 +314,8 @@ def run_supervised(spec: ProcessSpec, processes: int, grace: float) -> int:
         signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)
     }
     try:
+        if on_ready is not None:
+            on_ready()
         return supervisor.run(grace)
     finally:
         for signum, handler in previous.items():

@@ -267,11 +267,15 @@ def run(admin: bool, processes: int | None) -> None:
                 event_loop=current.event_loop,
             )
             app.secret_box(current, db)  # refuse to start children that could not sign
-            click.echo(
-                f"outbox running {processes} processes; Ctrl-C (SIGINT) or SIGTERM stops them",
-                err=True,
+            status = run_supervised(
+                spec,
+                processes,
+                grace=spec.worker.shutdown_grace + 5,
+                on_ready=lambda: click.echo(
+                    f"outbox running {processes} processes; Ctrl-C (SIGINT) or SIGTERM stops them",
+                    err=True,
+                ),
             )
-            status = run_supervised(spec, processes, grace=spec.worker.shutdown_grace + 5)
             click.echo("outbox stopped", err=True)
             sys.exit(status)
         box = app.secret_box(current, db)
@@ -288,13 +292,16 @@ def run(admin: bool, processes: int | None) -> None:
             http_proxy=app.http_proxy_setting(current),
             summary_interval=current.log_summary_interval,
         )
-        click.echo("outbox running; Ctrl-C (SIGINT) or SIGTERM stops it cleanly", err=True)
+
+        # Said once the signals are handled: a SIGTERM right after it stops cleanly.
+        def running() -> None:
+            click.echo("outbox running; Ctrl-C (SIGINT) or SIGTERM stops it cleanly", err=True)
+
         try:
-            if admin_socket is not None:
-                runner = _admin_runner(current, db, box, sock=admin_socket)
-                run_loop(run_until_signalled(service, [runner]), current.event_loop)
-            else:
-                run_loop(run_until_signalled(service), current.event_loop)
+            runners = (
+                [] if admin_socket is None else [_admin_runner(current, db, box, sock=admin_socket)]
+            )
+            run_loop(run_until_signalled(service, runners, on_ready=running), current.event_loop)
         finally:
             rearm_terminate()  # the loop reset SIGTERM; the embedded server still has to stop
         click.echo("outbox stopped", err=True)
