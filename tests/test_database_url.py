@@ -106,9 +106,19 @@ def test_db_url_keeps_the_server_up_for_the_connections_of_the_code_it_was_print
             assert done.returncode == 0, done.stderr
             assert app.execute("SELECT 1").fetchone() == (1,), command
         assert server.running()
-    stop = _run(data_dir, *OUTBOX, "db", "stop")
-    assert stop.returncode == 0, stop.stderr
-    assert not server.running()
+        # `db stop` does not pull it from under an open connection either, unless forced.
+        refused = _run(data_dir, *OUTBOX, "db", "stop")
+        assert refused.returncode == 1, refused.stderr
+        assert refused.stderr.count("\n") == 1, refused.stderr
+        assert "has 1 open connection (server process " in refused.stderr, refused.stderr
+        assert "--force" in refused.stderr
+        assert app.execute("SELECT 1").fetchone() == (1,)
+        assert server.running()
+        forced = _run(data_dir, *OUTBOX, "db", "stop", "--force")
+        assert forced.returncode == 0, forced.stderr
+        assert not server.running()
+        with pytest.raises(psycopg.OperationalError):
+            app.execute("SELECT 1")
     # Stopped for good: the next command's server stops with it again.
     again = _run(data_dir, *OUTBOX, "endpoints", "list")
     assert again.returncode == 0, again.stderr

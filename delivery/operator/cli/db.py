@@ -55,9 +55,10 @@ def url(libpq: bool) -> None:
 
 
 @db.command("stop")
+@click.option("--force", is_flag=True, help="Stop it even with connections open (they are closed).")
 @friendly_errors
-def stop() -> None:
-    """Stop the embedded server, unless a running process still uses it."""
+def stop(force: bool) -> None:
+    """Stop the embedded server, unless a running process or an open connection uses it."""
     current = settings()
     if current.database_url:
         raise OutboxError("OUTBOX_DATABASE_URL is set: that server is yours to stop, not outbox's")
@@ -71,7 +72,16 @@ def stop() -> None:
             f"the embedded PostgreSQL is in use by process {', '.join(map(str, users))}; "
             "stop those first (it then stops by itself)"
         )
-    server.release()  # what `outbox db url` kept running
     server.start()
+    clients = server.other_connections()
+    if clients and not force:
+        server.detach()
+        who = ", ".join(f"{pid} ({name})" if name else str(pid) for pid, name in clients)
+        raise OutboxError(
+            f"the embedded PostgreSQL has {len(clients)} open "
+            f"{'connection' if len(clients) == 1 else 'connections'} (server process {who}): "
+            "close them first (stop the application using it), or --force closes them"
+        )
+    server.release()  # what `outbox db url` kept running
     server.stop()
     click.echo(f"stopped the embedded PostgreSQL in {server.pgdata}")
