@@ -89,11 +89,18 @@ async def test_sigterm_during_delivery_loses_nothing(
     assert {r.headers["webhook-id"] for r in receiver.requests} == published
 
 
-@pytest.mark.parametrize("processes", ["1", "2"])
+@pytest.mark.parametrize(("processes", "to_group"), [("1", True), ("2", True), ("2", False)])
 async def test_ctrl_c_says_what_it_waits_for_and_ctrl_c_again_hands_the_claims_back(
-    engine: Engine, database_url: str, receiver: Receiver, tmp_path: Path, processes: str
+    engine: Engine,
+    database_url: str,
+    receiver: Receiver,
+    tmp_path: Path,
+    processes: str,
+    to_group: bool,
 ) -> None:
-    """One process, and the supervisor with two (the default on a two-core box)."""
+    """One process, and the supervisor with two (the default on a two-core box). A
+    terminal's Ctrl-C goes to the whole process group (the children too); `kill -INT`
+    to the supervisor alone must work the same."""
     key = generate_key("shutdown")
     add_endpoint(engine, SecretBox.from_setting(key), receiver.route("/hangs", delay=600))
     with engine.begin() as conn:
@@ -112,12 +119,21 @@ async def test_ctrl_c_says_what_it_waits_for_and_ctrl_c_again_hands_the_claims_b
         "OUTBOX_RELAY_POLL_INTERVAL": "0.1",
     }
     with log.open("wb") as out:
-        run = await asyncio.create_subprocess_exec(*RUN, env=env, stderr=out)
+        run = await asyncio.create_subprocess_exec(
+            *RUN, env=env, stderr=out, start_new_session=True
+        )
+
+    def ctrl_c() -> None:
+        if to_group:
+            os.killpg(run.pid, signal.SIGINT)
+        else:
+            run.send_signal(signal.SIGINT)
+
     try:
         in_flight = "SELECT count(*) FROM deliveries WHERE state = 'in_flight'"
         await _wait_for(lambda: scalar(engine, in_flight) == 3 and len(receiver.requests) == 3)
 
-        run.send_signal(signal.SIGINT)
+        ctrl_c()
         waiting = re.compile(
             r"waiting for (\d+) attempts? in flight \(deadline 30s\); Ctrl-C again to stop now"
         )
@@ -126,7 +142,7 @@ async def test_ctrl_c_says_what_it_waits_for_and_ctrl_c_again_hands_the_claims_b
         assert run.returncode is None  # still waiting: the receiver has not answered
         assert scalar(engine, in_flight) == 3
 
-        run.send_signal(signal.SIGINT)
+        ctrl_c()
         async with asyncio.timeout(20):  # at once, not after the 30 s grace or the lease
             assert await run.wait() == 0, log.read_text()
     finally:
