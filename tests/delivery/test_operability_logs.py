@@ -184,12 +184,43 @@ async def test_the_summary_says_what_happened_and_what_waits(
     assert line.oldest_due_seconds == pytest.approx(60, abs=1)
     assert messages(caplog) == [
         "summary of worker host:1: 12 attempts in 60s: 9 succeeded, 2 retrying, 1 dead; "
-        "backlog: 3 due (oldest due 60s ago), 1 events waiting for the relay"
+        "backlog: 3 due (oldest due 60s ago), 1 event waiting for the relay"
     ]
     # The next line counts only what happened since the last one.
     clock.advance(seconds=60)
     again = await summary.run_once()
     assert (again.attempts, again.seconds) == (0, 60)
+
+
+async def test_an_idle_service_logs_nothing_until_something_happens_but_a_heartbeat(
+    async_engine: AsyncEngine, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing attempted, due or waiting: no line a minute, one every ten minutes; the
+    first line after a quiet stretch covers all of it; one attempt is "1 attempt"."""
+    caplog.set_level(logging.INFO, logger="outbox.summary")
+    totals = BatchStats()
+    summary = Summary(async_engine, clock, lambda: totals, worker="host:1")
+
+    async def minutes(count: int) -> list[str]:
+        caplog.clear()
+        for _ in range(count):
+            clock.advance(seconds=60)
+            await summary.run_once()
+        return messages(caplog)
+
+    assert await minutes(9) == []
+    assert await minutes(1) == [
+        "summary of worker host:1: 0 attempts in 600s: 0 succeeded, 0 retrying, 0 dead; "
+        "backlog: 0 due (nothing due), 0 events waiting for the relay"
+    ]
+    assert await minutes(3) == []
+    totals.merge(BatchStats(claimed=1, succeeded=1))
+    assert await minutes(1) == [
+        "summary of worker host:1: 1 attempt in 240s: 1 succeeded, 0 retrying, 0 dead; "
+        "backlog: 0 due (nothing due), 0 events waiting for the relay"
+    ]
+    assert await minutes(9) == []  # quiet again
+    assert len(await minutes(1)) == 1  # the heartbeat, ten minutes after the last line
 
 
 @pytest.fixture

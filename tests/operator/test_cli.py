@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 from click.testing import CliRunner, Result
@@ -155,3 +156,29 @@ def test_unmigrated_database_is_explained(
     assert invoke(cli, "migrate").exit_code == 0
     assert invoke(cli, "migrate").exit_code == 0
     assert invoke(cli, "endpoints", "list", "--json").output.strip() == "[]"
+
+
+def test_endpoints_add_says_how_to_reveal_the_secret_and_the_printed_command_works(
+    cli: CliRunner, engine: Engine
+) -> None:
+    """The secret can be revealed later (audited), so `add` says how instead of "not shown
+    again"; the command it prints runs as printed, with a reason filled in."""
+    added = invoke(cli, "endpoints", "add", "https://example.com/hook", "--events", "*")
+    assert added.exit_code == 0, added.output
+    assert "not shown again" not in added.output
+    secret = next(
+        line.split()[1] for line in added.output.splitlines() if line.startswith("secret:")
+    )
+    hint = next(line for line in added.output.splitlines() if "reveal-secret" in line)
+    assert "audit log" in added.output
+    words = shlex.split(hint)
+    assert words[:3] == ["outbox", "endpoints", "reveal-secret"]
+    words[words.index("--reason") + 1] = "the receiver lost it"
+    revealed = invoke(cli, *words[1:])
+    assert revealed.exit_code == 0, revealed.output
+    assert revealed.output.strip() == secret
+    audit = rows(engine, "SELECT action, reason FROM audit_log ORDER BY id")
+    assert (audit[-1]["action"], audit[-1]["reason"]) == (
+        "endpoint.reveal_secret",
+        "the receiver lost it",
+    )

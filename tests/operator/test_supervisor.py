@@ -6,12 +6,13 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
 
-from delivery.operator.supervisor import ProcessSpec, child_spec
+from delivery.operator.supervisor import ProcessSpec, Supervisor, child_spec
 from delivery.reaper import ReaperConfig
 from delivery.receiver import Receiver
 from delivery.worker import WorkerConfig
@@ -111,3 +112,28 @@ async def test_two_processes_deliver_everything_restart_a_killed_child_and_stop_
     assert len({row.locked_by for row in states}) <= 1
     workers = scalar(engine, "SELECT array_agg(DISTINCT worker_id) FROM delivery_attempts")
     assert all(w.rsplit(".", 1)[1] in {"0", "1"} for w in workers)
+
+
+def test_a_stop_while_the_children_start_stops_them_all(database_url: str) -> None:
+    """Ctrl-C right after "outbox running" lands while the children are being spawned:
+    no child starts after it, and none is left running until the grace kills it."""
+
+    class StoppedWhileStarting(Supervisor):
+        def _start(self, index: int) -> None:
+            super()._start(index)
+            if index == 0:
+                self.stop()  # what the SIGINT handler does, between two starts
+
+    spec = ProcessSpec(
+        url=database_url,
+        secret_keys=generate_key("supervisor"),
+        relay=RelayConfig(),
+        worker=WorkerConfig(),
+        reaper=ReaperConfig(),
+    )
+    supervisor = StoppedWhileStarting(spec, 3)
+    started = time.monotonic()
+    assert supervisor.run(grace=20) == 0
+    assert time.monotonic() - started < 15
+    assert len(supervisor._children) == 1
+    assert not any(child.is_alive() for child in supervisor._children.values())

@@ -15,6 +15,7 @@ from delivery.receiver import Receiver
 from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox, generate_key
+from outbox.relay import Relay
 from outbox.schema import LATENCY_BUCKETS
 from outbox.stats import read_totals
 from tests.helpers import rows, scalar
@@ -237,3 +238,47 @@ def test_token_names_are_unique_per_tenant_and_an_ambiguous_revoke_asks_for_the_
     outbox("tokens", "revoke", scoped["token_id"])
     outbox("tokens", "revoke", "ci")
     assert scalar(engine, "SELECT count(*) FROM admin_tokens WHERE revoked_at IS NULL") == 0
+
+
+async def test_publish_with_a_tenant_reaches_that_tenants_endpoints_only(
+    outbox: Any, engine: Engine, async_engine: AsyncEngine, clock: ManualClock
+) -> None:
+    outbox("tenants", "add", "acme")
+    outbox("tenants", "add", "globex")
+
+    def add(url: str, *tenant: str) -> str:
+        return str(
+            as_json(outbox("endpoints", "add", url, "--events", "*", *tenant, "--json"))["id"]
+        )
+
+    acme = add("https://acme.example/h", "--tenant", "acme")
+    globex = add("https://globex.example/h", "--tenant", "globex")
+    default = add("https://default.example/h")
+
+    sent = as_json(outbox("publish", "order.created", '{"n": 1}', "--tenant", "acme", "--json"))
+    assert sent["tenant"] == "acme"
+    plain = as_json(outbox("publish", "order.created", '{"n": 2}', "--json"))
+    assert plain["tenant"] == "default"
+    await Relay(async_engine, clock).run_until_idle()
+    reached = rows(
+        engine,
+        "SELECT ev.message_id, en.uid FROM deliveries d JOIN outbox_events ev ON ev.id = d.event_id"
+        " JOIN endpoints en ON en.id = d.endpoint_id ORDER BY d.id",
+    )
+    assert {(r["message_id"], r["uid"]) for r in reached} == {
+        (sent["message_id"], acme),
+        (plain["message_id"], default),
+    }
+    assert globex not in {r["uid"] for r in reached}
+
+    # The same idempotency key is one operation per tenant, not across tenants.
+    first = outbox("publish", "a.b", "{}", "--tenant", "acme", "--idempotency-key", "k1").output
+    other = outbox("publish", "a.b", "{}", "--tenant", "globex", "--idempotency-key", "k1").output
+    assert first != other
+    # An unknown or malformed tenant is one line saying what to do; nothing is published.
+    before = scalar(engine, "SELECT count(*) FROM outbox_events")
+    one_line_error(outbox("publish", "a.b", "{}", "--tenant", "nobody", ok=False), "tenants add")
+    bad = outbox("publish", "a.b", "{}", "--tenant", "x" * 10_000, ok=False)
+    assert bad.exit_code != 0 and "Traceback" not in bad.output
+    assert len(bad.output) < 500, bad.output
+    assert scalar(engine, "SELECT count(*) FROM outbox_events") == before

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 import outbox
@@ -86,6 +87,42 @@ def test_the_readme_publish_example_works_as_written_on_a_fresh_machine(
     assert server.running()  # `db url` leaves it running for the shell's next command
     stop = _run(data_dir, *OUTBOX, "db", "stop")
     assert stop.returncode == 0, stop.stderr
+    assert not server.running()
+
+
+def test_db_url_keeps_the_server_up_for_the_connections_of_the_code_it_was_printed_for(
+    data_dir: Path,
+) -> None:
+    """An application connects with the URL `outbox db url` printed; the next `outbox`
+    command comes and goes without stopping the server under it (it used to, and the
+    application's connections got AdminShutdown); `outbox db stop` stops it."""
+    printed = _run(data_dir, *OUTBOX, "db", "url", "--libpq")
+    assert printed.returncode == 0, printed.stderr
+    assert "until `outbox db stop`" in printed.stderr
+    server = EmbeddedPostgres(data_dir)
+    with psycopg.connect(printed.stdout.strip(), autocommit=True) as app:
+        assert app.execute("SELECT 1").fetchone() == (1,)
+        for command in (["endpoints", "list"], ["stats"]):
+            done = _run(data_dir, *OUTBOX, *command)
+            assert done.returncode == 0, done.stderr
+            assert app.execute("SELECT 1").fetchone() == (1,), command
+        assert server.running()
+        # `db stop` does not pull it from under an open connection either, unless forced.
+        refused = _run(data_dir, *OUTBOX, "db", "stop")
+        assert refused.returncode == 1, refused.stderr
+        assert refused.stderr.count("\n") == 1, refused.stderr
+        assert "has 1 open connection (server process " in refused.stderr, refused.stderr
+        assert "--force" in refused.stderr
+        assert app.execute("SELECT 1").fetchone() == (1,)
+        assert server.running()
+        forced = _run(data_dir, *OUTBOX, "db", "stop", "--force")
+        assert forced.returncode == 0, forced.stderr
+        assert not server.running()
+        with pytest.raises(psycopg.OperationalError):
+            app.execute("SELECT 1")
+    # Stopped for good: the next command's server stops with it again.
+    again = _run(data_dir, *OUTBOX, "endpoints", "list")
+    assert again.returncode == 0, again.stderr
     assert not server.running()
 
 

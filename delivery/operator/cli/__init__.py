@@ -42,7 +42,7 @@ COMMANDS: dict[str, Entry] = {
     "serve": Entry(
         "service",
         "serve",
-        "Serve only the admin HTTP API (OUTBOX_ADMIN_HOST, default 127.0.0.1).",
+        "Serve the admin HTTP API, the web console (/console) and the tenant portal (/portal).",
     ),
     "demo": Entry(
         "service",

@@ -286,3 +286,8 @@ def print_secret(endpoint: Any, secret: str, as_json: bool, *, with_id: bool = T
         click.echo("signature:  ed25519 (v1a); the whsk_ secret key stays encrypted here")
     else:
         click.echo(f"secret: {secret}")
+
+
+def admin_base_url(host: str, port: int) -> str:
+    """The base URL of the admin server (API, console, portal) on `host`:`port`."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

@@ -193,7 +193,9 @@ def endpoints_add(
     print_secret(created.endpoint, created.secret, False)
     _print_feed_token(created.endpoint.uid, created.feed_token)
     if created.endpoint.signature_scheme == "hmac":
-        click.echo("Give the secret to the receiver; it is stored encrypted and not shown again.")
+        click.echo("Give the secret to the receiver; it is stored encrypted. To see it again:")
+        click.echo(f"  outbox endpoints reveal-secret {created.endpoint.uid} --reason '...'")
+        click.echo("(each reveal is recorded in the audit log, with who and why)")
     else:
         click.echo("Give the public key to the receiver; it verifies v1a signatures with it.")
 

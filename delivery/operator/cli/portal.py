@@ -6,6 +6,7 @@ import click
 
 from delivery.operator.cli.common import (
     actor_option,
+    admin_base_url,
     database,
     default_actor,
     echo_json,
@@ -31,8 +32,8 @@ def portal_link_command(tenant: str, ttl: str, actor: str | None, as_json: bool)
     """Print a single-use link that opens TENANT's portal (audited).
 
     Hand it to the tenant's people; opening it starts a portal session confined to that
-    tenant, and the link stops working. With OUTBOX_PUBLIC_URL set the link is a full URL,
-    otherwise a path on the admin server.
+    tenant, and the link stops working. The link starts with OUTBOX_PUBLIC_URL, or when
+    that is unset with the address `outbox serve` listens on (OUTBOX_ADMIN_HOST/PORT).
     """
     from delivery.operator.console.sessions import issue_portal_link, portal_link
 
@@ -42,10 +43,17 @@ def portal_link_command(tenant: str, ttl: str, actor: str | None, as_json: bool)
         secret = issue_portal_link(
             conn, tenant, actor=actor or default_actor(), now=now, ttl=lifetime
         )
-    link = portal_link(secret, current.public_url)
+    base = current.public_url or admin_base_url(current.admin_host, current.admin_port)
+    link = portal_link(secret, base)
     expires = (now + lifetime).isoformat()
     if as_json:
         echo_json({"tenant": tenant, "link": link, "expires_at": expires})
     else:
         click.echo(link)
         click.echo(f"single use, until {expires}", err=True)
+        if current.public_url is None:
+            click.echo(
+                "(OUTBOX_PUBLIC_URL is unset, so this is the address `outbox serve` listens "
+                "on; set it to the address your tenants reach)",
+                err=True,
+            )

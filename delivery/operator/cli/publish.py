@@ -21,6 +21,12 @@ from outbox.publish import publish as publish_event
     default=None,
     help="-100..100, higher first; default: the event type's (outbox priorities).",
 )
+@click.option(
+    "--tenant",
+    default=None,
+    help="The tenant (customer id) whose endpoints get it; default: the default tenant. "
+    "An unknown one is refused (`outbox tenants list`).",
+)
 @json_option
 @friendly_errors
 def publish(
@@ -29,6 +35,7 @@ def publish(
     idempotency_key: str | None,
     ordering_key: str | None,
     priority: int | None,
+    tenant: str | None,
     as_json: bool,
 ) -> None:
     """Publish an event: outbox publish order.created '{"id": 42}'."""
@@ -38,6 +45,9 @@ def publish(
         raise click.BadParameter(f"not valid JSON: {exc}", param_hint="PAYLOAD") from exc
     except RecursionError as exc:
         raise click.BadParameter("nests too deeply: flatten it", param_hint="PAYLOAD") from exc
+    from outbox.schema import DEFAULT_TENANT
+
+    tenant = DEFAULT_TENANT if tenant is None else tenant
     with database() as (current, db), db.engine.begin() as conn:
         message_id = publish_event(
             conn,
@@ -46,11 +56,12 @@ def publish(
             idempotency_key=idempotency_key,
             ordering_key=ordering_key,
             priority=priority,
+            tenant=tenant,
             max_payload_bytes=current.max_payload_bytes,
             strict=current.event_types == "strict",  # the settings file counts here too
             max_payload_depth=current.max_payload_depth,
         )
     if as_json:
-        echo_json({"message_id": message_id, "event_type": event_type})
+        echo_json({"message_id": message_id, "event_type": event_type, "tenant": tenant})
     else:
         click.echo(message_id)

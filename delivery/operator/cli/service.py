@@ -25,6 +25,7 @@ import click
 
 from delivery.operator import app
 from delivery.operator.cli.common import (
+    admin_base_url,
     database,
     echo_json,
     friendly_errors,
@@ -34,7 +35,7 @@ from delivery.operator.cli.common import (
     settings,
 )
 from delivery.operator.loop import run_loop
-from delivery.operator.supervisor import default_processes
+from delivery.operator.supervisor import default_processes, run_until_signalled
 from outbox import migrate as migrations
 from outbox.crypto import SecretBox
 from outbox.db import make_async_engine
@@ -215,7 +216,9 @@ def _upgrade(
 
 @click.command()
 @click.option(
-    "--admin", is_flag=True, help="Also serve the admin HTTP API (OUTBOX_ADMIN_HOST/PORT)."
+    "--admin",
+    is_flag=True,
+    help="Also serve the admin HTTP API, console and portal (OUTBOX_ADMIN_HOST/PORT).",
 )
 @click.option(
     "--processes",
@@ -264,11 +267,15 @@ def run(admin: bool, processes: int | None) -> None:
                 event_loop=current.event_loop,
             )
             app.secret_box(current, db)  # refuse to start children that could not sign
-            click.echo(
-                f"outbox running {processes} processes; Ctrl-C (SIGINT) or SIGTERM stops them",
-                err=True,
+            status = run_supervised(
+                spec,
+                processes,
+                grace=spec.worker.shutdown_grace + 5,
+                on_ready=lambda: click.echo(
+                    f"outbox running {processes} processes; Ctrl-C (SIGINT) or SIGTERM stops them",
+                    err=True,
+                ),
             )
-            status = run_supervised(spec, processes, grace=spec.worker.shutdown_grace + 5)
             click.echo("outbox stopped", err=True)
             sys.exit(status)
         box = app.secret_box(current, db)
@@ -285,13 +292,16 @@ def run(admin: bool, processes: int | None) -> None:
             http_proxy=app.http_proxy_setting(current),
             summary_interval=current.log_summary_interval,
         )
-        click.echo("outbox running; Ctrl-C (SIGINT) or SIGTERM stops it cleanly", err=True)
+
+        # Said once the signals are handled: a SIGTERM right after it stops cleanly.
+        def running() -> None:
+            click.echo("outbox running; Ctrl-C (SIGINT) or SIGTERM stops it cleanly", err=True)
+
         try:
-            if admin_socket is not None:
-                runner = _admin_runner(current, db, box, sock=admin_socket)
-                run_loop(_run_all_until_signalled([service.run, runner]), current.event_loop)
-            else:
-                run_loop(_run_until_signalled(service), current.event_loop)
+            runners = (
+                [] if admin_socket is None else [_admin_runner(current, db, box, sock=admin_socket)]
+            )
+            run_loop(run_until_signalled(service, runners, on_ready=running), current.event_loop)
         finally:
             rearm_terminate()  # the loop reset SIGTERM; the embedded server still has to stop
         click.echo("outbox stopped", err=True)
@@ -310,18 +320,6 @@ def bind_admin(host: str, port: int) -> Iterator[socket.socket]:
         ) from exc
     with sock:
         yield sock
-
-
-async def _run_until_signalled(service: app.Service) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        await service.run(stop)
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
 
 
 @click.command()
@@ -355,7 +353,10 @@ def _admin_runner(
                 stop=stop,
                 sock=sock,
                 on_started=lambda bound: click.echo(
-                    f"admin API on http://{host}:{bound} (OpenAPI at /openapi.json)", err=True
+                    f"admin API on {admin_base_url(host, bound)} (OpenAPI at /openapi.json); "
+                    f"console at {admin_base_url(host, bound)}/console, tenant portal at "
+                    f"{admin_base_url(host, bound)}/portal (`outbox portal link TENANT`)",
+                    err=True,
                 ),
             )
         finally:
@@ -384,7 +385,10 @@ async def _run_all_until_signalled(
 @click.option("--port", type=int, default=None, help="Default OUTBOX_ADMIN_PORT (8181).")
 @friendly_errors
 def serve(port: int | None) -> None:
-    """Serve only the admin HTTP API (OUTBOX_ADMIN_HOST, default 127.0.0.1)."""
+    """Serve the admin HTTP API, the web console (/console) and the tenant portal (/portal).
+
+    On OUTBOX_ADMIN_HOST (default 127.0.0.1) and --port; deliveries are `outbox run`'s.
+    """
     current = settings()
     configure_logging(current.log_level, fmt=current.log_format)
     chosen = current.admin_port if port is None else port
