@@ -9,6 +9,24 @@ class PublishError(OutboxError, ValueError):
     """An event was refused before anything was written; the message says which rule it broke."""
 
 
+class IdempotencyConflict(PublishError):
+    """An idempotency key was reused with another event type, payload or ordering key.
+
+    A key stands for one business operation, so other input under it is a caller's bug,
+    refused rather than merged. Nothing was written; `message_id` is the first event's.
+    """
+
+    def __init__(self, idempotency_key: str, message_id: str, differs: str) -> None:
+        self.idempotency_key = idempotency_key
+        self.message_id = message_id
+        self.differs = differs
+        super().__init__(
+            f"idempotency key {idempotency_key!r} was already used by {message_id} with "
+            f"another {differs}: a key stands for one operation, so publish other input "
+            "under a new key (nothing was written)"
+        )
+
+
 class EndpointError(OutboxError, ValueError):
     """An endpoint definition (URL, patterns, secret) is invalid, or the endpoint does not exist."""
 
