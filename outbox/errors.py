@@ -55,6 +55,16 @@ class NotFoundError(OperationError):
     """The delivery (or other row) an operator named does not exist."""
 
 
+class SupersededError(OperationError):
+    """A replay was refused: a newer event of the same type and subject (or ordering key)
+    was delivered to the same endpoint since, so the replay would send an older state after
+    it. `superseded` maps each refused delivery id to that newer event's message id."""
+
+    def __init__(self, message: str, superseded: dict[int, str]) -> None:
+        super().__init__(message)
+        self.superseded = superseded
+
+
 class TenantError(OutboxError, ValueError):
     """A tenant id is malformed, or names no tenant (`outbox tenants add` creates one)."""
 
