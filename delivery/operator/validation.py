@@ -244,9 +244,15 @@ class ReplayFilter(_Input):
         return DeliverySearch(**fields).to_filter(tenant=tenant)
 
 
+_FORCE = (
+    "Replay anyway: a succeeded delivery, or one a newer event of the same type and subject "
+    "(or ordering key) superseded at its endpoint (refused without it, naming that event)."
+)
+
+
 class ReplayOne(_Input):
     reason: Reason = Field(description="Why; goes in the audit log (required).")
-    force: StrictBool = False
+    force: StrictBool = Field(False, description=_FORCE)
     again: StrictBool = False
 
 
@@ -255,7 +261,7 @@ class ReplayMany(_Input):
     ids: Annotated[list[Id], Field(max_length=MAX_IDS)] | None = None
     filter: ReplayFilter | None = None
     dry_run: StrictBool = False
-    force: StrictBool = False
+    force: StrictBool = Field(False, description=_FORCE)
     again: StrictBool = False
     max_count: BulkCount = delivery_ops.DEFAULT_BULK_LIMIT
     rate_per_minute: ReplayRate | None = None
