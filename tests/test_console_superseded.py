@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
+
 from delivery.receiver import Behaviour
 from outbox import publish
 from tests.browser import Site
@@ -99,4 +101,27 @@ def test_a_scoped_session_filters_its_own_subjects_only(site: Site, page: Any) -
     assert "at most 255 characters" in page.inner_text("main")
     control = page.goto(f"{site.base_url}/console/deliveries?subject=a%00b")
     assert control is not None and control.status == 400
+    page.problems.clear()
+
+
+def test_the_portal_filters_a_tenants_deliveries_by_subject(site: Site, page: Any) -> None:
+    site.tenant("acme")
+    site.tenant("globex")
+    acme_dead, newer = _superseded(site, "acme")
+    globex_dead, _ = _superseded(site, "globex")
+    with httpx.Client(base_url=site.base_url) as http:
+        answer = http.post(
+            "/v1/tenants/acme/portal-links",
+            json={"ttl_seconds": 600},
+            headers={"authorization": f"Bearer {site.token('operator', 'issuer')}"},
+        )
+    page.goto(site.base_url + answer.json()["link"])
+    page.goto(f"{site.base_url}/portal/deliveries?subject=order/1")
+    ids = page.locator("#deliveries tbody td:first-child").all_inner_texts()
+    assert str(acme_dead) in ids and str(globex_dead) not in ids
+    assert len(ids) == 2 and "order/2" not in page.inner_text("#deliveries")
+    page.goto(f"{site.base_url}/portal/deliveries/{acme_dead}")
+    assert newer in page.inner_text("#superseded-warning")
+    answer_other = page.goto(f"{site.base_url}/portal/deliveries/{globex_dead}")
+    assert answer_other is not None and answer_other.status == 404
     page.problems.clear()
