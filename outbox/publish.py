@@ -149,7 +149,7 @@ def validate_subject(subject: object, *, error: type[Exception] = PublishError) 
             f"subject must be a non-empty string of at most {MAX_SUBJECT} characters naming "
             "the document the event is about, e.g. 'invoice/inv_7'"
         )
-    if _bad_text(subject):
+    if unstorable_text(subject):
         raise error(
             "subject contains a control character or a lone surrogate: use printable text, "
             "e.g. 'invoice/inv_7'"
@@ -157,7 +157,7 @@ def validate_subject(subject: object, *, error: type[Exception] = PublishError) 
     return subject
 
 
-def _bad_text(value: str) -> bool:
+def unstorable_text(value: str) -> bool:
     """NUL, another C0/C1 control or a lone surrogate: PostgreSQL text cannot hold them all."""
     return any(unicodedata.category(ch) in ("Cc", "Cs") for ch in value)
 
@@ -259,7 +259,7 @@ def prepare_event(
     for name, key in (("idempotency_key", idempotency_key), ("ordering_key", ordering_key)):
         if key is not None and (not isinstance(key, str) or not key or len(key) > _MAX_KEY):
             raise PublishError(f"{name} must be a non-empty string of at most {_MAX_KEY} chars")
-        if key is not None and _bad_text(key):
+        if key is not None and unstorable_text(key):
             raise PublishError(
                 f"{name} contains a NUL, a control character or a lone surrogate, which "
                 "PostgreSQL cannot store: use printable text"

@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox.errors import PublishError
-from outbox.publish import AsyncAnyConnection, SyncConnection, validate_subject
+from outbox.publish import AsyncAnyConnection, SyncConnection, unstorable_text, validate_subject
 from outbox.sql.status import SELECT_EVENT_STATUS, SELECT_SUBJECT_STATUS
 from outbox.tenants import DEFAULT_TENANT, validate_tenant_uid
 
@@ -188,7 +188,12 @@ async def _run_async(
 
 
 def _event_params(message_id: str, tenant: str) -> dict[str, Any]:
-    if not isinstance(message_id, str) or not message_id or len(message_id) > 255:
+    if (
+        not isinstance(message_id, str)
+        or not message_id
+        or len(message_id) > 255
+        or unstorable_text(message_id)
+    ):
         raise PublishError("message_id must be the id publish() returned, e.g. msg_...")
     return {"message_id": message_id, "tenant": validate_tenant_uid(tenant, error=PublishError)}
 

@@ -139,6 +139,12 @@ def test_hostile_subjects_are_refused_before_anything_is_written(
         assert status_by_subject(conn, "x" * 255) == []  # the longest allowed
 
 
+@pytest.mark.parametrize("message_id", ["", "msg_\x00", "x" * 256, None])
+def test_hostile_message_ids_are_refused_clearly(engine: Engine, message_id: object) -> None:
+    with engine.connect() as conn, pytest.raises(PublishError, match="the id publish"):
+        status(conn, message_id)  # type: ignore[arg-type]
+
+
 def test_the_overall_state_rules() -> None:
     """Pure rules: attention wins over progress; held and discarded need a person too."""
     assert overall_state([], relayed=False, rejected=False) == "accepted"
