@@ -5,6 +5,7 @@ the same input again, whatever its key order, answers the first event's id."""
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -12,6 +13,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
@@ -242,3 +245,54 @@ def test_the_cli_refuses_other_input_under_a_used_key(
     assert rows(engine, "SELECT message_id, subject FROM outbox_events") == [
         {"message_id": message_id, "subject": "order/1"}
     ]
+
+
+# Text PostgreSQL can store (publish() refuses NUL and lone surrogates before comparing).
+_TEXT = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=6
+)
+_SCALARS = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | _TEXT
+
+
+def _containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4)
+
+
+_JSON = st.recursive(_SCALARS, _containers, max_leaves=12)
+_OBJECTS = st.dictionaries(_TEXT, _JSON, max_size=6)
+
+
+def _reordered(value: Any, rng: random.Random) -> Any:
+    """The same JSON value with every object's keys in another order."""
+    if isinstance(value, dict):
+        items = list(value.items())
+        rng.shuffle(items)
+        return {key: _reordered(item, rng) for key, item in items}
+    if isinstance(value, list):
+        return [_reordered(item, rng) for item in value]
+    return value
+
+
+# Each example rolls its transaction back, so sharing the engine between them is safe.
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(payload=_OBJECTS, other=_OBJECTS, seed=st.integers(0, 2**32))
+def test_the_comparison_agrees_with_json_equality(
+    engine: Engine, payload: dict[str, Any], other: dict[str, Any], seed: int
+) -> None:
+    """Against a reference (Python's equality of the decoded values; no floats, whose
+    written form is part of the input): a reordered copy is the same event, and another
+    value is a conflict, from publish() and from outbox_publish() alike."""
+    with engine.connect() as conn:
+        conn.begin()
+        first = publish(conn, "a.b", payload, idempotency_key="p")
+        same = _reordered(payload, random.Random(seed))
+        assert publish(conn, "a.b", same, idempotency_key="p") == first
+        assert _sql(conn, json.dumps(same), key="p") == first
+        if other != payload:
+            with pytest.raises(IdempotencyConflict):
+                publish(conn, "a.b", other, idempotency_key="p")
+        conn.rollback()
