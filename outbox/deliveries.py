@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from outbox.audit import record_audit_many, require_reason
-from outbox.errors import NotFoundError, OperationError
+from outbox.errors import NotFoundError, OperationError, SupersededError
 from outbox.feeds import refuse_pushes_to_pull_endpoints
 from outbox.schema import DELIVERY_STATES
 from outbox.sql import deliveries as queries
@@ -49,6 +49,7 @@ class DeliveryFilter:
     event_type: str | None = None
     error: str | None = None
     message_id: str | None = None  # the event's webhook-id: every delivery and replay of it
+    subject: str | None = None  # the document the event is about, from publish(subject=...)
     since: dt.datetime | None = None
     until: dt.datetime | None = None
     unreplayed: bool = False
@@ -72,6 +73,7 @@ class DeliveryFilter:
             "event_type": self.event_type,
             "error": self.error or None,
             "message_id": self.message_id,
+            "subject": self.subject,
             "since": self.since,
             "until": self.until,
             "unreplayed": self.unreplayed,
@@ -104,6 +106,7 @@ class DeliverySummary:
     message_id: str
     event_type: str
     tenant: str
+    subject: str | None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -124,6 +127,7 @@ class DeliverySummary:
             "endpoint_url": self.endpoint_url,
             "message_id": self.message_id,
             "event_type": self.event_type,
+            "subject": self.subject,
         }
 
 
@@ -214,12 +218,20 @@ class ReplayResult:
     first_due: dt.datetime | None = None
     last_due: dt.datetime | None = None
     skipped: int = 0  # bulk: replayed by someone else between the count and the lock
+    # bulk: left out (or, in a dry run, would be) because a newer event superseded them;
+    # delivery id -> the newer event's message id. Empty when forced.
+    superseded: dict[int, str] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {
             "dry_run": self.dry_run,
             "matched": self.matched,
             "skipped": self.skipped,
+            "superseded": len(self.superseded),
+            "superseded_sample": [
+                {"delivery": old, "newer_message_id": newer}
+                for old, newer in list(self.superseded.items())[:SAMPLE_SIZE]
+            ],
             "replayed": [{"delivery": old, "replay": new} for old, new in self.replayed],
             "sample": [item.as_json() for item in self.sample],
             "first_due": _iso(self.first_due),
@@ -250,6 +262,17 @@ def _spread(now: dt.datetime, count: int, rate_per_minute: float | None) -> list
 PENDING_STATES = ("scheduled", "in_flight")
 
 
+def superseded_by(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
+    """Which of these deliveries a newer event supersedes: delivery id -> that event's
+    message id. Newer means: same tenant and event type, same subject or same ordering
+    key, published later, and delivered (succeeded) to the same endpoint. The caller
+    passes ids already in its scope. Index lookups only (see SELECT_SUPERSEDING_EVENTS)."""
+    if not ids:
+        return {}
+    rows = conn.execute(queries.SELECT_SUPERSEDING_EVENTS, {"ids": list(ids)}).all()
+    return {int(row.id): str(row.message_id) for row in rows}
+
+
 def replay(
     conn: Connection,
     ids: Sequence[int],
@@ -264,6 +287,7 @@ def replay(
     details: dict[str, Any] | None = None,
     skip_replayed: bool = False,
     scope: str | None = None,
+    skip_superseded: bool = False,
 ) -> ReplayResult:
     """Replay each delivery as a new row; all or nothing, with one audit row per delivery.
 
@@ -276,6 +300,11 @@ def replay(
     delivery whose replay is still pending is never replayed again (a unique index
     holds that even against other code); one replayed before needs `again`.
     `skip_replayed` (bulk replay) leaves those out instead of refusing.
+
+    A delivery whose event a newer one superseded (same type and subject or ordering
+    key, delivered to the same endpoint since) is refused with that event's message id:
+    the replay would hand the receiver an older state after the newer one. `force` sends
+    it anyway; `skip_superseded` (bulk replay) leaves it out.
     """
     why = require_reason(reason, "a replay")
     wanted = list(dict.fromkeys(int(i) for i in ids))
@@ -321,8 +350,19 @@ def replay(
             f"already replayed: {listed}; replaying again sends the message again: add "
             '--again (API: "again": true) if that is meant; nothing was replayed'
         )
+    superseded = {} if force else superseded_by(conn, wanted)
+    if superseded and not skip_superseded:
+        listed = ", ".join(f"{i} by {newer}" for i, newer in superseded.items())
+        raise SupersededError(
+            f"superseded: {listed} (a newer event of the same type and subject or ordering "
+            "key was delivered to the same endpoint since); replaying would send the older "
+            'state after it: add --force (API: "force": true) if that is meant; nothing was '
+            "replayed",
+            superseded,
+        )
+    wanted = [i for i in wanted if i not in superseded]
     if not wanted:
-        return ReplayResult(dry_run=False, matched=0, skipped=len(skipped))
+        return ReplayResult(dry_run=False, matched=0, skipped=len(skipped), superseded=superseded)
     refuse_pushes_to_pull_endpoints(conn, wanted)
     due = _spread(now, len(wanted), rate_per_minute)
     rows = conn.execute(
@@ -367,6 +407,7 @@ def replay(
         first_due=due[0],
         last_due=due[-1],
         skipped=len(skipped),
+        superseded=superseded,
     )
 
 
@@ -385,9 +426,10 @@ def bulk_replay(
 ) -> ReplayResult:
     """Replay what a filter matches: dead ones by default, each at most once.
 
-    Deliveries that already have a replay are skipped, so running the same bulk
-    replay twice does not send anything twice, even at the same moment: `replay`
-    locks the rows and leaves out those another run replayed meanwhile. A dry run
+    Deliveries a newer event superseded (see `replay`) are left out unless `force`; the
+    result lists them (a dry run too). Deliveries that already have a replay are skipped,
+    so running the same bulk replay twice does not send anything twice, even at the same
+    moment: `replay` locks the rows and leaves out those another run replayed meanwhile. A dry run
     counts and samples and writes nothing (not even an audit row: nothing happened).
     """
     why = require_reason(reason, "a replay")
@@ -407,6 +449,7 @@ def bulk_replay(
         event_type=flt.event_type,
         error=flt.error,
         message_id=flt.message_id,
+        subject=flt.subject,
         since=flt.since,
         until=flt.until,
         unreplayed=True,
@@ -415,26 +458,29 @@ def bulk_replay(
     )
     matched = count_deliveries(conn, matching)
     sample = search_deliveries(conn, matching)
-    due = _spread(now, min(matched, max_count), rate_per_minute)
-    if dry_run or not matched:
-        return ReplayResult(
-            dry_run=dry_run,
-            matched=matched,
-            sample=sample,
-            first_due=due[0] if due else None,
-            last_due=due[-1] if due else None,
-        )
     ids: list[int] = []
     before: int | None = None
-    while len(ids) < max_count:
+    while matched and len(ids) < max_count:
         page = replace(matching, limit=min(MAX_PAGE, max_count - len(ids)), before_id=before)
         batch = search_deliveries(conn, page)
         ids.extend(item.id for item in batch)
         if len(batch) < page.limit:
             break
         before = batch[-1].id
-    if not ids:  # all replayed by someone else since the count
-        return ReplayResult(dry_run=False, matched=matched, sample=sample, skipped=matched)
+    if dry_run or not ids:
+        # A dry run counts what a newer event superseded: those would be left out.
+        superseded = {} if force else superseded_by(conn, ids)
+        due = _spread(now, len(ids) - len(superseded), rate_per_minute)
+        return ReplayResult(
+            dry_run=dry_run,
+            matched=matched,
+            sample=sample,
+            first_due=due[0] if due else None,
+            last_due=due[-1] if due else None,
+            # none left: all replayed by someone else since the count
+            skipped=0 if dry_run else matched,
+            superseded=superseded,
+        )
     result = replay(
         conn,
         ids,
@@ -447,6 +493,7 @@ def bulk_replay(
         details={"bulk": True, "filter": flt.describe()},
         skip_replayed=True,
         scope=flt.tenant,
+        skip_superseded=True,
     )
     result.matched = matched
     result.sample = sample

@@ -9,6 +9,24 @@ class PublishError(OutboxError, ValueError):
     """An event was refused before anything was written; the message says which rule it broke."""
 
 
+class IdempotencyConflict(PublishError):
+    """An idempotency key was reused with another event type, payload or ordering key.
+
+    A key stands for one business operation, so other input under it is a caller's bug,
+    refused rather than merged. Nothing was written; `message_id` is the first event's.
+    """
+
+    def __init__(self, idempotency_key: str, message_id: str, differs: str) -> None:
+        self.idempotency_key = idempotency_key
+        self.message_id = message_id
+        self.differs = differs
+        super().__init__(
+            f"idempotency key {idempotency_key!r} was already used by {message_id} with "
+            f"another {differs}: a key stands for one operation, so publish other input "
+            "under a new key (nothing was written)"
+        )
+
+
 class EndpointError(OutboxError, ValueError):
     """An endpoint definition (URL, patterns, secret) is invalid, or the endpoint does not exist."""
 
@@ -35,6 +53,16 @@ class OperationError(OutboxError, ValueError):
 
 class NotFoundError(OperationError):
     """The delivery (or other row) an operator named does not exist."""
+
+
+class SupersededError(OperationError):
+    """A replay was refused: a newer event of the same type and subject (or ordering key)
+    was delivered to the same endpoint since, so the replay would send an older state after
+    it. `superseded` maps each refused delivery id to that newer event's message id."""
+
+    def __init__(self, message: str, superseded: dict[int, str]) -> None:
+        super().__init__(message)
+        self.superseded = superseded
 
 
 class TenantError(OutboxError, ValueError):

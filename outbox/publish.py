@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from outbox import tracing
 from outbox.catalogue import CACHE, OPERATIONAL_EVENT_TYPES, Entry, Mode, mode_from_environment
-from outbox.errors import ConfigurationError, PublishError
+from outbox.errors import ConfigurationError, IdempotencyConflict, PublishError
 from outbox.ids import new_message_id
 from outbox.sql.catalogue import SELECT_EVENT_TYPE_FOR_PUBLISH
 from outbox.sql.events import FIND_EVENT_BY_IDEMPOTENCY_KEY, INSERT_EVENT
@@ -40,6 +40,8 @@ MAX_PAYLOAD_DEPTH_LIMIT = 256
 _EVENT_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*$")
 _MAX_EVENT_TYPE = 200
 _MAX_KEY = 255
+# A subject names a document ("invoice/inv_7"), not a payload: short, printable.
+MAX_SUBJECT = 255
 _PRIORITY_RANGE = range(-100, 101)
 BYTES_VARIABLE = "OUTBOX_MAX_PAYLOAD_BYTES"
 DEPTH_VARIABLE = "OUTBOX_MAX_PAYLOAD_DEPTH"
@@ -86,6 +88,7 @@ class PreparedEvent:
     ordering_key: str | None
     priority: int | None  # None: the event type's default (event_type_priorities), else 0
     payload: Any = None
+    subject: str | None = None
 
     def params(self, entry: Entry, traceparent: str | None = None) -> dict[str, Any]:
         return {
@@ -98,10 +101,18 @@ class PreparedEvent:
             "idempotency_key": self.idempotency_key,
             "ordering_key": self.ordering_key,
             "priority": self.priority,
+            "subject": self.subject,
         }
 
     def lookup_params(self) -> dict[str, Any]:
-        return {"tenant": self.tenant, "idempotency_key": self.idempotency_key}
+        """What FIND_EVENT_BY_IDEMPOTENCY_KEY compares the first event with."""
+        return {
+            "tenant": self.tenant,
+            "idempotency_key": self.idempotency_key,
+            "event_type": self.event_type,
+            "ordering_key": self.ordering_key,
+            "payload": self.payload_json,
+        }
 
 
 # The catalogue changed between our read and our insert (another process updated it)
@@ -116,17 +127,37 @@ def _mode(strict: bool | None) -> Mode:
     return "strict" if strict else "accept"
 
 
-def _message_id(found: object, event: PreparedEvent) -> str:
+def _message_id(row: Sequence[Any], event: PreparedEvent) -> str:
+    """The id INSERT_EVENT (or the lookup) answered; refuses a reused key with other input."""
+    found, differs = row[0], row[1]
     # INSERT_EVENT answers one NULL row when the tenant does not exist (nothing written).
     if found is None:
         raise PublishError(
             f"unknown tenant {event.tenant!r}: create it first (`outbox tenants add "
             f"{event.tenant}`), or omit tenant= for the default tenant"
         )
+    if differs is not None:
+        raise IdempotencyConflict(str(event.idempotency_key), str(found), str(differs))
     return str(found)
 
 
-def _bad_text(value: str) -> bool:
+def validate_subject(subject: object, *, error: type[Exception] = PublishError) -> str:
+    """A subject as publish() stores it: 1 to MAX_SUBJECT characters, no control characters
+    (a log line or a console cell must show exactly what was stored)."""
+    if not isinstance(subject, str) or not subject or len(subject) > MAX_SUBJECT:
+        raise error(
+            f"subject must be a non-empty string of at most {MAX_SUBJECT} characters naming "
+            "the document the event is about, e.g. 'invoice/inv_7'"
+        )
+    if unstorable_text(subject):
+        raise error(
+            "subject contains a control character or a lone surrogate: use printable text, "
+            "e.g. 'invoice/inv_7'"
+        )
+    return subject
+
+
+def unstorable_text(value: str) -> bool:
     """NUL, another C0/C1 control or a lone surrogate: PostgreSQL text cannot hold them all."""
     return any(unicodedata.category(ch) in ("Cc", "Cs") for ch in value)
 
@@ -189,6 +220,7 @@ def prepare_event(
     tenant: str = DEFAULT_TENANT,
     max_payload_bytes: int | None = None,
     max_payload_depth: int | None = None,
+    subject: str | None = None,
 ) -> PreparedEvent:
     """Validate and serialise an event; raises PublishError and writes nothing. Without
     limits, OUTBOX_MAX_PAYLOAD_BYTES and OUTBOX_MAX_PAYLOAD_DEPTH apply (see payload_limits)."""
@@ -227,7 +259,7 @@ def prepare_event(
     for name, key in (("idempotency_key", idempotency_key), ("ordering_key", ordering_key)):
         if key is not None and (not isinstance(key, str) or not key or len(key) > _MAX_KEY):
             raise PublishError(f"{name} must be a non-empty string of at most {_MAX_KEY} chars")
-        if key is not None and _bad_text(key):
+        if key is not None and unstorable_text(key):
             raise PublishError(
                 f"{name} contains a NUL, a control character or a lone surrogate, which "
                 "PostgreSQL cannot store: use printable text"
@@ -238,6 +270,8 @@ def prepare_event(
         or priority not in _PRIORITY_RANGE
     ):
         raise PublishError("priority must be an integer from -100 to 100 (higher goes first)")
+    if subject is not None:
+        subject = validate_subject(subject)
     return PreparedEvent(
         message_id=new_message_id(),
         tenant=tenant,
@@ -247,6 +281,7 @@ def prepare_event(
         ordering_key=ordering_key,
         priority=priority,
         payload=payload,
+        subject=subject,
     )
 
 
@@ -345,6 +380,7 @@ def publish(
     max_payload_bytes: int | None = None,
     strict: bool | None = None,
     max_payload_depth: int | None = None,
+    subject: str | None = None,
 ) -> str:
     """Add an event to the outbox inside the caller's transaction; returns its message id.
 
@@ -352,8 +388,11 @@ def publish(
     committed on it. The event goes to `tenant`'s matching endpoints only (and to
     endpoints that take every tenant's events); without one, to the default tenant's. An
     unknown tenant is refused (`outbox tenants add` creates it). Publishing the same
-    idempotency key twice for one tenant returns the first event's id. Without a
-    `priority`, the event type's default applies (`outbox priorities set`), else 0.
+    idempotency key twice for one tenant with the same input (event type, payload compared
+    canonically, ordering key) returns the first event's id; other input under the key
+    raises IdempotencyConflict and writes nothing. Without a `priority`, the event type's
+    default applies (`outbox priorities set`), else 0. `subject` names the document the
+    event is about ("invoice/inv_7"): `outbox.status_by_subject` finds its events.
 
     A type in the event-type catalogue must carry a payload its current JSON Schema
     accepts, and must not be archived. An unknown type is accepted unless `strict`
@@ -368,6 +407,7 @@ def publish(
         tenant=tenant,
         max_payload_bytes=max_payload_bytes,
         max_payload_depth=max_payload_depth,
+        subject=subject,
     )
     mode = _mode(strict)
     run, load = _sync_statements(conn)
@@ -390,7 +430,7 @@ def publish(
             raise PublishError("the event-type catalogue kept changing during publish; retry")
         if not rows:
             rows = _found(run(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params()), event)
-        message_id = _message_id(rows[0][0], event)
+        message_id = _message_id(rows[0], event)
         tracing.set_message_id(span, message_id)
     return message_id
 
@@ -407,6 +447,7 @@ async def publish_async(
     max_payload_bytes: int | None = None,
     strict: bool | None = None,
     max_payload_depth: int | None = None,
+    subject: str | None = None,
 ) -> str:
     """The asyncio twin of `publish` (an AsyncConnection, AsyncSession or psycopg
     AsyncConnection); same rules, never commits."""
@@ -419,6 +460,7 @@ async def publish_async(
         tenant=tenant,
         max_payload_bytes=max_payload_bytes,
         max_payload_depth=max_payload_depth,
+        subject=subject,
     )
     mode = _mode(strict)
     run, load = await _async_statements(conn)
@@ -439,6 +481,6 @@ async def publish_async(
             raise PublishError("the event-type catalogue kept changing during publish; retry")
         if not rows:
             rows = _found(await run(FIND_EVENT_BY_IDEMPOTENCY_KEY, event.lookup_params()), event)
-        message_id = _message_id(rows[0][0], event)
+        message_id = _message_id(rows[0], event)
         tracing.set_message_id(span, message_id)
     return message_id

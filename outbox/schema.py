@@ -30,7 +30,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -113,6 +113,13 @@ outbox_events = Table(
     Column("rejected_reason", Text),
     # W3C trace context of publish() when the application traces (migration 0014).
     Column("traceparent", Text),
+    # The document the event is about ("invoice/inv_7"), from publish(subject=...): the
+    # application's status_by_subject(), the deliveries filter, replay's staleness check.
+    Column("subject", Text),
+    # sha256 of the payload's canonical text (jsonb's rendering), for events with an
+    # idempotency key: the same key with another payload is refused (migration 0028).
+    # NULL on older rows: compared by hashing their payload on the fly.
+    Column("payload_hash", BYTEA),
     # Idempotency keys are unique per tenant (migration 0006).
     Index(
         "uq_outbox_events_tenant_id_idempotency_key",
@@ -143,6 +150,14 @@ outbox_events = Table(
         postgresql_where=text("relayed_at IS NULL AND validate_pending"),
     ),
     Index("ix_outbox_events_rejected", "id", postgresql_where=text("rejected_at IS NOT NULL")),
+    # A tenant's events about one document, newest first (migration 0029, built online).
+    Index(
+        "ix_outbox_events_tenant_id_subject",
+        "tenant_id",
+        "subject",
+        "id",
+        postgresql_where=text("subject IS NOT NULL"),
+    ),
 )
 
 endpoints = Table(

@@ -41,6 +41,7 @@ from outbox.endpoint_rules import MAX_ENDPOINT_TIMEOUT_SECONDS
 from outbox.errors import OperationError
 from outbox.feeds import MAX_PAGE as MAX_FEED_PAGE
 from outbox.filters import MAX_FILTER_LENGTH
+from outbox.publish import MAX_SUBJECT
 
 MAX_ID = 2**63 - 1  # PostgreSQL bigint
 MAX_WINDOW_SECONDS = 366 * 86400
@@ -162,6 +163,7 @@ def _states(value: Any) -> Any:
 Id = Annotated[int, BeforeValidator(_integer), Field(ge=1, le=MAX_ID)]
 Limit = Annotated[int, BeforeValidator(_integer), Field(ge=1, le=delivery_ops.MAX_PAGE)]
 Text = Annotated[str, BeforeValidator(_text), Field(min_length=1, max_length=MAX_TEXT)]
+Subject = Annotated[str, BeforeValidator(_text), Field(min_length=1, max_length=MAX_SUBJECT)]
 Reason = Annotated[str, BeforeValidator(_text), Field(max_length=MAX_REASON)]
 Time = Annotated[dt.datetime, BeforeValidator(_time)]
 State = Literal["scheduled", "in_flight", "succeeded", "dead", "discarded"]
@@ -200,6 +202,9 @@ class DeliverySearch(_Input):
     message_id: Text | None = Field(
         None, description="The event's message id (the webhook-id header), e.g. msg_..."
     )
+    subject: Subject | None = Field(
+        None, description="The document the event is about, as published, e.g. invoice/inv_7."
+    )
     since: Time | None = Field(None, description="Created at or after (ISO 8601).")
     until: Time | None = Field(None, description="Created before (ISO 8601).")
     unreplayed: StrictBool = Field(False, description="Only deliveries never replayed.")
@@ -215,6 +220,7 @@ class DeliverySearch(_Input):
             event_type=self.event_type,
             error=self.error,
             message_id=self.message_id,
+            subject=self.subject,
             since=self.since,
             until=self.until,
             unreplayed=self.unreplayed,
@@ -231,6 +237,7 @@ class ReplayFilter(_Input):
     event_type: Text | None = None
     error: Text | None = None
     message_id: Text | None = None
+    subject: Subject | None = None
     since: Time | None = None
     until: Time | None = None
     # Checked by the tenant rules themselves when it is resolved (outbox.tenants).
@@ -242,9 +249,15 @@ class ReplayFilter(_Input):
         return DeliverySearch(**fields).to_filter(tenant=tenant)
 
 
+_FORCE = (
+    "Replay anyway: a succeeded delivery, or one a newer event of the same type and subject "
+    "(or ordering key) superseded at its endpoint (refused without it, naming that event)."
+)
+
+
 class ReplayOne(_Input):
     reason: Reason = Field(description="Why; goes in the audit log (required).")
-    force: StrictBool = False
+    force: StrictBool = Field(False, description=_FORCE)
     again: StrictBool = False
 
 
@@ -253,7 +266,7 @@ class ReplayMany(_Input):
     ids: Annotated[list[Id], Field(max_length=MAX_IDS)] | None = None
     filter: ReplayFilter | None = None
     dry_run: StrictBool = False
-    force: StrictBool = False
+    force: StrictBool = Field(False, description=_FORCE)
     again: StrictBool = False
     max_count: BulkCount = delivery_ops.DEFAULT_BULK_LIMIT
     rate_per_minute: ReplayRate | None = None

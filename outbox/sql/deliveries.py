@@ -17,6 +17,7 @@ _DELIVERY_FILTER = f"""
     AND (CAST(:endpoint AS text) IS NULL OR e.uid = :endpoint)
     AND (CAST(:event_type AS text) IS NULL OR ev.event_type = :event_type)
     AND (CAST(:message_id AS text) IS NULL OR ev.message_id = :message_id)
+    AND (CAST(:subject AS text) IS NULL OR ev.subject = :subject)
     AND (CAST(:since AS timestamptz) IS NULL OR d.created_at >= :since)
     AND (CAST(:until AS timestamptz) IS NULL OR d.created_at < :until)
     AND (CAST(:before_id AS bigint) IS NULL OR d.id < :before_id)
@@ -33,7 +34,7 @@ _DELIVERY_FILTER = f"""
 _DELIVERY_COLUMNS = """
     d.id, d.state, d.attempts, d.max_attempts, d.next_attempt_at, d.last_status_code,
     d.last_error, d.final_reason, d.replay_of, d.created_at, d.updated_at, d.completed_at,
-    e.uid AS endpoint_uid, e.url AS endpoint_url, ev.message_id, ev.event_type,
+    e.uid AS endpoint_uid, e.url AS endpoint_url, ev.message_id, ev.event_type, ev.subject,
     (SELECT t.uid FROM tenants t WHERE t.id = d.tenant_id) AS tenant
 """
 
@@ -202,5 +203,45 @@ SELECT_TEST_OUTCOME = text(
         ORDER BY id DESC LIMIT 1
     ) a ON true
     WHERE d.id = :id
+    """
+)
+
+# For each of these deliveries, a newer event that supersedes its event at the same
+# endpoint, if any: same tenant and event type, same subject or same ordering key, published
+# later (a higher id), with a succeeded delivery to that endpoint. Replaying the old one
+# would hand the receiver an older state after the newer one (replay asks first).
+# Cost: index lookups, never a walk of the history. The subject arm walks
+# ix_outbox_events_tenant_id_subject backwards from the newest event of that subject down
+# to this one (only that subject's newer events) and checks each with
+# ix_deliveries_event_id_endpoint_id; the ordering-key arm is one range of
+# ix_deliveries_ordering (endpoint, key, event id > this one). tests/test_replay_superseded.py
+# holds the plan to that (EXPLAIN).
+SELECT_SUPERSEDING_EVENTS = text(
+    """
+    SELECT d.id, newer.message_id
+    FROM deliveries d
+    JOIN outbox_events ev ON ev.id = d.event_id
+    CROSS JOIN LATERAL (
+        SELECT c.message_id FROM (
+            (SELECT n.id, n.message_id FROM outbox_events n
+             WHERE ev.subject IS NOT NULL
+               AND n.tenant_id = ev.tenant_id AND n.subject = ev.subject AND n.id > ev.id
+               AND n.event_type = ev.event_type
+               AND EXISTS (SELECT 1 FROM deliveries s
+                           WHERE s.event_id = n.id AND s.endpoint_id = d.endpoint_id
+                             AND s.state = 'succeeded')
+             ORDER BY n.id DESC LIMIT 1)
+            UNION ALL
+            (SELECT n.id, n.message_id FROM deliveries s
+             JOIN outbox_events n ON n.id = s.event_id
+             WHERE d.ordering_key IS NOT NULL
+               AND s.endpoint_id = d.endpoint_id AND s.ordering_key = d.ordering_key
+               AND s.event_id > d.event_id AND s.state = 'succeeded'
+               AND n.tenant_id = ev.tenant_id AND n.event_type = ev.event_type
+             ORDER BY s.event_id DESC LIMIT 1)
+        ) c
+        ORDER BY c.id DESC LIMIT 1
+    ) newer
+    WHERE d.id = ANY(CAST(:ids AS bigint[]))
     """
 )

@@ -5,6 +5,26 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
+
+# The canonical hash of a payload: sha256 of PostgreSQL's text of the jsonb value (keys in
+# jsonb's fixed order, fixed spacing, duplicate keys merged), so publish(), outbox_publish()
+# and rows written before the payload_hash column (hashed here on the fly) agree by
+# construction. Numbers keep their written form: 1 and 1.0 differ, as the receiver sees.
+def _canonical_hash(payload: str) -> str:
+    return f"sha256(convert_to(CAST({payload} AS text), 'UTF8'))"
+
+
+# What makes a publish with an existing idempotency key another operation: NULL when it is
+# the same input (the first event's id is the answer), else what differs (for the error).
+# `o` is the first event.
+_DIFFERS = f"""
+    CASE WHEN o.event_type <> :event_type THEN 'event type'
+         WHEN o.ordering_key IS DISTINCT FROM CAST(:ordering_key AS text) THEN 'ordering key'
+         WHEN coalesce(o.payload_hash, {_canonical_hash("o.payload")})
+              <> {_canonical_hash("CAST(:payload AS jsonb)")} THEN 'payload'
+    END
+"""
+
 # Publish one event: insert it, or find its idempotent twin, and wake the relay.
 # One round trip in the common case: insert (or find the idempotent twin) and wake
 # the relay. pg_notify is delivered only if the caller's transaction commits.
@@ -20,8 +40,11 @@ from sqlalchemy import text
 #
 # The catalogue check costs one index lookup in the same statement: it is how publish()
 # trusts its cached schema without a query of its own (outbox/catalogue.py).
+#
+# A key already used answers the first event's id and what differs (_DIFFERS): publish()
+# refuses other input under the same key, and nothing was written (DO NOTHING).
 INSERT_EVENT = text(
-    """
+    f"""
     WITH current_type AS (
         -- the catalogue revision publish() validated against is still the current one
         SELECT COALESCE((SELECT revision FROM event_types WHERE name = :event_type), '')
@@ -31,14 +54,17 @@ INSERT_EVENT = text(
     ), inserted AS (
         INSERT INTO outbox_events
             (message_id, tenant_id, event_type, payload, idempotency_key, ordering_key,
-             priority, traceparent)
+             priority, traceparent, subject, payload_hash)
         SELECT :message_id, tenant.id, :event_type, CAST(:payload AS jsonb), :idempotency_key,
                :ordering_key,
                COALESCE(CAST(:priority AS smallint),
                         (SELECT p.priority FROM event_type_priorities p
                          WHERE p.event_type = :event_type),
                         0),
-               :traceparent
+               :traceparent, :subject,
+               -- only keyed events are ever compared: unkeyed ones skip the hashing
+               CASE WHEN CAST(:idempotency_key AS text) IS NOT NULL
+                    THEN {_canonical_hash("CAST(:payload AS jsonb)")} END
         FROM tenant
         ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING message_id
@@ -46,29 +72,30 @@ INSERT_EVENT = text(
         SELECT pg_notify('outbox_events', '') FROM inserted
         WHERE NOT EXISTS (SELECT 1 FROM outbox_events WHERE relayed_at IS NULL)
     )
-    SELECT message_id FROM inserted LEFT JOIN woken ON true
+    SELECT message_id, CAST(NULL AS text) AS differs FROM inserted LEFT JOIN woken ON true
     UNION ALL
-    SELECT message_id FROM outbox_events
-    WHERE tenant_id = (SELECT id FROM tenant) AND idempotency_key = :idempotency_key
+    SELECT o.message_id, {_DIFFERS} FROM outbox_events o
+    WHERE o.tenant_id = (SELECT id FROM tenant) AND o.idempotency_key = :idempotency_key
       AND NOT EXISTS (SELECT 1 FROM inserted)
     UNION ALL
     -- an unknown tenant: nothing was inserted; publish() raises (refusing is the default)
-    SELECT NULL WHERE NOT EXISTS (SELECT 1 FROM tenant) AND (SELECT ok FROM current_type)
+    SELECT NULL, NULL WHERE NOT EXISTS (SELECT 1 FROM tenant) AND (SELECT ok FROM current_type)
     UNION ALL
     -- the catalogue changed since publish() cached the type: nothing was inserted;
     -- publish() re-reads the type, validates again and retries
-    SELECT '' WHERE NOT (SELECT ok FROM current_type)
+    SELECT '', NULL WHERE NOT (SELECT ok FROM current_type)
     """
 )
 
-# An event's idempotent twin committed by a concurrent transaction.
+# An event's idempotent twin committed by a concurrent transaction, and what differs.
 # When a concurrent transaction inserted the same key after our statement's snapshot,
-# the first query sees neither row; by now that transaction has committed.
+# the first query sees neither row; by now that transaction has committed (our insert
+# waited for it), so this statement's fresh snapshot sees it and compares it the same way.
 FIND_EVENT_BY_IDEMPOTENCY_KEY = text(
-    """
-    SELECT message_id FROM outbox_events
-    WHERE tenant_id = (SELECT id FROM tenants WHERE uid = :tenant)
-      AND idempotency_key = :idempotency_key
+    f"""
+    SELECT o.message_id, {_DIFFERS} FROM outbox_events o
+    WHERE o.tenant_id = (SELECT id FROM tenants WHERE uid = :tenant)
+      AND o.idempotency_key = :idempotency_key
     """
 )
 

@@ -85,6 +85,7 @@ async def test_a_delivery_shows_every_field_under_its_documented_key(
         "endpoint_url": URL,
         "message_id": event["message_id"],
         "event_type": "order.created",
+        "subject": None,
     }
     with engine.connect() as conn:
         listed = delivery_ops.search_deliveries(conn, delivery_ops.DeliveryFilter(states=("dead",)))
@@ -144,6 +145,8 @@ async def test_a_delivery_shows_every_field_under_its_documented_key(
         "dry_run": True,
         "matched": 0,
         "skipped": 0,
+        "superseded": 0,
+        "superseded_sample": [],
         "replayed": [],
         "sample": [],
         "first_due": None,

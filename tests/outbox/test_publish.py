@@ -12,7 +12,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-from outbox import PublishError, publish, publish_async
+from outbox import IdempotencyConflict, PublishError, publish, publish_async
 from outbox.db import libpq_url
 
 
@@ -60,9 +60,9 @@ def test_session_is_accepted(engine: Engine) -> None:
 def test_same_idempotency_key_gives_one_event(engine: Engine) -> None:
     with engine.begin() as conn:
         first = publish(conn, "invoice.paid", {"n": 1}, idempotency_key="inv-1")
-        again = publish(conn, "invoice.paid", {"n": 2}, idempotency_key="inv-1")
+        again = publish(conn, "invoice.paid", {"n": 1}, idempotency_key="inv-1")
     with engine.begin() as conn:
-        later = publish(conn, "invoice.paid", {"n": 3}, idempotency_key="inv-1")
+        later = publish(conn, "invoice.paid", {"n": 1}, idempotency_key="inv-1")
         other = publish(conn, "invoice.paid", {"n": 4}, idempotency_key="inv-2")
     assert first == again == later
     assert other != first
@@ -91,7 +91,9 @@ def test_a_psycopg_connection_publishes_in_its_own_transaction(
         publish(conn, "order.created", {"id": 1})
         conn.rollback()
         first = publish(conn, "order.created", {"id": 2}, idempotency_key="k", priority=5)
-        assert publish(conn, "order.created", {"id": 3}, idempotency_key="k") == first
+        assert publish(conn, "order.created", {"id": 2}, idempotency_key="k") == first
+        with pytest.raises(IdempotencyConflict, match=first):
+            publish(conn, "order.created", {"id": 3}, idempotency_key="k")
         with pytest.raises(PublishError, match="unknown tenant 'nobody'"):
             publish(conn, "order.created", {"id": 4}, tenant="nobody")
         with pytest.raises(PublishError, match="JSON object"):
@@ -114,7 +116,9 @@ async def test_a_psycopg_async_connection_publishes_in_its_own_transaction(
         await publish_async(conn, "order.created", {"id": 1})
         await conn.rollback()
         first = await publish_async(conn, "order.created", {"id": 2}, idempotency_key="k")
-        assert await publish_async(conn, "order.created", {"id": 3}, idempotency_key="k") == first
+        assert await publish_async(conn, "order.created", {"id": 2}, idempotency_key="k") == first
+        with pytest.raises(IdempotencyConflict, match=first):
+            await publish_async(conn, "order.created", {"id": 3}, idempotency_key="k")
         with pytest.raises(PublishError, match="unknown tenant 'nobody'"):
             await publish_async(conn, "order.created", {"id": 4}, tenant="nobody")
         await conn.commit()

@@ -56,6 +56,7 @@ def test_the_readme_fits_the_first_ten_minutes_with_both_commands_at_the_top() -
     assert sections == [
         "Publishing from application code",
         "Verifying on the receiver side",
+        "The outcome contract",
         "Running it",
         "Where to go next",
     ]

@@ -55,6 +55,7 @@ def filter_options(func: F) -> F:
         click.option(
             "--message-id", default=None, help="The event's message id (webhook-id), msg_..."
         ),
+        click.option("--subject", default=None, help="The document, as published: invoice/inv_7."),
         click.option("--since", default=None, help="Created at/after: ISO time or age (2h)."),
         click.option("--until", default=None, help="Created before: ISO time or age."),
         click.option(
@@ -138,6 +139,7 @@ def deliveries_list(
     event_type: str | None,
     error: str | None,
     message_id: str | None,
+    subject: str | None,
     since: str | None,
     until: str | None,
     tenant: str | None,
@@ -158,6 +160,7 @@ def deliveries_list(
         until,
         now,
         DeliverySearch,
+        subject=subject,
         unreplayed=unreplayed,
         limit=limit,
         before=before,
@@ -233,7 +236,11 @@ def deliveries_show(delivery_id: str, as_json: bool) -> None:
 @click.argument("delivery_ids", nargs=-1)
 @reason_option
 @actor_option
-@click.option("--force", is_flag=True, help="Also replay succeeded deliveries.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Also replay succeeded deliveries, and ones a newer event superseded.",
+)
 @click.option("--again", is_flag=True, help="Replay ids that were replayed before, once more.")
 @click.option("--dry-run", is_flag=True, help="Show the count and a sample; change nothing.")
 @filter_options
@@ -260,6 +267,7 @@ def replay(
     event_type: str | None,
     error: str | None,
     message_id: str | None,
+    subject: str | None,
     since: str | None,
     until: str | None,
     tenant: str | None,
@@ -275,12 +283,14 @@ def replay(
     replayed before. An id that was replayed before needs --again.
     """
     now = SystemClock().now()
-    has_filter = any([states, endpoint, event_type, error, message_id, since, until, tenant])
+    has_filter = any(
+        [states, endpoint, event_type, error, message_id, subject, since, until, tenant]
+    )
     if not delivery_ids and not has_filter:
         raise click.UsageError(
             "give the delivery ids to replay, or a filter (--state, --endpoint, --event-type, "
-            "--error, --message-id, --since, --until, --tenant); `outbox deliveries list "
-            "--state dead` finds them"
+            "--error, --message-id, --subject, --since, --until, --tenant); `outbox deliveries "
+            "list --state dead` finds them"
         )
     if delivery_ids and has_filter:
         raise click.UsageError("give delivery ids or a filter (--endpoint, --state, ...), not both")
@@ -290,7 +300,16 @@ def replay(
             reason=reason,
             ids=list(delivery_ids),
             filter=_search(
-                states, endpoint, event_type, error, message_id, since, until, now, ReplayFilter
+                states,
+                endpoint,
+                event_type,
+                error,
+                message_id,
+                since,
+                until,
+                now,
+                ReplayFilter,
+                subject=subject,
             ).model_dump(exclude_defaults=True),
             max_count=max_count,
             rate_per_minute=rate,
@@ -302,7 +321,12 @@ def replay(
         per_minute = request.rate_per_minute or current.replay_rate_per_minute
         if ids and dry_run:
             found = [delivery_ops.get_delivery(conn, i).delivery for i in ids]
-            result = delivery_ops.ReplayResult(dry_run=True, matched=len(found), sample=found)
+            result = delivery_ops.ReplayResult(
+                dry_run=True,
+                matched=len(found),
+                sample=found,
+                superseded={} if force else delivery_ops.superseded_by(conn, ids),
+            )
         elif ids:
             result = delivery_ops.replay(
                 conn,
@@ -329,15 +353,24 @@ def replay(
     if as_json:
         echo_json(result.as_json())
         return
+    superseded = (
+        f"; {len(result.superseded)} superseded by a newer delivered event, left out "
+        "(--force sends them too)"
+        if result.superseded
+        else ""
+    )
     if result.dry_run:
+        would = result.matched - len(result.superseded)
         click.echo(
-            f"dry run: {plural(result.matched, 'delivery', 'deliveries')} would be replayed;"
+            f"dry run: {plural(would, 'delivery', 'deliveries')} would be replayed{superseded};"
             " nothing changed"
         )
         if result.sample:
             print_table(_delivery_rows(result.sample, now), _DELIVERY_HEADERS)
         return
-    click.echo(f"replayed {len(result.replayed)} of {result.matched} matching deliveries")
+    click.echo(
+        f"replayed {len(result.replayed)} of {result.matched} matching deliveries{superseded}"
+    )
     for old, new in result.replayed[:20]:
         click.echo(f"  {old} -> {new}")
     if result.last_due and result.first_due and result.last_due > result.first_due:

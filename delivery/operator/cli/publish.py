@@ -13,8 +13,15 @@ from outbox.publish import publish as publish_event
 @click.command()
 @click.argument("event_type")
 @click.argument("payload")
-@click.option("--idempotency-key", default=None, help="Publishing the same key again is a no-op.")
+@click.option(
+    "--idempotency-key",
+    default=None,
+    help="The same key with the same input again is a no-op; with other input, refused.",
+)
 @click.option("--ordering-key", default=None, help="Events with one key are delivered in order.")
+@click.option(
+    "--subject", default=None, help="The document it is about (invoice/inv_7): status by subject."
+)
 @click.option(
     "--priority",
     type=int,
@@ -34,6 +41,7 @@ def publish(
     payload: str,
     idempotency_key: str | None,
     ordering_key: str | None,
+    subject: str | None,
     priority: int | None,
     tenant: str | None,
     as_json: bool,
@@ -60,6 +68,7 @@ def publish(
             max_payload_bytes=current.max_payload_bytes,
             strict=current.event_types == "strict",  # the settings file counts here too
             max_payload_depth=current.max_payload_depth,
+            subject=subject,
         )
     if as_json:
         echo_json({"message_id": message_id, "event_type": event_type, "tenant": tenant})

@@ -52,6 +52,15 @@ def get_delivery(
     return delivery_ops.get_delivery(conn, delivery_id, scope=tenant)
 
 
+def delivery_page(
+    conn: Connection, delivery_id: int, tenant: str | None
+) -> tuple[delivery_ops.DeliveryDetail, str | None]:
+    """A delivery, and the message id of a newer delivered event that supersedes it (the
+    warning shown before its replay button), if any."""
+    detail = delivery_ops.get_delivery(conn, delivery_id, scope=tenant)
+    return detail, delivery_ops.superseded_by(conn, [delivery_id]).get(delivery_id)
+
+
 def list_endpoints(conn: Connection, tenant: str | None) -> list[Endpoint]:
     return list_all_endpoints(conn, scope=tenant)
 
@@ -119,9 +128,10 @@ def replay(
     actor: str,
     reason: str | None,
     now: dt.datetime,
+    force: bool = False,
 ) -> delivery_ops.ReplayResult:
     return delivery_ops.replay(
-        conn, [delivery_id], actor=actor, reason=reason, now=now, scope=tenant
+        conn, [delivery_id], actor=actor, reason=reason, now=now, scope=tenant, force=force
     )
 
 

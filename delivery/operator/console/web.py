@@ -36,7 +36,8 @@ from delivery.operator.console.sessions import (
     redeem_portal_link,
 )
 from outbox import deliveries as delivery_ops
-from outbox.errors import NotFoundError
+from outbox.errors import NotFoundError, PublishError
+from outbox.publish import validate_subject
 from outbox.tokens import TokenRefusedError, authenticate
 
 # Reasons of refused sign-ins in the audit log (never what was presented).
@@ -196,11 +197,20 @@ class Console(ConsoleBase):
             endpoint=text("endpoint"),
             event_type=text("event_type"),
             error=text("error"),
+            subject=self._subject(text("subject")),
             since=when("since"),
             until=when("until"),
             before_id=int(before) if before else None,
             limit=50,
         )
+
+    @staticmethod
+    def _subject(value: str | None) -> str | None:
+        """A subject filter, held to publish()'s rules (a NUL would fail in the database)."""
+        try:
+            return None if value is None else validate_subject(value)
+        except PublishError as exc:
+            raise PageError(400, str(exc)) from exc
 
     def _tenant_of(self, request: Request, session: WebSession) -> str | None:
         """The session's tenant; an unscoped operator may filter on one instead."""
@@ -241,8 +251,17 @@ class Console(ConsoleBase):
     async def delivery(self, request: Request, session: WebSession) -> Response:
         delivery_id = self._delivery_id(request)
         tenant = session.tenant_uid
-        detail = await self.context.read(lambda c: scoped.get_delivery(c, delivery_id, tenant))
-        return self.render(request, "delivery.html", session=session, detail=detail, notice=None)
+        detail, superseded = await self.context.read(
+            lambda c: scoped.delivery_page(c, delivery_id, tenant)
+        )
+        return self.render(
+            request,
+            "delivery.html",
+            session=session,
+            detail=detail,
+            notice=None,
+            superseded_by=superseded,
+        )
 
     def _root(self, session: WebSession) -> str:
         return "/portal" if session.kind == "portal" else "/console"
@@ -264,6 +283,7 @@ class Console(ConsoleBase):
                 actor=session.actor,
                 reason=form.get("reason"),
                 now=now,
+                force=form.get("force") == "yes",
             )
         )
         # Straight to the new delivery, so the operator watches it succeed or fail.
@@ -294,6 +314,7 @@ class Console(ConsoleBase):
             endpoint=form.get("endpoint") or None,
             event_type=form.get("event_type") or None,
             error=form.get("error") or None,
+            subject=self._subject(form.get("subject") or None),
             # A scoped session's tenant, whatever the form says; else the operator's filter.
             tenant=session.tenant_uid or form.get("tenant") or None,
         )
@@ -307,6 +328,7 @@ class Console(ConsoleBase):
                 reason=form.get("reason"),
                 now=now,
                 dry_run=not confirm,
+                force=form.get("force") == "yes",
                 rate_per_minute=self.context.config.replay_rate_per_minute,
             )
         )
