@@ -29,7 +29,8 @@ from outbox.crypto import (
 )
 from outbox.errors import EndpointError, EndpointNotFoundError, SecretKeyError
 from outbox.ids import new_endpoint_id
-from outbox.schema import LATENCY_BUCKETS
+from outbox.owners import check_owner
+from outbox.schema import LATENCY_BUCKETS, ON_AMBIGUOUS
 from outbox.sql import endpoints as queries
 from outbox.tenants import DEFAULT_TENANT, scope_params, validate_tenant_uid
 from outbox.urls import parse_proxy_url, validate_endpoint_url
@@ -53,6 +54,9 @@ class Endpoint:
     signature_scheme: str = "hmac"
     public_key: str | None = None  # `whpk_...` for ed25519: what the partner verifies with
     proxy: str | None = None  # its own egress proxy as host:port (the URL is a secret)
+    on_ambiguous: str = "retry"  # 'hold': an ambiguous outcome waits for a person
+    owner: str | None = None  # the team its failures belong to (outbox.owners)
+    operational_owner: str | None = None  # takes only this owner's operational events
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +73,9 @@ class Endpoint:
             "signature_scheme": self.signature_scheme,
             "public_key": self.public_key,
             "proxy": self.proxy,
+            "on_ambiguous": self.on_ambiguous,
+            "owner": self.owner,
+            "operational_owner": self.operational_owner,
         }
 
 
@@ -467,6 +474,70 @@ def update_endpoint(
             **scope_params(conn, scope),
         },
     )
+    record_audit(
+        conn,
+        actor=actor,
+        action="endpoint.update",
+        target_type="endpoint",
+        target_id=uid,
+        reason=reason,
+        details={
+            "changed": changed,
+            "before": {k: v for k, v in before.as_json().items() if k in changed},
+        },
+        request_id=request_id,
+    )
+    return get_endpoint(conn, uid, scope=scope)
+
+
+def set_failure_policy(
+    conn: Connection,
+    uid: str,
+    *,
+    actor: str,
+    on_ambiguous: str | None = None,
+    owner: str | None = None,
+    operational_owner: str | None = None,
+    reason: str | None = None,
+    request_id: str | None = None,
+    scope: str | None = None,
+) -> Endpoint:
+    """Set what an ambiguous outcome does ('retry' or 'hold'), the endpoint's owner and the
+    owner whose operational events it takes; None leaves a field, "" clears an owner."""
+    if on_ambiguous is not None and on_ambiguous not in ON_AMBIGUOUS:
+        raise EndpointError(
+            f"on-ambiguous {on_ambiguous!r} is not known: use retry (the default) or hold"
+        )
+    for value in (owner, operational_owner):
+        if value:
+            check_owner(value)
+    if on_ambiguous is None and owner is None and operational_owner is None:
+        raise EndpointError(
+            "nothing to change: give --on-ambiguous, --owner or --operational-owner"
+        )
+    before = get_endpoint(conn, uid, scope=scope)
+    conn.execute(
+        queries.SET_ENDPOINT_FAILURE_POLICY,
+        {
+            "uid": uid,
+            "set_on_ambiguous": on_ambiguous is not None,
+            "on_ambiguous": on_ambiguous,
+            "set_owner": owner is not None,
+            "owner": owner or None,
+            "set_operational_owner": operational_owner is not None,
+            "operational_owner": operational_owner or None,
+            **scope_params(conn, scope),
+        },
+    )
+    changed = {
+        key: value or None
+        for key, value in (
+            ("on_ambiguous", on_ambiguous),
+            ("owner", owner),
+            ("operational_owner", operational_owner),
+        )
+        if value is not None
+    }
     record_audit(
         conn,
         actor=actor,

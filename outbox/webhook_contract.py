@@ -102,6 +102,14 @@ OPERATIONAL_SCHEMAS: dict[str, tuple[str, dict[str, Any]]] = {
          "last_status_code": {"type": ["integer", "null"]}, "summary": {"type": "boolean"},
          "count": {"type": "integer"}, "window_start": _TIME, "window_end": _TIME},
     ),
+    "delivery.held": (
+        "An attempt's outcome was ambiguous (sent, no answer) and its endpoint or event type "
+        "holds such deliveries for review: confirm it delivered, send it again or discard it.",
+        {"endpoint_id": _ENDPOINT, "delivery_id": {"type": "integer"},
+         "message_id": {"type": "string"}, "event_type": {"type": "string"},
+         "attempts": {"type": "integer"}, "reason": {"type": ["string", "null"]},
+         "owner": {"type": ["string", "null"]}},
+    ),
     "tenant.disabled": (
         "A tenant was disabled.",
         {"tenant_id": {"type": "string"}, "reason": {"type": ["string", "null"]},

@@ -209,6 +209,32 @@ async def _discard_many(w: World) -> None:
     assert scalar(w.engine, "SELECT count(*) FROM deliveries WHERE state = 'discarded'") == 0
 
 
+def _hold_one_each(w: World) -> tuple[int, int]:
+    """Make one dead delivery of each seller held (as the worker does on a held outcome)."""
+    with w.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE deliveries SET state = 'held', completed_at = NULL WHERE id = ANY(:ids)"),
+            {"ids": [w.a_dead[0], w.b_dead[0]]},
+        )
+    return w.a_dead[0], w.b_dead[0]
+
+
+async def _confirm_held(w: World) -> None:
+    mine, theirs = _hold_one_each(w)
+    not_found(await w.post(f"/v1/deliveries/{theirs}/confirm", {"reason": "x"}))
+    assert scalar(w.engine, "SELECT state FROM deliveries WHERE id = :i", i=theirs) == "held"
+    done = await w.post(f"/v1/deliveries/{mine}/confirm", {"reason": "partner saw it"})
+    assert done.json() == {"confirmed": [mine]}
+
+
+async def _retry_held(w: World) -> None:
+    mine, theirs = _hold_one_each(w)
+    not_found(await w.post(f"/v1/deliveries/{theirs}/retry", {"reason": "x"}))
+    assert scalar(w.engine, "SELECT state FROM deliveries WHERE id = :i", i=theirs) == "held"
+    done = await w.post(f"/v1/deliveries/{mine}/retry", {"reason": "safe to repeat"})
+    assert done.json() == {"retried": [mine]}
+
+
 async def _list_endpoints(w: World) -> None:
     answer = (await w.get("/v1/endpoints")).json()
     assert [e["id"] for e in answer["items"]] == [w.a_endpoint]
@@ -445,6 +471,8 @@ CASES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/replays"): _replay_many,
     ("POST", "/v1/deliveries/{id}/discard"): _discard_one,
     ("POST", "/v1/discards"): _discard_many,
+    ("POST", "/v1/deliveries/{id}/confirm"): _confirm_held,
+    ("POST", "/v1/deliveries/{id}/retry"): _retry_held,
     ("GET", "/v1/endpoints"): _list_endpoints,
     ("POST", "/v1/endpoints"): _create_endpoint,
     ("PATCH", "/v1/endpoints/{uid}"): _update_endpoint,

@@ -39,6 +39,7 @@ from pydantic import (
 from outbox import deliveries as delivery_ops
 from outbox.endpoint_rules import MAX_ENDPOINT_TIMEOUT_SECONDS
 from outbox.errors import OperationError
+from outbox.owners import check_owner
 
 MAX_ID = 2**63 - 1  # PostgreSQL bigint
 MAX_WINDOW_SECONDS = 366 * 86400
@@ -124,6 +125,14 @@ def _text(value: Any) -> str:
     return value
 
 
+def _owner(value: Any) -> str:
+    """A team name (outbox.owners): the same rule wherever an owner is given."""
+    try:
+        return check_owner(_text(value))
+    except OperationError as exc:
+        raise ValueError(str(exc)) from exc
+
+
 def _time(value: Any) -> dt.datetime:
     if isinstance(value, dt.datetime):
         parsed = value
@@ -162,7 +171,8 @@ Limit = Annotated[int, BeforeValidator(_integer), Field(ge=1, le=delivery_ops.MA
 Text = Annotated[str, BeforeValidator(_text), Field(min_length=1, max_length=MAX_TEXT)]
 Reason = Annotated[str, BeforeValidator(_text), Field(max_length=MAX_REASON)]
 Time = Annotated[dt.datetime, BeforeValidator(_time)]
-State = Literal["scheduled", "in_flight", "succeeded", "dead", "discarded"]
+Owner = Annotated[str, BeforeValidator(_owner)]
+State = Literal["scheduled", "in_flight", "succeeded", "dead", "discarded", "held"]
 States = Annotated[tuple[State, ...], BeforeValidator(_states)]
 WindowSeconds = Annotated[float, BeforeValidator(_number), Field(gt=0, le=MAX_WINDOW_SECONDS)]
 GraceSeconds = Annotated[float, BeforeValidator(_number), Field(ge=0, le=MAX_GRACE_SECONDS)]
@@ -185,7 +195,9 @@ class DeliverySearch(_Input):
     """The delivery filter of `deliveries list`, `GET /v1/deliveries` and bulk replay."""
 
     state: States = Field(
-        (), description="Comma-separated states: scheduled, in_flight, succeeded, dead, discarded."
+        (),
+        description="Comma-separated states: scheduled, in_flight, succeeded, dead, discarded, "
+        "held.",
     )
     endpoint: Text | None = Field(None, description="Endpoint id.")
     event_type: Text | None = Field(None, description="Exact event type.")
@@ -200,11 +212,15 @@ class DeliverySearch(_Input):
     unreplayed: StrictBool = Field(False, description="Only deliveries never replayed.")
     before: Id | None = Field(None, description="Paging: only ids below this (pass next_before).")
     limit: Limit = Field(50, description="Page size, 1..1000 (default 50).")
+    owner: Owner | None = Field(
+        None, description="Owner (team): the endpoint's owner, else the event type's."
+    )
 
     def to_filter(self, *, tenant: str | None = None) -> delivery_ops.DeliveryFilter:
         """`tenant` is resolved by the caller (it must exist, and a scope wins)."""
         return delivery_ops.DeliveryFilter(
             tenant=tenant,
+            owner=self.owner,
             states=self.state,
             endpoint=self.endpoint,
             event_type=self.event_type,
@@ -228,6 +244,7 @@ class ReplayFilter(_Input):
     message_id: Text | None = None
     since: Time | None = None
     until: Time | None = None
+    owner: Owner | None = None
     # Checked by the tenant rules themselves when it is resolved (outbox.tenants).
     tenant: StrictStr | None = None
 
@@ -255,6 +272,13 @@ class ReplayMany(_Input):
 
 
 class DiscardOne(_Input):
+    reason: Reason = Field(description="Why; goes in the audit log (required).")
+
+
+class HeldAction(_Input):
+    """Confirm, retry or discard held deliveries (`deliveries confirm|retry|discard`)."""
+
+    ids: Annotated[list[Id], Field(min_length=1, max_length=MAX_IDS)]
     reason: Reason = Field(description="Why; goes in the audit log (required).")
 
 
