@@ -211,18 +211,27 @@ async def _discard_many(w: World) -> None:
 
 def _hold_one_each(w: World) -> tuple[int, int]:
     """Make one dead delivery of each seller held (as the worker does on a held outcome)."""
+    _set_state(w, [w.a_dead[0], w.b_dead[0]], "held")
+    return w.a_dead[0], w.b_dead[0]
+
+
+def _set_state(w: World, ids: list[int], state: str) -> None:
     with w.engine.begin() as conn:
         conn.execute(
-            text("UPDATE deliveries SET state = 'held', completed_at = NULL WHERE id = ANY(:ids)"),
-            {"ids": [w.a_dead[0], w.b_dead[0]]},
+            text("UPDATE deliveries SET state = :s WHERE id = ANY(:ids)"), {"ids": ids, "s": state}
         )
-    return w.a_dead[0], w.b_dead[0]
+
+
+def _unhold_b(w: World, theirs: int) -> None:
+    """seller-b's row is back as it was: the check after each case compares all of it."""
+    assert scalar(w.engine, "SELECT state FROM deliveries WHERE id = :i", i=theirs) == "held"
+    _set_state(w, [theirs], "dead")
 
 
 async def _confirm_held(w: World) -> None:
     mine, theirs = _hold_one_each(w)
     not_found(await w.post(f"/v1/deliveries/{theirs}/confirm", {"reason": "x"}))
-    assert scalar(w.engine, "SELECT state FROM deliveries WHERE id = :i", i=theirs) == "held"
+    _unhold_b(w, theirs)
     done = await w.post(f"/v1/deliveries/{mine}/confirm", {"reason": "partner saw it"})
     assert done.json() == {"confirmed": [mine]}
 
@@ -230,7 +239,7 @@ async def _confirm_held(w: World) -> None:
 async def _retry_held(w: World) -> None:
     mine, theirs = _hold_one_each(w)
     not_found(await w.post(f"/v1/deliveries/{theirs}/retry", {"reason": "x"}))
-    assert scalar(w.engine, "SELECT state FROM deliveries WHERE id = :i", i=theirs) == "held"
+    _unhold_b(w, theirs)
     done = await w.post(f"/v1/deliveries/{mine}/retry", {"reason": "safe to repeat"})
     assert done.json() == {"retried": [mine]}
 
