@@ -40,6 +40,7 @@ from outbox import deliveries as delivery_ops
 from outbox.endpoint_rules import MAX_ENDPOINT_TIMEOUT_SECONDS
 from outbox.errors import OperationError
 from outbox.owners import check_owner
+from outbox.workflows import check_rate, check_seconds
 
 MAX_ID = 2**63 - 1  # PostgreSQL bigint
 MAX_WINDOW_SECONDS = 366 * 86400
@@ -280,6 +281,61 @@ class HeldAction(_Input):
 
     ids: Annotated[list[Id], Field(min_length=1, max_length=MAX_IDS)]
     reason: Reason = Field(description="Why; goes in the audit log (required).")
+
+
+def _seconds(value: Any) -> float:
+    return check_seconds(_number(value), "a threshold")
+
+
+def _rate(value: Any) -> float:
+    return check_rate(_number(value))
+
+
+def _wrapped(check: Any) -> Any:
+    """An outbox check's OperationError as the ValueError pydantic reports as a 400."""
+
+    def run(value: Any) -> Any:
+        try:
+            return check(value)
+        except OperationError as exc:
+            raise ValueError(str(exc)) from exc
+
+    return run
+
+
+ThresholdSeconds = Annotated[float, BeforeValidator(_wrapped(_seconds))]
+ErrorRate = Annotated[float, BeforeValidator(_wrapped(_rate))]
+OnAmbiguous = Literal["retry", "hold"]
+
+
+class FailurePolicy(_Input):
+    """An endpoint's failure settings (PATCH /v1/endpoints/{uid}/failure-policy); a null
+    owner clears it."""
+
+    on_ambiguous: OnAmbiguous | None = Field(
+        None, description="retry (default) or hold: an ambiguous outcome waits for a person."
+    )
+    owner: Owner | None = Field(None, description="The team its failures belong to.")
+    operational_owner: Owner | None = Field(
+        None, description="Take only this owner's operational events."
+    )
+    reason: Reason | None = None
+
+
+class WorkflowSettings(_Input):
+    """An event type's workflow (PATCH /v1/event-types/{name}/workflow); null clears."""
+
+    on_ambiguous: OnAmbiguous | None = None
+    owner: Owner | None = None
+    alert_oldest_seconds: ThresholdSeconds | None = Field(
+        None, description="Alert when its oldest due delivery has waited this long."
+    )
+    alert_error_rate: ErrorRate | None = Field(
+        None, description="Alert when this share (0-1] of the window's attempts failed."
+    )
+    alert_processing_p95_seconds: ThresholdSeconds | None = Field(
+        None, description="Alert when p95 from publish to delivered exceeds this."
+    )
 
 
 class DiscardMany(_Input):

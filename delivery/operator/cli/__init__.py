@@ -15,6 +15,7 @@ from delivery.operator.cli import (
     deliveries,
     endpoints,
     keys,
+    owners,
     portal,
     priorities,
     publish,
@@ -78,5 +79,7 @@ for command in (
 ):
     main.add_command(command)
 endpoints.endpoints.add_command(contract.endpoints_test)
+endpoints.endpoints.add_command(owners.endpoints_set)
+contract.event_types.add_command(owners.event_types_set)
 
 __all__ = ["main"]
