@@ -244,6 +244,24 @@ async def _retry_held(w: World) -> None:
     assert done.json() == {"retried": [mine]}
 
 
+async def _set_failure_policy(w: World) -> None:
+    for theirs in (w.b_endpoint, w.warehouse):
+        not_found(await w.patch(f"/v1/endpoints/{theirs}/failure-policy", {"owner": "ops"}))
+    mine = await w.patch(
+        f"/v1/endpoints/{w.a_endpoint}/failure-policy", {"owner": "ops", "on_ambiguous": "hold"}
+    )
+    assert (mine.json()["owner"], mine.json()["on_ambiguous"]) == ("ops", "hold")
+    bad = await w.patch(f"/v1/endpoints/{w.a_endpoint}/failure-policy", {"owner": "<b>"})
+    assert bad.status_code == 400 and "team name" in bad.text
+
+
+async def _set_workflow(w: World) -> None:
+    await _with_type(w)
+    refused = await w.patch("/v1/event-types/order.created/workflow", {"owner": "ops"})
+    assert refused.status_code == 403
+    assert scalar(w.engine, "SELECT owner FROM event_types") is None
+
+
 async def _list_endpoints(w: World) -> None:
     answer = (await w.get("/v1/endpoints")).json()
     assert [e["id"] for e in answer["items"]] == [w.a_endpoint]
@@ -481,6 +499,8 @@ CASES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/deliveries/{id}/discard"): _discard_one,
     ("POST", "/v1/discards"): _discard_many,
     ("POST", "/v1/deliveries/{id}/confirm"): _confirm_held,
+    ("PATCH", "/v1/endpoints/{uid}/failure-policy"): _set_failure_policy,
+    ("PATCH", "/v1/event-types/{name}/workflow"): _set_workflow,
     ("POST", "/v1/deliveries/{id}/retry"): _retry_held,
     ("GET", "/v1/endpoints"): _list_endpoints,
     ("POST", "/v1/endpoints"): _create_endpoint,

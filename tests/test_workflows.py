@@ -268,3 +268,38 @@ def test_hostile_endpoint_policy_from_the_cli(engine: Engine, box: SecretBox, ou
     assert (done["owner"], done["on_ambiguous"]) == ("ops", "retry")
     with pytest.raises(OperationError), engine.begin() as conn:
         set_failure_policy(conn, "ep_nope", actor="t", owner="ops")
+
+
+async def test_workflow_settings_over_the_api(
+    engine: Engine, async_engine: AsyncEngine, box: SecretBox, clock: ManualClock
+) -> None:
+    catalogue(engine, "invoice.paid")
+    with engine.begin() as conn:
+        _, secret = create_token(conn, name="ops", role="operator", actor="t")
+    auth = {"authorization": f"Bearer {secret}"}
+    app = create_app(async_engine, box, clock=clock)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://admin"
+    ) as api:
+        url = "/v1/event-types/invoice.paid/workflow"
+        done = await api.patch(
+            url, json={"alert_error_rate": 0.2, "owner": "billing"}, headers=auth
+        )
+        assert (done.json()["alert_error_rate"], done.json()["owner"]) == (0.2, "billing")
+        for bad in (
+            {"alert_error_rate": 2},
+            {"alert_error_rate": "NaN"},
+            {"alert_oldest_seconds": -1},
+            {"alert_oldest_seconds": 0},
+            {"alert_processing_p95_seconds": 1e12},
+            {"owner": "x y"},
+            {"on_ambiguous": "sometimes"},
+        ):
+            answer = await api.patch(url, json=bad, headers=auth)
+            assert answer.status_code == 400, (bad, answer.text)
+        cleared = await api.patch(url, json={"owner": None}, headers=auth)
+        assert cleared.json()["owner"] is None and cleared.json()["alert_error_rate"] == 0.2
+        missing = await api.patch(
+            "/v1/event-types/no.such/workflow", json={"owner": "x"}, headers=auth
+        )
+        assert missing.status_code == 404
