@@ -100,6 +100,7 @@ OPERATIONAL_SCHEMAS: dict[str, tuple[str, dict[str, Any]]] = {
          "message_id": {"type": "string"}, "event_type": {"type": "string"},
          "attempts": {"type": "integer"}, "reason": {"type": ["string", "null"]},
          "last_status_code": {"type": ["integer", "null"]}, "summary": {"type": "boolean"},
+         "owner": {"type": ["string", "null"]},
          "count": {"type": "integer"}, "window_start": _TIME, "window_end": _TIME},
     ),
     "delivery.held": (

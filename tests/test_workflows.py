@@ -303,3 +303,36 @@ async def test_workflow_settings_over_the_api(
             "/v1/event-types/no.such/workflow", json={"owner": "x"}, headers=auth
         )
         assert missing.status_code == 404
+
+
+async def test_dead_delivery_events_name_the_owner_and_route_by_it(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    box: SecretBox,
+    clock: ManualClock,
+    receiver: Receiver,
+) -> None:
+    catalogue(engine, "billing.charged")
+    bad = receiver.route("/bad", status=400)
+    shipping = add_endpoint(engine, box, bad, "shipping.*").endpoint.uid
+    add_endpoint(engine, box, bad, "billing.*")
+    watcher = add_endpoint(engine, box, receiver.route("/ops"), "delivery.dead").endpoint.uid
+    with engine.begin() as conn:
+        set_failure_policy(conn, shipping, actor="t", owner="shipping")
+        set_workflow(conn, "billing.charged", actor="t", owner="billing")
+        set_failure_policy(conn, watcher, actor="t", operational_owner="billing")
+        publish(conn, "shipping.sent", {})
+        publish(conn, "billing.charged", {})
+    await deliver(async_engine, box, clock)
+    await deliver(async_engine, box, clock)
+    owners = sorted(
+        r["owner"]
+        for r in rows(
+            engine,
+            "SELECT payload ->> 'owner' AS owner FROM outbox_events"
+            " WHERE event_type = 'delivery.dead'",
+        )
+    )
+    assert owners == ["billing", "shipping"]  # the endpoint's, else the event type's
+    got = [json.loads(r.body)["data"] for r in receiver.received("/ops")]
+    assert [(d["owner"], d["event_type"]) for d in got] == [("billing", "billing.charged")]
