@@ -9,7 +9,14 @@
   delivery_id, message_id, event_type, attempts, reason, last_status_code. When many die
   at one endpoint in one minute: one summary with endpoint_id, summary: true, count,
   window_start, window_end.
+- `delivery.held`: an ambiguous attempt was held for review (on_ambiguous = hold).
+  endpoint_id, delivery_id, message_id, event_type, attempts, reason, owner. One per
+  delivery and hold (holds are rare and each needs a person, so no storm bound).
 - `tenant.disabled`: a tenant was disabled. tenant_id, reason, disabled_at.
+
+`owner` (in `delivery.held`): the endpoint's owner, else the event type's, else null.
+An endpoint with an `operational_owner` receives only the operational events whose
+owner is that one (outbox/sql/relay.py routes them).
 
 Each is published for the tenant that owns the endpoint (or the tenant itself), so a
 tenant's own endpoint subscribed to them receives its own trouble and nobody else's.
@@ -49,3 +56,11 @@ async def report_dead(
             queries.REPORT_DEAD_DELIVERIES,
             {"ids": list(delivery_ids), "now": now, "limit": DEAD_EVENTS_PER_MINUTE},
         )
+
+
+async def report_held(
+    conn: AsyncConnection, delivery_ids: Sequence[int], *, now: dt.datetime
+) -> None:
+    """Publish `delivery.held` for deliveries this transaction held, naming the owner."""
+    if delivery_ids:
+        await conn.execute(queries.REPORT_HELD_DELIVERIES, {"ids": list(delivery_ids), "now": now})

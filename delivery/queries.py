@@ -27,7 +27,7 @@ from outbox.sql.relay import HEALTH_GATED, claimed_columns
 #   priority: higher first across all endpoints, so a low-priority flood delays due
 #     high-priority work by at most the batch already claimed;
 #   ordering (endpoints with `ordered`): only the head of each ordering key is offered:
-#     nothing of that key in flight, nothing earlier scheduled, and in 'block' mode no
+#     nothing of that key in flight, nothing earlier scheduled or held, and in 'block' mode no
 #     earlier dead delivery that was neither replayed nor discarded; and no earlier
 #     event of the key still waiting for the relay.
 # Candidates are over-picked (2 * limit) and locked with SKIP LOCKED, so two workers
@@ -74,6 +74,8 @@ CLAIM_DUE_DELIVERIES = text(
                           = (SELECT t.tenant_id FROM outbox_events t WHERE t.id = d.event_id))
                     AND (p.state = 'in_flight'
                          OR (p.event_id < d.event_id AND p.state = 'scheduled')
+                         -- a held delivery holds its key until an operator acts
+                         OR (p.event_id < d.event_id AND p.state = 'held')
                          OR (p.event_id < d.event_id AND p.state = 'dead'
                              AND h.dead_head = 'block'
                              AND NOT EXISTS (
@@ -617,3 +619,28 @@ SELECT_ENDPOINT_LIMITS = text(
 
 # Operational `delivery.dead` events for one outcome batch (delivery/operational.py).
 REPORT_DEAD_DELIVERIES = text("SELECT outbox_deliveries_dead(CAST(:ids AS bigint[]), :now, :limit)")
+
+# Operational `delivery.held` events for one outcome batch (delivery/operational.py): one
+# per delivery and hold (the key has the claim number: held again after a send-again is
+# a new event), naming the owner; a held operational event reports nothing (no loops).
+REPORT_HELD_DELIVERIES = text(
+    """
+    SELECT outbox_publish_operational(
+        e.tenant_id, 'delivery.held',
+        jsonb_build_object('endpoint_id', e.uid, 'delivery_id', x.id,
+                           'message_id', o.message_id, 'event_type', o.event_type,
+                           'attempts', x.attempts, 'reason', x.final_reason,
+                           'owner', COALESCE(e.owner, t.owner)),
+        'outbox:delivery.held:' || x.id::text || ':' || x.claims::text,
+        :now)
+    FROM deliveries x
+    JOIN endpoints e ON e.id = x.endpoint_id
+    JOIN outbox_events o ON o.id = x.event_id
+    LEFT JOIN event_types t ON t.name = o.event_type
+    WHERE x.id = ANY(CAST(:ids AS bigint[])) AND x.state = 'held'
+      AND o.event_type NOT IN ('endpoint.disabled', 'endpoint.breaker_opened',
+                               'endpoint.recovered', 'delivery.dead', 'delivery.held',
+                               'tenant.disabled')
+    ORDER BY x.id
+    """
+)

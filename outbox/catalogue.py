@@ -62,6 +62,7 @@ OPERATIONAL_EVENT_TYPES = (
     "endpoint.breaker_opened",
     "endpoint.recovered",
     "delivery.dead",
+    "delivery.held",
     "tenant.disabled",
 )
 

@@ -26,7 +26,9 @@ from outbox.sql import deliveries as queries
 from outbox.tenants import scope_params
 
 REPLAYABLE_STATES = ("dead", "discarded")
-DISCARDABLE_STATES = ("scheduled", "dead")
+DISCARDABLE_STATES = ("scheduled", "dead", "held")
+# What an operator does to a held delivery (besides discard): the state it goes to.
+HELD_ACTIONS = {"confirm": "succeeded", "retry": "scheduled"}
 MAX_PAGE = 1000
 DEFAULT_BULK_LIMIT = 1000
 SAMPLE_SIZE = 5
@@ -56,6 +58,7 @@ class DeliveryFilter:
     before_id: int | None = None
     limit: int = 50
     tenant: str | None = None
+    owner: str | None = None  # the endpoint's owner, else the event type's
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.states) - set(DELIVERY_STATES))
@@ -79,6 +82,7 @@ class DeliveryFilter:
             "unreplayed": self.unreplayed,
             "before_id": self.before_id,
             "limit": self.limit,
+            "owner": self.owner,
         }
 
     def describe(self) -> dict[str, Any]:
@@ -107,11 +111,13 @@ class DeliverySummary:
     event_type: str
     tenant: str
     subject: str | None
+    owner: str | None
 
     def as_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "tenant": self.tenant,
+            "owner": self.owner,
             "state": self.state,
             "attempts": self.attempts,
             "max_attempts": self.max_attempts,
@@ -510,7 +516,7 @@ def discard(
     request_id: str | None = None,
     scope: str | None = None,
 ) -> list[int]:
-    """Give up on scheduled or dead deliveries for good; all or nothing, audited."""
+    """Give up on scheduled, dead or held deliveries for good; all or nothing, audited."""
     why = require_reason(reason, "a discard")
     wanted = list(dict.fromkeys(int(i) for i in ids))
     if not wanted:
@@ -523,7 +529,7 @@ def discard(
     if refused:
         listed = ", ".join(f"{i} is {state}" for i, state in refused.items())
         raise OperationError(
-            f"cannot discard: {listed} (only scheduled or dead deliveries can be); "
+            f"cannot discard: {listed} (only scheduled, dead or held deliveries can be); "
             "nothing was discarded"
         )
     done = conn.execute(
@@ -545,3 +551,62 @@ def discard(
         request_id=request_id,
     )
     return discarded
+
+
+def resolve_held(
+    conn: Connection,
+    ids: Sequence[int],
+    *,
+    action: str,
+    actor: str,
+    reason: str | None,
+    now: dt.datetime,
+    request_id: str | None = None,
+    scope: str | None = None,
+) -> list[int]:
+    """Settle held deliveries: `confirm` (a person checked it arrived: succeeded, with the
+    reason) or `retry` (the same delivery is sent again now, attempts kept, same
+    webhook-id). All or nothing, audited with who, when and why. Discard is `discard`."""
+    if action not in HELD_ACTIONS:
+        raise OperationError(
+            f"unknown action {action!r} for a held delivery: use confirm, retry or discard"
+        )
+    why = require_reason(reason, f"a held delivery's {action}")
+    wanted = list(dict.fromkeys(int(i) for i in ids))
+    if not wanted:
+        raise OperationError(f"give at least one held delivery id to {action}")
+    states = _states(conn, wanted, scope)
+    missing = [i for i in wanted if i not in states]
+    if missing:
+        raise NotFoundError(f"no delivery {', '.join(map(str, missing))}; nothing was changed")
+    refused = {i: states[i] for i in wanted if states[i] != "held"}
+    if refused:
+        listed = ", ".join(f"{i} is {state}" for i, state in refused.items())
+        raise OperationError(
+            f"cannot {action}: {listed} (only held deliveries can be); nothing was changed"
+        )
+    done = conn.execute(
+        queries.RESOLVE_HELD,
+        {
+            "ids": wanted,
+            "to_state": HELD_ACTIONS[action],
+            "reason": why,
+            "now": now,
+            **scope_params(conn, scope),
+        },
+    ).scalars()
+    settled = sorted(int(i) for i in done)
+    if len(settled) != len(wanted):
+        raise OperationError("deliveries changed meanwhile; nothing was changed, try again")
+    record_audit_many(
+        conn,
+        actor=actor,
+        action=f"delivery.{action}_held",
+        target_type="delivery",
+        targets=[
+            (str(i), {"previous_state": "held", "state": HELD_ACTIONS[action]}) for i in settled
+        ],
+        reason=why,
+        request_id=request_id,
+    )
+    return settled

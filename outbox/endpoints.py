@@ -31,7 +31,8 @@ from outbox.errors import EndpointError, EndpointNotFoundError, SecretKeyError
 from outbox.feeds import check_delivery_mode, new_feed_token
 from outbox.filters import validate_filter
 from outbox.ids import new_endpoint_id
-from outbox.schema import LATENCY_BUCKETS
+from outbox.owners import check_owner
+from outbox.schema import LATENCY_BUCKETS, ON_AMBIGUOUS
 from outbox.sql import endpoints as queries
 from outbox.sql.feeds import ENSURE_ENDPOINT_FEED
 from outbox.tenants import DEFAULT_TENANT, scope_params, validate_tenant_uid
@@ -59,6 +60,9 @@ class Endpoint:
     delivery_mode: str = "push"  # push, pull (its catch-up feed only) or both (outbox.feeds)
     payload_filter: str | None = None  # a SQL/JSON path predicate (outbox.filters)
     filter_skips: int = 0  # events its filter could not evaluate, skipped (kept until retention)
+    on_ambiguous: str = "retry"  # 'hold': an ambiguous outcome waits for a person
+    owner: str | None = None  # the team its failures belong to (outbox.owners)
+    operational_owner: str | None = None  # takes only this owner's operational events
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +82,9 @@ class Endpoint:
             "delivery_mode": self.delivery_mode,
             "payload_filter": self.payload_filter,
             "filter_skips": self.filter_skips,
+            "on_ambiguous": self.on_ambiguous,
+            "owner": self.owner,
+            "operational_owner": self.operational_owner,
         }
 
 
@@ -498,6 +505,70 @@ def update_endpoint(
             **scope_params(conn, scope),
         },
     )
+    record_audit(
+        conn,
+        actor=actor,
+        action="endpoint.update",
+        target_type="endpoint",
+        target_id=uid,
+        reason=reason,
+        details={
+            "changed": changed,
+            "before": {k: v for k, v in before.as_json().items() if k in changed},
+        },
+        request_id=request_id,
+    )
+    return get_endpoint(conn, uid, scope=scope)
+
+
+def set_failure_policy(
+    conn: Connection,
+    uid: str,
+    *,
+    actor: str,
+    on_ambiguous: str | None = None,
+    owner: str | None = None,
+    operational_owner: str | None = None,
+    reason: str | None = None,
+    request_id: str | None = None,
+    scope: str | None = None,
+) -> Endpoint:
+    """Set what an ambiguous outcome does ('retry' or 'hold'), the endpoint's owner and the
+    owner whose operational events it takes; None leaves a field, "" clears an owner."""
+    if on_ambiguous is not None and on_ambiguous not in ON_AMBIGUOUS:
+        raise EndpointError(
+            f"on-ambiguous {on_ambiguous!r} is not known: use retry (the default) or hold"
+        )
+    for value in (owner, operational_owner):
+        if value:
+            check_owner(value)
+    if on_ambiguous is None and owner is None and operational_owner is None:
+        raise EndpointError(
+            "nothing to change: give --on-ambiguous, --owner or --operational-owner"
+        )
+    before = get_endpoint(conn, uid, scope=scope)
+    conn.execute(
+        queries.SET_ENDPOINT_FAILURE_POLICY,
+        {
+            "uid": uid,
+            "set_on_ambiguous": on_ambiguous is not None,
+            "on_ambiguous": on_ambiguous,
+            "set_owner": owner is not None,
+            "owner": owner or None,
+            "set_operational_owner": operational_owner is not None,
+            "operational_owner": operational_owner or None,
+            **scope_params(conn, scope),
+        },
+    )
+    changed = {
+        key: value or None
+        for key, value in (
+            ("on_ambiguous", on_ambiguous),
+            ("owner", owner),
+            ("operational_owner", operational_owner),
+        )
+        if value is not None
+    }
     record_audit(
         conn,
         actor=actor,

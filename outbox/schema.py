@@ -42,7 +42,11 @@ NAMING = {
 
 metadata = MetaData(naming_convention=NAMING)
 
-DELIVERY_STATES = ("scheduled", "in_flight", "succeeded", "dead", "discarded")
+DELIVERY_STATES = ("scheduled", "in_flight", "succeeded", "dead", "discarded", "held")
+# What an ambiguous outcome does (endpoints and event types, migration 0031; NULL: retry).
+ON_AMBIGUOUS = ("retry", "hold")
+# An owner is a team name: a short slug (migration 0031 checks the same).
+OWNER_FORMAT = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 TERMINAL_STATES = ("succeeded", "dead", "discarded")
 ATTEMPT_OUTCOMES = ("succeeded", "retryable", "permanent", "ambiguous")
 
@@ -203,9 +207,18 @@ endpoints = Table(
     Column("retry_schedule", ARRAY(Float)),
     # {"404": "retryable"}: per-status outcomes that replace the default table.
     Column("status_overrides", JSONB),
+    # Hold ambiguous outcomes for a person ('hold') or retry them (NULL, 'retry'); the
+    # team that owns this endpoint's failures; and, for an endpoint that receives
+    # operational events, the one owner whose events it takes (migration 0031).
+    Column("on_ambiguous", Text),
+    Column("owner", Text),
+    Column("operational_owner", Text),
     _now_column("created_at"),
     _now_column("updated_at"),
     CheckConstraint("cardinality(event_types) > 0", name="has_event_types"),
+    CheckConstraint("on_ambiguous IN ('retry', 'hold')", name="known_on_ambiguous"),
+    CheckConstraint(f"owner ~ '{OWNER_FORMAT}'", name="owner_format"),
+    CheckConstraint(f"operational_owner ~ '{OWNER_FORMAT}'", name="operational_owner_format"),
     CheckConstraint("signature_scheme IN ('hmac', 'ed25519')", name="known_signature_scheme"),
     Index("ix_endpoints_tenant_id", "tenant_id"),
     CheckConstraint("enabled OR disabled_reason IS NOT NULL", name="disabled_has_reason"),
@@ -311,9 +324,10 @@ deliveries = Table(
     _now_column("created_at"),
     _now_column("updated_at"),
     Column("completed_at", DateTime(timezone=True)),
+    # 'held' (migration 0031-0033): an ambiguous outcome waiting for a person.
     CheckConstraint(
-        "state IN ('scheduled', 'in_flight', 'succeeded', 'dead', 'discarded')",
-        name="known_state",
+        "state IN ('scheduled', 'in_flight', 'succeeded', 'dead', 'discarded', 'held')",
+        name="known_state_held",
     ),
     CheckConstraint(
         "state <> 'in_flight' OR (locked_by IS NOT NULL AND lease_expires_at IS NOT NULL)",
@@ -386,6 +400,8 @@ deliveries = Table(
         "completed_at",
         postgresql_where=text("state IN ('succeeded', 'dead', 'discarded')"),
     ),
+    # Held deliveries, per tenant (migration 0033): lists and counts of what needs review.
+    Index("ix_deliveries_held", "tenant_id", "id", postgresql_where=text("state = 'held'")),
 )
 
 delivery_attempts = Table(
@@ -612,9 +628,24 @@ event_types = Table(
     # A fresh random token on every change (not a counter): a cached entry can never be
     # mistaken for another database's catalogue that happens to have the same count.
     Column("revision", Text, nullable=False, server_default=text("(gen_random_uuid())::text")),
+    # Migration 0031: what an ambiguous outcome does, the owning team, and the thresholds
+    # of this workflow's alert signals (NULL: no per-type signal).
+    Column("on_ambiguous", Text),
+    Column("owner", Text),
+    Column("alert_oldest_seconds", Float),
+    Column("alert_error_rate", Float),
+    Column("alert_processing_p95_seconds", Float),
     _now_column("created_at"),
     _now_column("updated_at"),
     CheckConstraint("status IN ('active', 'deprecated', 'archived')", name="known_status"),
+    CheckConstraint("on_ambiguous IN ('retry', 'hold')", name="known_on_ambiguous"),
+    CheckConstraint(f"owner ~ '{OWNER_FORMAT}'", name="owner_format"),
+    CheckConstraint(
+        "(alert_oldest_seconds IS NULL OR alert_oldest_seconds > 0)"
+        " AND (alert_error_rate IS NULL OR (alert_error_rate > 0 AND alert_error_rate <= 1))"
+        " AND (alert_processing_p95_seconds IS NULL OR alert_processing_p95_seconds > 0)",
+        name="alert_thresholds",
+    ),
     CheckConstraint(
         "name ~ '^[A-Za-z0-9][A-Za-z0-9_-]*([.][A-Za-z0-9][A-Za-z0-9_-]*)*$'"
         " AND length(name) <= 200",

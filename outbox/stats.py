@@ -20,10 +20,16 @@ from sqlalchemy import Connection
 from outbox.schema import ATTEMPT_OUTCOMES as OUTCOMES
 from outbox.schema import BREAKER_STATES, DELIVERY_STATES
 from outbox.sql import stats as queries
+from outbox.sql import workflows as workflow_queries
 from outbox.tenants import scope_params
 from outbox.wording import plural
+from outbox.workflows import Workflow, with_thresholds
 
 TOP_ERRORS = 5
+# Owners counted one by one (metric labels): the rest are summed under OTHER_OWNERS.
+MAX_OWNERS = 50
+UNOWNED = "(unowned)"  # not a valid owner name (outbox.owners), so never a clash
+OTHER_OWNERS = "(other)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +146,42 @@ class Alert:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkflowHealth:
+    """One event type's measures against its own thresholds (outbox.workflows)."""
+
+    event_type: str
+    owner: str | None
+    oldest_due_age_seconds: float | None
+    attempts: int
+    error_rate: float | None
+    processing_p95_seconds: float | None
+    thresholds: Workflow
+
+    @property
+    def late(self) -> list[str]:
+        """Which of its thresholds are crossed: 'oldest', 'error_rate', 'processing_p95'."""
+        t = self.thresholds
+        crossed = []
+        if t.alert_oldest_seconds is not None and (self.oldest_due_age_seconds or 0.0) >= (
+            t.alert_oldest_seconds
+        ):
+            crossed.append("oldest")
+        if t.alert_error_rate is not None and (self.error_rate or 0.0) >= t.alert_error_rate:
+            crossed.append("error_rate")
+        if t.alert_processing_p95_seconds is not None and (self.processing_p95_seconds or 0.0) >= (
+            t.alert_processing_p95_seconds
+        ):
+            crossed.append("processing_p95")
+        return crossed
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["thresholds"] = self.thresholds.as_json()
+        data["late"] = self.late
+        return data
+
+
+@dataclass(frozen=True, slots=True)
 class Stats:
     at: dt.datetime
     window_seconds: float
@@ -153,6 +195,9 @@ class Stats:
     endpoints: list[EndpointHealth] = field(default_factory=list)
     top_errors: list[ErrorCount] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
+    dead_by_owner: dict[str, int] = field(default_factory=dict)
+    held_by_owner: dict[str, int] = field(default_factory=dict)
+    workflows: list[WorkflowHealth] = field(default_factory=list)
 
     @property
     def breaker_counts(self) -> dict[str, int]:
@@ -181,6 +226,9 @@ class Stats:
             "breakers": self.breaker_counts,
             "top_errors": [item.as_json() for item in self.top_errors],
             "alerts": [asdict(alert) for alert in self.alerts],
+            "dead_by_owner": self.dead_by_owner,
+            "held_by_owner": self.held_by_owner,
+            "workflows": [item.as_json() for item in self.workflows],
         }
 
 
@@ -230,6 +278,7 @@ def collect_stats(
             queries.STATS_TOP_ERRORS, {**params, "limit": TOP_ERRORS}
         ).mappings()
     ]
+    dead_by_owner, held_by_owner = _failures_by_owner(conn, scoped)
     minutes = window.total_seconds() / 60.0
     window_counts = {key: int(value) for key, value in rates.items()}
     stats = Stats(
@@ -247,8 +296,54 @@ def collect_stats(
         },
         endpoints=endpoints,
         top_errors=errors,
+        dead_by_owner=dead_by_owner,
+        held_by_owner=held_by_owner,
+        workflows=_workflows(conn, now=now, since=since, scoped=scoped),
     )
     return replace(stats, alerts=evaluate_alerts(stats, limits))
+
+
+def _failures_by_owner(
+    conn: Connection, scoped: dict[str, Any]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Dead and held counts per owner; past MAX_OWNERS the rest are summed as (other)."""
+    rows = conn.execute(queries.STATS_FAILURES_BY_OWNER, {"limit": MAX_OWNERS + 1, **scoped})
+    dead: dict[str, int] = {}
+    held: dict[str, int] = {}
+    for index, row in enumerate(rows):
+        owner = OTHER_OWNERS if index >= MAX_OWNERS else (row.owner or UNOWNED)
+        for counts, value in ((dead, int(row.dead)), (held, int(row.held))):
+            if value:
+                counts[owner] = counts.get(owner, 0) + value
+    return dead, held
+
+
+def _workflows(
+    conn: Connection, *, now: dt.datetime, since: dt.datetime, scoped: dict[str, Any]
+) -> list[WorkflowHealth]:
+    """The event types with thresholds (at most MAX_WORKFLOW_ALERTS), measured over the
+    window with indexed queries (outbox/sql/workflows.py)."""
+    configured = {item.name: item for item in with_thresholds(conn)}
+    if not configured:
+        return []
+    measured = conn.execute(
+        workflow_queries.WORKFLOW_MEASURES,
+        {"types": list(configured), "now": now, "since": since, **scoped},
+    )
+    return [
+        WorkflowHealth(
+            event_type=row.event_type,
+            owner=configured[row.event_type].owner,
+            oldest_due_age_seconds=_age(now, row.oldest_due),
+            attempts=int(row.attempts),
+            error_rate=int(row.failed) / int(row.attempts) if row.attempts else None,
+            processing_p95_seconds=(
+                float(row.p95_seconds) if row.p95_seconds is not None else None
+            ),
+            thresholds=configured[row.event_type],
+        )
+        for row in measured
+    ]
 
 
 def evaluate_alerts(stats: Stats, limits: AlertThresholds) -> list[Alert]:
@@ -258,6 +353,7 @@ def evaluate_alerts(stats: Stats, limits: AlertThresholds) -> list[Alert]:
     oldest = stats.oldest_due_age_seconds or 0.0
     lag = stats.relay_lag_seconds or 0.0
     auto_disabled = [e.uid for e in stats.endpoints if e.auto_disabled]
+    held = stats.counts_by_state.get("held", 0)
     # A half-open breaker is still an unhealthy endpoint (its probe is out): counting it
     # keeps the signal from flapping off for the length of every probe. A disabled
     # endpoint's breaker stays as it was (nothing probes it), and the disable has its own
@@ -341,7 +437,63 @@ def evaluate_alerts(stats: Stats, limits: AlertThresholds) -> list[Alert]:
             else "every enabled endpoint's breaker is closed",
         ),
         Alert("relay_lag", lag_firing, lag, limits.relay_lag_seconds, lag_message),
+        Alert(
+            "deliveries_held",
+            held >= 1,
+            held,
+            1,
+            f"{plural(held, 'delivery', 'deliveries')} held for review ("
+            + ", ".join(f"{owner}: {n}" for owner, n in stats.held_by_owner.items())
+            + "); `outbox deliveries list --state held` shows them"
+            if held
+            else "no delivery is held for review",
+        ),
+        *_workflow_alerts(stats.workflows),
     ]
+
+
+def _workflow_alerts(workflows: list[WorkflowHealth]) -> list[Alert]:
+    """One signal per threshold an event type sets (`outbox event-types set`)."""
+    alerts = []
+    for item in workflows:
+        t, owner = item.thresholds, f" (owner {item.owner})" if item.owner else ""
+        if t.alert_oldest_seconds is not None:
+            oldest = item.oldest_due_age_seconds or 0.0
+            alerts.append(
+                Alert(
+                    f"workflow_oldest_due:{item.event_type}",
+                    "oldest" in item.late,
+                    oldest,
+                    t.alert_oldest_seconds,
+                    f"{item.event_type}{owner}: the oldest due delivery has waited "
+                    f"{oldest:.0f}s (threshold {t.alert_oldest_seconds:g}s)",
+                )
+            )
+        if t.alert_error_rate is not None:
+            rate = item.error_rate or 0.0
+            alerts.append(
+                Alert(
+                    f"workflow_error_rate:{item.event_type}",
+                    "error_rate" in item.late,
+                    rate,
+                    t.alert_error_rate,
+                    f"{item.event_type}{owner}: {rate:.0%} of {item.attempts} attempts in the "
+                    f"window failed (threshold {t.alert_error_rate:.0%})",
+                )
+            )
+        if t.alert_processing_p95_seconds is not None:
+            p95 = item.processing_p95_seconds or 0.0
+            alerts.append(
+                Alert(
+                    f"workflow_processing_p95:{item.event_type}",
+                    "processing_p95" in item.late,
+                    p95,
+                    t.alert_processing_p95_seconds,
+                    f"{item.event_type}{owner}: p95 from publish to delivered is {p95:.1f}s "
+                    f"(threshold {t.alert_processing_p95_seconds:g}s)",
+                )
+            )
+    return alerts
 
 
 @dataclass(frozen=True, slots=True)

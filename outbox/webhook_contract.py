@@ -100,7 +100,16 @@ OPERATIONAL_SCHEMAS: dict[str, tuple[str, dict[str, Any]]] = {
          "message_id": {"type": "string"}, "event_type": {"type": "string"},
          "attempts": {"type": "integer"}, "reason": {"type": ["string", "null"]},
          "last_status_code": {"type": ["integer", "null"]}, "summary": {"type": "boolean"},
+         "owner": {"type": ["string", "null"]},
          "count": {"type": "integer"}, "window_start": _TIME, "window_end": _TIME},
+    ),
+    "delivery.held": (
+        "An attempt's outcome was ambiguous (sent, no answer) and its endpoint or event type "
+        "holds such deliveries for review: confirm it delivered, send it again or discard it.",
+        {"endpoint_id": _ENDPOINT, "delivery_id": {"type": "integer"},
+         "message_id": {"type": "string"}, "event_type": {"type": "string"},
+         "attempts": {"type": "integer"}, "reason": {"type": ["string", "null"]},
+         "owner": {"type": ["string", "null"]}},
     ),
     "tenant.disabled": (
         "A tenant was disabled.",

@@ -116,6 +116,41 @@ class _Snapshot(Collector):
             "Endpoints whose circuit breaker is open (cooling down before the next probe).",
             stats.breaker_counts["open"],
         )
+        # Label cardinality is bounded: at most outbox.stats.MAX_OWNERS owners (the rest
+        # summed as "(other)") and outbox.workflows.MAX_WORKFLOW_ALERTS event types.
+        owners = GaugeMetricFamily(
+            "outbox_owner_deliveries",
+            "Dead and held deliveries per owner (the endpoint's, else the event type's).",
+            labels=["owner", "state"],
+        )
+        for state, counts in (("dead", stats.dead_by_owner), ("held", stats.held_by_owner)):
+            for owner, count in counts.items():
+                owners.add_metric([owner, state], count)
+        yield owners
+        oldest = GaugeMetricFamily(
+            "outbox_event_type_oldest_due_age_seconds",
+            "Per event type with alert thresholds: the oldest due delivery's wait (0 if none).",
+            labels=["event_type"],
+        )
+        error_rate = GaugeMetricFamily(
+            "outbox_event_type_error_rate",
+            "Per event type with alert thresholds: failed share of the window's attempts.",
+            labels=["event_type"],
+        )
+        p95 = GaugeMetricFamily(
+            "outbox_event_type_processing_p95_seconds",
+            "Per event type with alert thresholds: p95 from publish to delivered, in the window.",
+            labels=["event_type"],
+        )
+        for flow in stats.workflows:
+            oldest.add_metric([flow.event_type], flow.oldest_due_age_seconds or 0.0)
+            if flow.error_rate is not None:
+                error_rate.add_metric([flow.event_type], flow.error_rate)
+            if flow.processing_p95_seconds is not None:
+                p95.add_metric([flow.event_type], flow.processing_p95_seconds)
+        yield oldest
+        yield error_rate
+        yield p95
         alerts = GaugeMetricFamily(
             "outbox_alert_firing", "1 while an alert signal fires.", labels=["alert"]
         )

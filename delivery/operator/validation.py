@@ -41,7 +41,9 @@ from outbox.endpoint_rules import MAX_ENDPOINT_TIMEOUT_SECONDS
 from outbox.errors import OperationError
 from outbox.feeds import MAX_PAGE as MAX_FEED_PAGE
 from outbox.filters import MAX_FILTER_LENGTH
+from outbox.owners import check_owner
 from outbox.publish import MAX_SUBJECT
+from outbox.workflows import check_rate, check_seconds
 
 MAX_ID = 2**63 - 1  # PostgreSQL bigint
 MAX_WINDOW_SECONDS = 366 * 86400
@@ -127,6 +129,14 @@ def _text(value: Any) -> str:
     return value
 
 
+def _owner(value: Any) -> str:
+    """A team name (outbox.owners): the same rule wherever an owner is given."""
+    try:
+        return check_owner(_text(value))
+    except OperationError as exc:
+        raise ValueError(str(exc)) from exc
+
+
 def _time(value: Any) -> dt.datetime:
     if isinstance(value, dt.datetime):
         parsed = value
@@ -166,7 +176,8 @@ Text = Annotated[str, BeforeValidator(_text), Field(min_length=1, max_length=MAX
 Subject = Annotated[str, BeforeValidator(_text), Field(min_length=1, max_length=MAX_SUBJECT)]
 Reason = Annotated[str, BeforeValidator(_text), Field(max_length=MAX_REASON)]
 Time = Annotated[dt.datetime, BeforeValidator(_time)]
-State = Literal["scheduled", "in_flight", "succeeded", "dead", "discarded"]
+Owner = Annotated[str, BeforeValidator(_owner)]
+State = Literal["scheduled", "in_flight", "succeeded", "dead", "discarded", "held"]
 States = Annotated[tuple[State, ...], BeforeValidator(_states)]
 WindowSeconds = Annotated[float, BeforeValidator(_number), Field(gt=0, le=MAX_WINDOW_SECONDS)]
 GraceSeconds = Annotated[float, BeforeValidator(_number), Field(ge=0, le=MAX_GRACE_SECONDS)]
@@ -192,7 +203,9 @@ class DeliverySearch(_Input):
     """The delivery filter of `deliveries list`, `GET /v1/deliveries` and bulk replay."""
 
     state: States = Field(
-        (), description="Comma-separated states: scheduled, in_flight, succeeded, dead, discarded."
+        (),
+        description="Comma-separated states: scheduled, in_flight, succeeded, dead, discarded, "
+        "held.",
     )
     endpoint: Text | None = Field(None, description="Endpoint id.")
     event_type: Text | None = Field(None, description="Exact event type.")
@@ -210,11 +223,15 @@ class DeliverySearch(_Input):
     unreplayed: StrictBool = Field(False, description="Only deliveries never replayed.")
     before: Id | None = Field(None, description="Paging: only ids below this (pass next_before).")
     limit: Limit = Field(50, description="Page size, 1..1000 (default 50).")
+    owner: Owner | None = Field(
+        None, description="Owner (team): the endpoint's owner, else the event type's."
+    )
 
     def to_filter(self, *, tenant: str | None = None) -> delivery_ops.DeliveryFilter:
         """`tenant` is resolved by the caller (it must exist, and a scope wins)."""
         return delivery_ops.DeliveryFilter(
             tenant=tenant,
+            owner=self.owner,
             states=self.state,
             endpoint=self.endpoint,
             event_type=self.event_type,
@@ -240,6 +257,7 @@ class ReplayFilter(_Input):
     subject: Subject | None = None
     since: Time | None = None
     until: Time | None = None
+    owner: Owner | None = None
     # Checked by the tenant rules themselves when it is resolved (outbox.tenants).
     tenant: StrictStr | None = None
 
@@ -274,6 +292,68 @@ class ReplayMany(_Input):
 
 class DiscardOne(_Input):
     reason: Reason = Field(description="Why; goes in the audit log (required).")
+
+
+class HeldAction(_Input):
+    """Confirm, retry or discard held deliveries (`deliveries confirm|retry|discard`)."""
+
+    ids: Annotated[list[Id], Field(min_length=1, max_length=MAX_IDS)]
+    reason: Reason = Field(description="Why; goes in the audit log (required).")
+
+
+def _seconds(value: Any) -> float:
+    return check_seconds(_number(value), "a threshold")
+
+
+def _rate(value: Any) -> float:
+    return check_rate(_number(value))
+
+
+def _wrapped(check: Any) -> Any:
+    """An outbox check's OperationError as the ValueError pydantic reports as a 400."""
+
+    def run(value: Any) -> Any:
+        try:
+            return check(value)
+        except OperationError as exc:
+            raise ValueError(str(exc)) from exc
+
+    return run
+
+
+ThresholdSeconds = Annotated[float, BeforeValidator(_wrapped(_seconds))]
+ErrorRate = Annotated[float, BeforeValidator(_wrapped(_rate))]
+OnAmbiguous = Literal["retry", "hold"]
+
+
+class FailurePolicy(_Input):
+    """An endpoint's failure settings (PATCH /v1/endpoints/{uid}/failure-policy); a null
+    owner clears it."""
+
+    on_ambiguous: OnAmbiguous | None = Field(
+        None, description="retry (default) or hold: an ambiguous outcome waits for a person."
+    )
+    owner: Owner | None = Field(None, description="The team its failures belong to.")
+    operational_owner: Owner | None = Field(
+        None, description="Take only this owner's operational events."
+    )
+    reason: Reason | None = None
+
+
+class WorkflowSettings(_Input):
+    """An event type's workflow (PATCH /v1/event-types/{name}/workflow); null clears."""
+
+    on_ambiguous: OnAmbiguous | None = None
+    owner: Owner | None = None
+    alert_oldest_seconds: ThresholdSeconds | None = Field(
+        None, description="Alert when its oldest due delivery has waited this long."
+    )
+    alert_error_rate: ErrorRate | None = Field(
+        None, description="Alert when this share (0-1] of the window's attempts failed."
+    )
+    alert_processing_p95_seconds: ThresholdSeconds | None = Field(
+        None, description="Alert when p95 from publish to delivered exceeds this."
+    )
 
 
 class DiscardMany(_Input):

@@ -197,6 +197,7 @@ class Claiming:
             endpoint_spotless=row.endpoint_spotless,
             event_type=row.event_type,
             traceparent=row.traceparent,
+            hold_ambiguous=bool(row.hold_ambiguous),
             policy=self._policy(row.retry_schedule, row.event_type, row.max_attempts),
             request=OutgoingRequest(
                 delivery_id=row.id,

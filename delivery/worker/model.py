@@ -89,6 +89,7 @@ class ClaimedDelivery:
     endpoint_spotless: bool = False  # at claim time: closed breaker, no recent failure
     event_type: str = ""
     traceparent: str | None = None  # W3C trace context of publish(), for the attempt's span
+    hold_ambiguous: bool = False  # an ambiguous outcome is held for a person, not retried
 
 
 @dataclass(slots=True)
@@ -97,6 +98,7 @@ class BatchStats:
     succeeded: int = 0
     scheduled: int = 0
     dead: int = 0
+    held: int = 0
     lost_lease: int = 0
 
     def add(self, decisions: Sequence[Decision], lost: int) -> None:
@@ -105,6 +107,8 @@ class BatchStats:
                 self.succeeded += 1
             elif decision.state == "dead":
                 self.dead += 1
+            elif decision.state == "held":
+                self.held += 1
             else:
                 self.scheduled += 1
         self.lost_lease += lost
@@ -114,6 +118,7 @@ class BatchStats:
         self.succeeded += other.succeeded
         self.scheduled += other.scheduled
         self.dead += other.dead
+        self.held += other.held
         self.lost_lease += other.lost_lease
 
 

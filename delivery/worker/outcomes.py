@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from delivery import health, operational, queries
 from delivery.http import AttemptResult, send_attempt
-from delivery.policy import Decision, decide, exhausted_reason
+from delivery.policy import Decision, Outcome, decide, exhausted_reason
 from delivery.worker.model import BatchStats, ClaimedDelivery, WorkerConfig, _iso
 from outbox import tracing
 from outbox.clock import Clock
@@ -80,6 +80,10 @@ class Recording:
             )
             for claimed, result in outcomes
         ]
+        decisions = [
+            _held(claimed, result, now) if _holds(claimed, result) else decision
+            for decision, (claimed, result) in zip(decisions, outcomes, strict=True)
+        ]
         # Successes of spotless endpoints change nothing: no health write on the happy path.
         observations = [
             health.Observation(
@@ -108,6 +112,15 @@ class Recording:
                     claimed.id
                     for decision, (claimed, _) in zip(decisions, outcomes, strict=True)
                     if decision.state == "dead" and (claimed.id, claimed.claim) in kept
+                ),
+                now=now,
+            )
+            await operational.report_held(
+                conn,
+                sorted(
+                    claimed.id
+                    for decision, (claimed, _) in zip(decisions, outcomes, strict=True)
+                    if decision.state == "held" and (claimed.id, claimed.claim) in kept
                 ),
                 now=now,
             )
@@ -156,6 +169,14 @@ class Recording:
                     result.outcome,
                     result.error or "no error text",
                     _iso(decision.next_attempt_at),
+                )
+            elif decision.state == "held":
+                log.warning(
+                    "delivery %d to endpoint %s is held for review (attempt %d): %s",
+                    claimed.id,
+                    claimed.endpoint_uid,
+                    claimed.attempts + 1,
+                    decision.final_reason,
                 )
             elif decision.state == "dead":
                 log.warning(
@@ -283,3 +304,22 @@ class Recording:
                 )
             ).all()
         return len(released)
+
+
+def _holds(claimed: ClaimedDelivery, result: AttemptResult) -> bool:
+    """An ambiguous outcome (the request went out, no answer) where the endpoint or the
+    event type asks for a person to decide instead of a retry."""
+    return claimed.hold_ambiguous and result.outcome == Outcome.AMBIGUOUS
+
+
+def _held(claimed: ClaimedDelivery, result: AttemptResult, now: dt.datetime) -> Decision:
+    """Held: neither rescheduled nor dead; it waits for confirm, send again or discard.
+    It holds even when its attempts are used up: whether it arrived is for a person."""
+    stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return Decision(
+        "held",
+        None,
+        f"held for review at {stamp} after attempt {claimed.attempts + 1} "
+        f"({result.error or 'sent, no answer: it may have arrived'}): "
+        "confirm it delivered, send it again or discard it",
+    )

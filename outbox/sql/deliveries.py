@@ -8,6 +8,10 @@ from sqlalchemy import text
 
 from outbox.sql.scope import in_scope
 
+# Whose failure a delivery is (migration 0031): the endpoint's owner, else its event type's.
+_OWNER = """COALESCE(e.owner, (SELECT ot.owner FROM event_types ot
+                              WHERE ot.name = ev.event_type))"""
+
 # Which deliveries a search or bulk replay matches.
 # Search takes every filter as an optional bind parameter, so one prepared statement
 # serves every combination. Paging is keyset on id (newest first): pass the last id seen.
@@ -18,6 +22,7 @@ _DELIVERY_FILTER = f"""
     AND (CAST(:event_type AS text) IS NULL OR ev.event_type = :event_type)
     AND (CAST(:message_id AS text) IS NULL OR ev.message_id = :message_id)
     AND (CAST(:subject AS text) IS NULL OR ev.subject = :subject)
+    AND (CAST(:owner AS text) IS NULL OR {_OWNER} = :owner)
     AND (CAST(:since AS timestamptz) IS NULL OR d.created_at >= :since)
     AND (CAST(:until AS timestamptz) IS NULL OR d.created_at < :until)
     AND (CAST(:before_id AS bigint) IS NULL OR d.id < :before_id)
@@ -31,11 +36,12 @@ _DELIVERY_FILTER = f"""
 """
 
 # What a delivery listing shows of each delivery.
-_DELIVERY_COLUMNS = """
+_DELIVERY_COLUMNS = f"""
     d.id, d.state, d.attempts, d.max_attempts, d.next_attempt_at, d.last_status_code,
     d.last_error, d.final_reason, d.replay_of, d.created_at, d.updated_at, d.completed_at,
     e.uid AS endpoint_uid, e.url AS endpoint_url, ev.message_id, ev.event_type, ev.subject,
-    (SELECT t.uid FROM tenants t WHERE t.id = d.tenant_id) AS tenant
+    (SELECT t.uid FROM tenants t WHERE t.id = d.tenant_id) AS tenant,
+    {_OWNER} AS owner
 """
 
 # One page of matching deliveries, newest first.
@@ -162,9 +168,34 @@ DISCARD_DELIVERIES = text(
     UPDATE deliveries
     SET state = 'discarded', final_reason = :reason, locked_by = NULL, lease_expires_at = NULL,
         updated_at = :now, completed_at = :now
-    WHERE id = ANY(CAST(:ids AS bigint[])) AND state IN ('scheduled', 'dead')
+    WHERE id = ANY(CAST(:ids AS bigint[])) AND state IN ('scheduled', 'dead', 'held')
       AND {in_scope("tenant_id")}
     RETURNING id
+    """
+)
+
+# Settle held deliveries (outbox/deliveries.py, resolve_held), guarded by the state: two
+# operators acting at once cannot both settle one. 'succeeded' (confirmed delivered by a
+# person) finishes it with the reason; 'scheduled' sends the SAME delivery again now
+# (its attempts kept, its webhook-id the event's, so the receiver can de-duplicate).
+RESOLVE_HELD = text(
+    f"""
+    WITH settled AS (
+        UPDATE deliveries
+        SET state = CAST(:to_state AS text),
+            final_reason = CASE WHEN CAST(:to_state AS text) = 'succeeded' THEN :reason END,
+            next_attempt_at = CASE WHEN CAST(:to_state AS text) = 'scheduled' THEN :now
+                                   ELSE next_attempt_at END,
+            updated_at = :now,
+            completed_at = CASE WHEN CAST(:to_state AS text) = 'succeeded' THEN :now END
+        WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'held'
+          AND {in_scope("tenant_id")}
+        RETURNING id
+    ), woken AS (
+        SELECT pg_notify('outbox_deliveries', '')
+        WHERE CAST(:to_state AS text) = 'scheduled' AND EXISTS (SELECT 1 FROM settled)
+    )
+    SELECT id FROM settled LEFT JOIN woken ON true
     """
 )
 

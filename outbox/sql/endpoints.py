@@ -29,7 +29,8 @@ _ENDPOINT_COLUMNS = """
     e.enabled, e.disabled_reason, e.disabled_at, e.created_at, e.signature_scheme,
     e.signing_public_key AS public_key, e.proxy_host AS proxy, e.delivery_mode,
     e.payload_filter,
-    (SELECT count(*) FROM filter_skips s WHERE s.endpoint_id = e.id) AS filter_skips
+    (SELECT count(*) FROM filter_skips s WHERE s.endpoint_id = e.id) AS filter_skips,
+    COALESCE(e.on_ambiguous, 'retry') AS on_ambiguous, e.owner, e.operational_owner
 """
 
 # Every endpoint in scope, oldest first.
@@ -48,6 +49,23 @@ SELECT_ENDPOINT_BY_UID = text(
     SELECT {_ENDPOINT_COLUMNS}
     FROM endpoints e JOIN tenants t ON t.id = e.tenant_id
     WHERE e.uid = :uid AND {in_scope("e.tenant_id")}
+    """
+)
+
+# What an endpoint's failures do and whose they are (migration 0031): each column changes
+# only when its :set_ flag says so; NULL clears an owner.
+SET_ENDPOINT_FAILURE_POLICY = text(
+    f"""
+    UPDATE endpoints e
+    SET on_ambiguous = CASE WHEN :set_on_ambiguous THEN CAST(:on_ambiguous AS text)
+                            ELSE e.on_ambiguous END,
+        owner = CASE WHEN :set_owner THEN CAST(:owner AS text) ELSE e.owner END,
+        operational_owner = CASE WHEN :set_operational_owner
+                                 THEN CAST(:operational_owner AS text)
+                                 ELSE e.operational_owner END,
+        updated_at = now()
+    WHERE e.uid = :uid AND {in_scope("e.tenant_id")}
+    RETURNING e.uid
     """
 )
 

@@ -21,10 +21,11 @@ DELIVERIES_CHANNEL = "outbox_deliveries"
 #
 # '*' means every application event: the service's own operational events
 # (delivery/operational.py) reach only endpoints that name them, exactly or by prefix.
-_CANDIDATE_PATTERNS = """
+_OPERATIONAL = """('endpoint.disabled', 'endpoint.breaker_opened', 'endpoint.recovered',
+                   'delivery.dead', 'delivery.held', 'tenant.disabled')"""
+_CANDIDATE_PATTERNS = f"""
     SELECT '*' AS pattern
-    WHERE b.event_type NOT IN ('endpoint.disabled', 'endpoint.breaker_opened',
-                               'endpoint.recovered', 'delivery.dead', 'tenant.disabled')
+    WHERE b.event_type NOT IN {_OPERATIONAL}
     UNION ALL SELECT b.event_type
     UNION ALL SELECT left(b.event_type, i) || '*'
               FROM generate_series(1, length(b.event_type) - 1) AS i
@@ -55,10 +56,13 @@ HEALTH_GATED = """(h.breaker_state <> 'closed' OR h.max_in_flight IS NOT NULL
                    OR h.paused_until > :now)"""
 
 # The events of one relay pass: the oldest unrelayed, locked so other relays skip them.
-_RELAY_PICK = """
+# `owner`: the owner an operational event names (its payload's), for routing to endpoints
+# that take one owner's operational events only.
+_RELAY_PICK = f"""
     -- the payload only for filtered endpoints (_RELAY_ROUTES): read with the row already
     -- fetched, once per event rather than one more probe per filtered route
-    SELECT id, tenant_id, event_type, ordering_key, priority, payload
+    SELECT id, tenant_id, event_type, ordering_key, priority, payload,
+           CASE WHEN event_type IN {_OPERATIONAL} THEN payload ->> 'owner' END AS owner
     FROM outbox_events
     -- events from outbox_publish() wait for their schema check (Relay.run_once)
     WHERE relayed_at IS NULL AND NOT validate_pending
@@ -93,7 +97,12 @@ _RELAY_ROUTES = f"""
                CASE WHEN x.payload_filter IS NULL THEN true
                     ELSE outbox_payload_matches(b.payload, x.payload_filter) END AS matched
         FROM endpoints x
-        WHERE x.id = r.endpoint_id AND x.enabled LIMIT 1
+        WHERE x.id = r.endpoint_id AND x.enabled
+          -- an endpoint subscribed for one owner (migration 0031) gets that owner's
+          -- operational events only; application events are not filtered
+          AND (x.operational_owner IS NULL OR b.event_type NOT IN {_OPERATIONAL}
+               OR b.owner = x.operational_owner)
+        LIMIT 1
     ) e
 """
 
@@ -182,6 +191,11 @@ def claimed_columns(delivery: str) -> str:
         e.uid AS endpoint_uid, e.url, e.signing_secret, e.previous_signing_secret,
         e.previous_secret_expires_at, e.timeout_seconds, e.retry_schedule,
         e.custom_headers, e.status_overrides, e.proxy_url,
+        -- hold an ambiguous outcome for a person when the endpoint or the event type says
+        -- so (migration 0031; delivery/worker/outcomes.py)
+        (e.on_ambiguous IS NOT DISTINCT FROM 'hold' OR EXISTS (
+            SELECT 1 FROM event_types t
+            WHERE t.name = ev.event_type AND t.on_ambiguous = 'hold')) AS hold_ambiguous,
         ev.message_id, ev.event_type, ev.payload::text AS payload_json,
         ev.created_at AS event_created_at, ev.traceparent,
         {delivery}.endpoint_id,

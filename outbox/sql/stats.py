@@ -164,3 +164,22 @@ SELECT_PRUNED_TOTALS = text(
     GROUP BY name
     """
 )
+
+# Dead and held deliveries per owner (the endpoint's, else the event type's; migration
+# 0031). Only dead and held rows are read (ix_deliveries_held for held); at most :limit
+# owners (the metric label's cardinality cap), the most failures first.
+STATS_FAILURES_BY_OWNER = text(
+    f"""
+    SELECT COALESCE(e.owner, t.owner) AS owner,
+           count(*) FILTER (WHERE d.state = 'dead') AS dead,
+           count(*) FILTER (WHERE d.state = 'held') AS held
+    FROM deliveries d
+    JOIN endpoints e ON e.id = d.endpoint_id
+    JOIN outbox_events ev ON ev.id = d.event_id
+    LEFT JOIN event_types t ON t.name = ev.event_type
+    WHERE d.state IN ('dead', 'held') AND {in_scope("d.tenant_id")}
+    GROUP BY 1
+    ORDER BY count(*) DESC, 1
+    LIMIT :limit
+    """
+)

@@ -209,6 +209,59 @@ async def _discard_many(w: World) -> None:
     assert scalar(w.engine, "SELECT count(*) FROM deliveries WHERE state = 'discarded'") == 0
 
 
+def _hold_one_each(w: World) -> tuple[int, int]:
+    """Make one dead delivery of each seller held (as the worker does on a held outcome)."""
+    _set_state(w, [w.a_dead[0], w.b_dead[0]], "held")
+    return w.a_dead[0], w.b_dead[0]
+
+
+def _set_state(w: World, ids: list[int], state: str) -> None:
+    with w.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE deliveries SET state = :s WHERE id = ANY(:ids)"), {"ids": ids, "s": state}
+        )
+
+
+def _unhold_b(w: World, theirs: int) -> None:
+    """seller-b's row is back as it was: the check after each case compares all of it."""
+    assert scalar(w.engine, "SELECT state FROM deliveries WHERE id = :i", i=theirs) == "held"
+    _set_state(w, [theirs], "dead")
+
+
+async def _confirm_held(w: World) -> None:
+    mine, theirs = _hold_one_each(w)
+    not_found(await w.post(f"/v1/deliveries/{theirs}/confirm", {"reason": "x"}))
+    _unhold_b(w, theirs)
+    done = await w.post(f"/v1/deliveries/{mine}/confirm", {"reason": "partner saw it"})
+    assert done.json() == {"confirmed": [mine]}
+
+
+async def _retry_held(w: World) -> None:
+    mine, theirs = _hold_one_each(w)
+    not_found(await w.post(f"/v1/deliveries/{theirs}/retry", {"reason": "x"}))
+    _unhold_b(w, theirs)
+    done = await w.post(f"/v1/deliveries/{mine}/retry", {"reason": "safe to repeat"})
+    assert done.json() == {"retried": [mine]}
+
+
+async def _set_failure_policy(w: World) -> None:
+    for theirs in (w.b_endpoint, w.warehouse):
+        not_found(await w.patch(f"/v1/endpoints/{theirs}/failure-policy", {"owner": "ops"}))
+    mine = await w.patch(
+        f"/v1/endpoints/{w.a_endpoint}/failure-policy", {"owner": "ops", "on_ambiguous": "hold"}
+    )
+    assert (mine.json()["owner"], mine.json()["on_ambiguous"]) == ("ops", "hold")
+    bad = await w.patch(f"/v1/endpoints/{w.a_endpoint}/failure-policy", {"owner": "<b>"})
+    assert bad.status_code == 400 and "team name" in bad.text
+
+
+async def _set_workflow(w: World) -> None:
+    await _with_type(w)
+    refused = await w.patch("/v1/event-types/order.created/workflow", {"owner": "ops"})
+    assert refused.status_code == 403
+    assert scalar(w.engine, "SELECT owner FROM event_types") is None
+
+
 async def _list_endpoints(w: World) -> None:
     answer = (await w.get("/v1/endpoints")).json()
     assert [e["id"] for e in answer["items"]] == [w.a_endpoint]
@@ -465,6 +518,10 @@ CASES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/replays"): _replay_many,
     ("POST", "/v1/deliveries/{id}/discard"): _discard_one,
     ("POST", "/v1/discards"): _discard_many,
+    ("POST", "/v1/deliveries/{id}/confirm"): _confirm_held,
+    ("PATCH", "/v1/endpoints/{uid}/failure-policy"): _set_failure_policy,
+    ("PATCH", "/v1/event-types/{name}/workflow"): _set_workflow,
+    ("POST", "/v1/deliveries/{id}/retry"): _retry_held,
     ("GET", "/v1/endpoints"): _list_endpoints,
     ("POST", "/v1/endpoints"): _create_endpoint,
     ("PATCH", "/v1/endpoints/{uid}"): _update_endpoint,

@@ -86,6 +86,7 @@ async def test_a_delivery_shows_every_field_under_its_documented_key(
         "message_id": event["message_id"],
         "event_type": "order.created",
         "subject": None,
+        "owner": None,
     }
     with engine.connect() as conn:
         listed = delivery_ops.search_deliveries(conn, delivery_ops.DeliveryFilter(states=("dead",)))
@@ -157,7 +158,7 @@ async def test_a_delivery_shows_every_field_under_its_documented_key(
 def test_a_filter_refuses_unknown_states_and_bad_limits_and_describes_itself() -> None:
     with refused(
         OperationError,
-        "unknown state lost, zzz: use one of scheduled, in_flight, succeeded, dead, discarded",
+        "unknown state lost, zzz: use one of scheduled, in_flight, succeeded, dead, discarded, held",
     ):
         delivery_ops.DeliveryFilter(states=("dead", "zzz", "lost"))
     for wrong in (0, delivery_ops.MAX_PAGE + 1):

@@ -53,6 +53,7 @@ async def test_counts_rates_and_latency_match_the_rows(
         "succeeded": 6,
         "dead": 0,
         "discarded": 0,
+        "held": 0,
     }
     assert stats.window["attempts"] == 10 and stats.window["published"] == 6
     assert stats.per_minute["attempts"] == 1.0  # 10 attempts over 10 minutes

@@ -21,8 +21,9 @@ from delivery.operator.validation import (
     RejectedQuery,
     RequeueRejected,
     SendTestEvent,
+    WorkflowSettings,
 )
-from outbox import catalogue
+from outbox import catalogue, workflows
 from outbox.schema_rules import vet_schema
 from outbox.testevents import read_test_outcome, send_test_event
 
@@ -201,6 +202,19 @@ async def test_endpoint(call: Call) -> Any:
     return {**sent.as_json(), "outcome": outcome.as_json(), "finished": outcome.finished}
 
 
+async def set_workflow(call: Call) -> Any:
+    """Hold on ambiguity, owner and alert thresholds of one event type (null clears)."""
+    call.unscoped_only("change the event-type catalogue (every tenant shares it)")
+    name, data = call.request.path_params["name"], await call.body_as(WorkflowSettings)
+    given = {key: getattr(data, key) for key in data.model_fields_set}
+    item = await call.api.write(
+        lambda c: workflows.set_workflow(
+            c, name, actor=call.actor, request_id=call.request_id, **given
+        )
+    )
+    return item.as_json()
+
+
 routes = [
     Operation("GET", "/v1/event-types", "viewer", "The event-type catalogue.", list_event_types),
     Operation(
@@ -227,6 +241,15 @@ routes = [
         update_event_type,
         (_NAME,),
         body=EventTypeUpdate,
+    ),
+    Operation(
+        "PATCH",
+        "/v1/event-types/{name}/workflow",
+        "operator",
+        "Hold on ambiguity, owner and alert thresholds of an event type (null clears one).",
+        set_workflow,
+        (_NAME,),
+        body=WorkflowSettings,
     ),
     Operation(
         "POST",

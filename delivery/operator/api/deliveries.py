@@ -1,4 +1,5 @@
-"""Deliveries: search, show, replay (one, listed or by filter, rate-capped) and discard."""
+"""Deliveries: search, show, replay (one, listed or by filter, rate-capped), discard, and
+confirm or retry a held one."""
 
 from __future__ import annotations
 
@@ -122,6 +123,32 @@ async def _discard(call: Call, ids: list[int], reason: str | None) -> Any:
     return {"discarded": done}
 
 
+async def confirm_held(call: Call) -> Any:
+    return await _settle_held(call, "confirm")
+
+
+async def retry_held(call: Call) -> Any:
+    return await _settle_held(call, "retry")
+
+
+async def _settle_held(call: Call, action: str) -> Any:
+    delivery_id, data = call.path_id(), await call.body_as(DiscardOne)
+    now = call.api.clock.now()
+    done = await call.api.write(
+        lambda c: delivery_ops.resolve_held(
+            c,
+            [delivery_id],
+            action=action,
+            actor=call.actor,
+            reason=data.reason,
+            now=now,
+            request_id=call.request_id,
+            scope=call.scope,
+        )
+    )
+    return {"confirmed" if action == "confirm" else "retried": done}
+
+
 routes = [
     Operation(
         "GET",
@@ -161,8 +188,26 @@ routes = [
         "POST",
         "/v1/deliveries/{id}/discard",
         "operator",
-        "Discard a scheduled or dead delivery.",
+        "Discard a scheduled, dead or held delivery.",
         discard_one,
+        (ID,),
+        body=DiscardOne,
+    ),
+    Operation(
+        "POST",
+        "/v1/deliveries/{id}/confirm",
+        "operator",
+        "Confirm a held delivery arrived: recorded succeeded, with the reason.",
+        confirm_held,
+        (ID,),
+        body=DiscardOne,
+    ),
+    Operation(
+        "POST",
+        "/v1/deliveries/{id}/retry",
+        "operator",
+        "Send a held delivery again now (the same delivery and webhook-id).",
+        retry_held,
         (ID,),
         body=DiscardOne,
     ),

@@ -17,6 +17,7 @@ from delivery.operator.validation import (
     EndpointDelete,
     EndpointDisable,
     EndpointUpdate,
+    FailurePolicy,
     RotateSecret,
 )
 from outbox import endpoints as endpoint_ops
@@ -228,6 +229,31 @@ async def delete_endpoint_route(call: Call) -> Any:
     return {"deleted": uid, **(await call.api.write(delete))}
 
 
+async def set_failure_policy(call: Call) -> Any:
+    """Hold on ambiguity, owner and operational owner of one endpoint (null clears)."""
+    uid, data = call.path_uid(), await call.body_as(FailurePolicy)
+    given = data.model_fields_set - {"reason"}
+
+    def cleared(key: str) -> str | None:
+        value = getattr(data, key)
+        return ("" if value is None else value) if key in given else None
+
+    item = await call.api.write(
+        lambda c: endpoint_ops.set_failure_policy(
+            c,
+            uid,
+            actor=call.actor,
+            on_ambiguous=data.on_ambiguous if "on_ambiguous" in given else None,
+            owner=cleared("owner"),
+            operational_owner=cleared("operational_owner"),
+            reason=data.reason,
+            request_id=call.request_id,
+            scope=call.scope,
+        )
+    )
+    return item.as_json()
+
+
 routes = [
     Operation(
         "GET",
@@ -255,6 +281,15 @@ routes = [
         update_endpoint_route,
         (UID,),
         body=EndpointUpdate,
+    ),
+    Operation(
+        "PATCH",
+        "/v1/endpoints/{uid}/failure-policy",
+        "operator",
+        "Hold on ambiguity, owner and operational owner of an endpoint (null clears one).",
+        set_failure_policy,
+        (UID,),
+        body=FailurePolicy,
     ),
     Operation(
         "DELETE",

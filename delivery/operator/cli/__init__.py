@@ -150,8 +150,14 @@ def _load(name: str) -> click.Command:
     command: click.Command = getattr(module, entry.attribute)
     if name == "endpoints" and isinstance(command, click.Group) and "test" not in command.commands:
         from delivery.operator.cli.contract import endpoints_test
+        from delivery.operator.cli.owners import endpoints_set
 
         command.add_command(endpoints_test)
+        command.add_command(endpoints_set)
+    if name == "event-types" and isinstance(command, click.Group) and "set" not in command.commands:
+        from delivery.operator.cli.owners import event_types_set
+
+        command.add_command(event_types_set)
     return command
 
 

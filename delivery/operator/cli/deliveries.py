@@ -1,4 +1,5 @@
-"""Finding and acting on deliveries: `deliveries list|show`, `replay`, `discard`."""
+"""Finding and acting on deliveries: `deliveries list|show|confirm|retry|discard`, `replay`,
+`discard`."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from delivery.operator.validation import (
     DeliveryRef,
     DeliverySearch,
     DiscardMany,
+    HeldAction,
     ReplayFilter,
     ReplayMany,
     given,
@@ -131,6 +133,7 @@ def deliveries() -> None:
 @click.option("--unreplayed", is_flag=True, help="Only deliveries nobody has replayed yet.")
 @click.option("--limit", default="50", metavar="N", show_default=True, help="Page size (1..1000).")
 @click.option("--before", default=None, metavar="ID", help="Next page: ids below this one.")
+@click.option("--owner", default=None, help="Owner (team): the endpoint's, else the event type's.")
 @json_option
 @friendly_errors
 def deliveries_list(
@@ -146,6 +149,7 @@ def deliveries_list(
     unreplayed: bool,
     limit: str,
     before: str | None,
+    owner: str | None,
     as_json: bool,
 ) -> None:
     """List deliveries, newest first: outbox deliveries list --state dead --error timeout."""
@@ -164,6 +168,7 @@ def deliveries_list(
         unreplayed=unreplayed,
         limit=limit,
         before=before,
+        owner=owner,
     )
     with database() as (_, db), db.engine.connect() as conn:
         flt = search.to_filter(tenant=tenant_filter(conn, tenant))
@@ -398,3 +403,52 @@ def discard(delivery_ids: tuple[str, ...], reason: str, actor: str | None, as_js
         echo_json({"discarded": done})
     else:
         click.echo(f"discarded {len(done)}: {' '.join(map(str, done))}")
+
+
+def _settle_held(
+    action: str, delivery_ids: tuple[str, ...], reason: str, actor: str | None
+) -> None:
+    request = parse(HeldAction, {"ids": list(delivery_ids), "reason": reason})
+    who = text_option("--actor", actor) or default_actor()
+    now = SystemClock().now()
+    with database() as (_, db), db.engine.begin() as conn:
+        if action == "discard":
+            done = delivery_ops.discard(
+                conn, request.ids, actor=who, reason=request.reason, now=now
+            )
+        else:
+            done = delivery_ops.resolve_held(
+                conn, request.ids, action=action, actor=who, reason=request.reason, now=now
+            )
+    past = {"confirm": "confirmed delivered", "retry": "sent again", "discard": "discarded"}
+    click.echo(f"{past[action]} {len(done)}: {' '.join(map(str, done))}")
+
+
+@deliveries.command("confirm")
+@click.argument("delivery_ids", nargs=-1, required=True)
+@click.option("--reason", required=True, help="How you know it arrived (audit log).")
+@actor_option
+@friendly_errors
+def deliveries_confirm(delivery_ids: tuple[str, ...], reason: str, actor: str | None) -> None:
+    """A held delivery did arrive: record it succeeded, with who, when and why."""
+    _settle_held("confirm", delivery_ids, reason, actor)
+
+
+@deliveries.command("retry")
+@click.argument("delivery_ids", nargs=-1, required=True)
+@click.option("--reason", required=True, help="Why it is safe to send again (audit log).")
+@actor_option
+@friendly_errors
+def deliveries_retry(delivery_ids: tuple[str, ...], reason: str, actor: str | None) -> None:
+    """Send a held delivery again now: the same delivery, the same webhook-id."""
+    _settle_held("retry", delivery_ids, reason, actor)
+
+
+@deliveries.command("discard")
+@click.argument("delivery_ids", nargs=-1, required=True)
+@click.option("--reason", required=True, help="Why, for operators and the audit log.")
+@actor_option
+@friendly_errors
+def deliveries_discard(delivery_ids: tuple[str, ...], reason: str, actor: str | None) -> None:
+    """Give up on held (or scheduled, dead) deliveries for good."""
+    _settle_held("discard", delivery_ids, reason, actor)

@@ -89,6 +89,9 @@ class Overview:
     window: dict[str, Any]
     alerts: list[Any] = field(default_factory=list)
     endpoints: list[Any] = field(default_factory=list)
+    dead_by_owner: dict[str, int] = field(default_factory=dict)
+    held_by_owner: dict[str, int] = field(default_factory=dict)
+    workflows: list[Any] = field(default_factory=list)  # event types with thresholds
 
 
 def overview(
@@ -108,6 +111,9 @@ def overview(
         window=dict(stats.window),
         alerts=list(stats.alerts),
         endpoints=list(stats.endpoints),
+        dead_by_owner=dict(stats.dead_by_owner),
+        held_by_owner=dict(stats.held_by_owner),
+        workflows=list(stats.workflows),
     )
 
 
@@ -146,6 +152,21 @@ def discard(
 ) -> list[int]:
     return delivery_ops.discard(
         conn, [delivery_id], actor=actor, reason=reason, now=now, scope=tenant
+    )
+
+
+def resolve_held(
+    conn: Connection,
+    delivery_id: int,
+    tenant: str | None,
+    *,
+    action: str,
+    actor: str,
+    reason: str | None,
+    now: dt.datetime,
+) -> list[int]:
+    return delivery_ops.resolve_held(
+        conn, [delivery_id], action=action, actor=actor, reason=reason, now=now, scope=tenant
     )
 
 

@@ -36,8 +36,11 @@ from delivery.operator.console.sessions import (
     redeem_portal_link,
 )
 from outbox import deliveries as delivery_ops
-from outbox.errors import NotFoundError, PublishError
+from outbox.deliveries import HELD_ACTIONS
+from outbox.errors import NotFoundError, OperationError, PublishError
+from outbox.owners import check_owner
 from outbox.publish import validate_subject
+from outbox.schema import DELIVERY_STATES
 from outbox.tokens import TokenRefusedError, authenticate
 
 # Reasons of refused sign-ins in the audit log (never what was presented).
@@ -202,6 +205,7 @@ class Console(ConsoleBase):
             until=when("until"),
             before_id=int(before) if before else None,
             limit=50,
+            owner=self._owner(text("owner")),
         )
 
     @staticmethod
@@ -210,6 +214,16 @@ class Console(ConsoleBase):
         try:
             return None if value is None else validate_subject(value)
         except PublishError as exc:
+            raise PageError(400, str(exc)) from exc
+
+    @staticmethod
+    def _owner(value: str | None) -> str | None:
+        """An owner filter is a team name (outbox.owners) or a 400 that says so."""
+        if value is None:
+            return None
+        try:
+            return check_owner(value)
+        except OperationError as exc:
             raise PageError(400, str(exc)) from exc
 
     def _tenant_of(self, request: Request, session: WebSession) -> str | None:
@@ -237,7 +251,7 @@ class Console(ConsoleBase):
             items=items,
             query=query,
             next_page=next_page,
-            states=("scheduled", "in_flight", "succeeded", "dead", "discarded"),
+            states=DELIVERY_STATES,
             # A bulk replay takes the filter's fields (the tenant among them), not a message id.
             bulk=session.kind == "console" and "message_id" not in query,
         )
@@ -299,6 +313,27 @@ class Console(ConsoleBase):
                 c,
                 delivery_id,
                 session.tenant_uid,
+                actor=session.actor,
+                reason=form.get("reason"),
+                now=now,
+            )
+        )
+        return self._redirect(session, f"/deliveries/{delivery_id}")
+
+    async def settle_held(self, request: Request, session: WebSession) -> Response:
+        """Confirm a held delivery delivered, or send it again (discard is `discard`)."""
+        delivery_id = self._delivery_id(request)
+        action = request.path_params["action"]
+        if action not in HELD_ACTIONS:
+            raise NotFoundError(f"no action {action}")
+        form: dict[str, str] = request.state.form
+        now = self.context.clock.now()
+        await self.context.write(
+            lambda c: scoped.resolve_held(
+                c,
+                delivery_id,
+                session.tenant_uid,
+                action=action,
                 actor=session.actor,
                 reason=form.get("reason"),
                 now=now,
@@ -636,6 +671,11 @@ class Console(ConsoleBase):
             Route("/deliveries/{id}/replay", self.page(c, self.replay, act=True), methods=["POST"]),
             Route(
                 "/deliveries/{id}/discard", self.page(c, self.discard, act=True), methods=["POST"]
+            ),
+            Route(
+                "/deliveries/{id}/held/{action}",
+                self.page(c, self.settle_held, act=True),
+                methods=["POST"],
             ),
             Route("/replays", self.page(c, self.bulk_replay, act=True), methods=["POST"]),
             Route("/endpoints", self.page(c, self.endpoints), methods=["GET"]),
