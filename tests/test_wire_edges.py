@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from delivery.ssrf import AddressPolicy
-from delivery.wire import KEEPALIVE_EXPIRY, WireResponse, WireTransport
+from delivery.wire import KEEPALIVE_EXPIRY, MAX_HEAD_BYTES, WireResponse, WireTransport
 from tests.helpers import LOOPBACK
 from tests.test_ssrf import answers
 from tests.test_wire import OK, scripted
@@ -401,3 +401,64 @@ async def test_the_httpx_api_without_timeouts_waits_for_its_connection() -> None
     async with scripted() as server, httpx.AsyncClient(transport=wire, timeout=None) as client:
         response = await client.post(server.url, content=b"{}")
     assert response.status_code == 200
+
+
+# -- trailers: the exact cap, framing refused -----------------------------------------
+
+CHUNKED_OK = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n"
+
+
+def trailer_lines(total: int) -> list[bytes]:
+    """Trailer lines of `total` bytes in all, each counted as sent ("name: value" and
+    its CRLF): 1 KiB each, the last one longer by what is left."""
+    sizes = [1024] * (total // 1024)
+    sizes[-1] += total % 1024
+    return [b"x-t: " + b"v" * (size - 7) + b"\r\n" for size in sizes]
+
+
+@pytest.mark.parametrize(
+    ("total", "refused"), [(MAX_HEAD_BYTES, False), (MAX_HEAD_BYTES + 1, True)]
+)
+async def test_trailers_of_exactly_the_head_cap_pass_and_one_byte_more_is_refused(
+    total: int, refused: bool
+) -> None:
+    """Counted as the bytes sent: a name, ": ", a value and CRLF. The first reads carry
+    the body too, so the cap on bytes without a body byte is not what decides."""
+    lines = trailer_lines(total)
+    assert sum(map(len, lines)) == total
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    first, rest = b"".join(lines[:8]), b"".join(lines[8:]) + b"\r\n"
+    async with in_pieces(CHUNKED_OK + first, rest) as url:
+        response = await wire.post(url, {}, b"{}", deadline=5.0)
+        if refused:
+            with pytest.raises(httpx.RemoteProtocolError) as caught:
+                await read_all(response)
+            assert str(caught.value) == (
+                f"malformed response: the response trailers are over {MAX_HEAD_BYTES} bytes"
+            )
+        else:
+            assert await read_all(response) == b"ok"
+        await response.aclose()
+        await wire.aclose()
+
+
+@pytest.mark.parametrize(
+    ("trailer", "says"),
+    [
+        # llhttp refuses a Content-Length in a chunked message's trailers itself.
+        (b"Content-Length: 5", "Content-Length can't be present with Transfer-Encoding"),
+        (b"content-length: 5", "Content-Length can't be present with Transfer-Encoding"),
+        (b"Transfer-Encoding: chunked", "a Transfer-Encoding trailer"),
+        (b"transfer-encoding: chunked", "a transfer-encoding trailer"),
+    ],
+)
+async def test_a_framing_trailer_is_refused_in_any_case(trailer: bytes, says: str) -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(CHUNKED_OK + trailer + b"\r\n\r\n") as server:
+        response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            async with asyncio.timeout(5):
+                await read_all(response)
+        await response.aclose()
+        await wire.aclose()
+    assert str(caught.value) == f"malformed response: {says}"
