@@ -462,3 +462,27 @@ async def test_a_framing_trailer_is_refused_in_any_case(trailer: bytes, says: st
         await response.aclose()
         await wire.aclose()
     assert str(caught.value) == f"malformed response: {says}"
+
+
+@pytest.mark.parametrize("control", [b"\x00", b"\x01", b"\x08", b"\x1f", b"\x7f"])
+async def test_a_control_character_in_the_reason_phrase_is_refused(control: bytes) -> None:
+    answer = b"HTTP/1.1 200 O" + control + b"K\r\nContent-Length: 2\r\n\r\nok"
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(answer) as server:
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            async with asyncio.timeout(5):
+                await wire.post(server.url, {}, b"{}", deadline=5.0)
+        await wire.aclose()
+    assert str(caught.value) == "malformed response: a control character in the reason phrase"
+
+
+async def test_a_tab_and_bytes_past_ascii_in_the_reason_phrase_are_kept() -> None:
+    answer = b"HTTP/1.1 200 O\tK \xe9\r\nContent-Length: 2\r\n\r\nok"
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(answer) as server:
+        async with asyncio.timeout(5):
+            response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+            assert await read_all(response) == b"ok"
+        await response.aclose()
+        await wire.aclose()
+    assert (response.status_code, response.reason_phrase) == (200, "O\tK \xe9")
