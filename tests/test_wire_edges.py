@@ -486,3 +486,63 @@ async def test_a_tab_and_bytes_past_ascii_in_the_reason_phrase_are_kept() -> Non
         await response.aclose()
         await wire.aclose()
     assert (response.status_code, response.reason_phrase) == (200, "O\tK \xe9")
+
+
+# -- where a response starts and what may follow it -----------------------------------
+
+
+@pytest.mark.parametrize("blank", [b"\n", b"\r\n", b"\r"])
+async def test_a_blank_line_before_the_status_line_is_refused(blank: bytes) -> None:
+    """llhttp would skip it; a strict parser (h11) refuses it, and so does the wire."""
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(blank + OK) as server:
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            async with asyncio.timeout(5):
+                await wire.post(server.url, {}, b"{}", deadline=5.0)
+        await wire.aclose()
+    assert str(caught.value) == "malformed response: a blank line before the status line"
+
+
+async def test_a_status_line_whose_first_byte_comes_alone_is_read() -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with in_pieces(OK[:1], OK[1:]) as url:
+        async with asyncio.timeout(5):
+            response = await wire.post(url, {}, b"{}", deadline=5.0)
+            assert await read_all(response) == b"ok"
+        await response.aclose()
+        await wire.aclose()
+    assert (response.status_code, response.released) == (200, True)
+
+
+async def test_a_line_break_after_a_read_response_drops_its_connection() -> None:
+    """A byte after the response, arriving in a read of its own once the body was read
+    and before the response is closed: the connection is not pooled (llhttp alone
+    would skip a line break between messages and keep the connection)."""
+    go = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+        writer.write(OK)
+        await writer.drain()
+        await go.wait()
+        writer.write(b"\n")
+        await writer.drain()
+        with contextlib.suppress(ConnectionError):
+            await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with asyncio.timeout(5):
+        response = await wire.post(url, {}, b"{}", deadline=5.0)
+        assert await read_all(response) == b"ok"
+        go.set()
+        while not response._connection.closed:  # the stray byte arrives, then the abort
+            await asyncio.sleep(0.01)
+    await response.aclose()
+    await wire.aclose()
+    server.close()
+    await server.wait_closed()
+    assert not response.released
