@@ -546,3 +546,36 @@ async def test_a_line_break_after_a_read_response_drops_its_connection() -> None
     server.close()
     await server.wait_closed()
     assert not response.released
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [OK + b"\n"],  # one line feed after the body, in the body's read
+        [OK + b"\r"],
+        [OK[:-1], OK[-1:] + b"\n"],  # a read of two bytes: the body's last and a LF
+        [OK[:-1], OK[-1:] + b"\r"],
+    ],
+)
+async def test_a_lone_line_break_after_the_body_in_its_read_keeps_the_connection_from_reuse(
+    pieces: list[bytes],
+) -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with in_pieces(*pieces) as url:
+        async with asyncio.timeout(5):
+            response = await wire.post(url, {}, b"{}", deadline=5.0)
+            assert await read_all(response) == b"ok"
+        await response.aclose()
+        await wire.aclose()
+    assert (response.status_code, response.released) == (200, False)
+
+
+async def test_garbage_where_the_status_line_starts_is_not_called_a_blank_line() -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(b"X" + OK) as server:
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            async with asyncio.timeout(5):
+                await wire.post(server.url, {}, b"{}", deadline=5.0)
+        await wire.aclose()
+    assert str(caught.value).startswith("malformed response: ")
+    assert "blank line" not in str(caught.value)
