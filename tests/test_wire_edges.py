@@ -579,3 +579,44 @@ async def test_garbage_where_the_status_line_starts_is_not_called_a_blank_line()
         await wire.aclose()
     assert str(caught.value).startswith("malformed response: ")
     assert "blank line" not in str(caught.value)
+
+
+def head_of(size: int) -> bytes:
+    """The start of a response head, `size` bytes, not yet ended (one long header)."""
+    start = b"HTTP/1.1 200 OK\r\nX-Long: "
+    return start + b"a" * (size - len(start))
+
+
+HEAD_END = b"\r\nContent-Length: 2\r\n\r\nok"
+
+
+@pytest.mark.parametrize(
+    ("pieces", "refused"),
+    [
+        ([head_of(MAX_HEAD_BYTES), HEAD_END], False),
+        ([head_of(MAX_HEAD_BYTES + 1), HEAD_END], True),
+        # Nine reads of 8 KiB, each far below the cap: it is their sum that counts.
+        (
+            [head_of(MAX_HEAD_BYTES + 8192)[i : i + 8192] for i in range(0, 73728, 8192)]
+            + [HEAD_END],
+            True,
+        ),
+    ],
+)
+async def test_the_head_cap_counts_every_read_before_the_head_is_complete(
+    pieces: list[bytes], refused: bool
+) -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with in_pieces(*pieces) as url:
+        async with asyncio.timeout(5):
+            if refused:
+                with pytest.raises(httpx.RemoteProtocolError) as caught:
+                    await wire.post(url, {}, b"{}", deadline=5.0)
+                assert str(caught.value) == (
+                    f"malformed response: the response head is over {MAX_HEAD_BYTES} bytes"
+                )
+            else:
+                response = await wire.post(url, {}, b"{}", deadline=5.0)
+                assert await read_all(response) == b"ok"
+                await response.aclose()
+        await wire.aclose()
