@@ -620,3 +620,37 @@ async def test_the_head_cap_counts_every_read_before_the_head_is_complete(
                 assert await read_all(response) == b"ok"
                 await response.aclose()
         await wire.aclose()
+
+
+CHUNKED_HEAD_AND_A_CHUNK = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n"
+CHUNK_END = b"\r\nabc\r\n0\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("extension", "refused"),
+    [
+        ([b"3;e=" + b"a" * (MAX_HEAD_BYTES - 4)], False),
+        ([b"3;e=" + b"a" * (MAX_HEAD_BYTES - 3)], True),
+        # Nine reads of 8 KiB, none with a body byte: it is their sum that counts.
+        ([b"3;e="] + [b"a" * 8192] * 9, True),
+    ],
+)
+async def test_bytes_after_the_head_without_a_body_byte_are_capped_at_exactly_64_kib(
+    extension: list[bytes], refused: bool
+) -> None:
+    """A chunk extension that goes on: no trailer and no body byte, only framing."""
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with in_pieces(CHUNKED_HEAD_AND_A_CHUNK, *extension, CHUNK_END) as url:
+        async with asyncio.timeout(5):
+            response = await wire.post(url, {}, b"{}", deadline=5.0)
+            if refused:
+                with pytest.raises(httpx.RemoteProtocolError) as caught:
+                    await read_all(response)
+                assert str(caught.value) == (
+                    f"malformed response: over {MAX_HEAD_BYTES} bytes after the head without"
+                    " a body byte (trailers or chunk framing)"
+                )
+            else:
+                assert await read_all(response) == b"okabc"
+            await response.aclose()
+        await wire.aclose()
