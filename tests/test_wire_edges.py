@@ -622,7 +622,7 @@ async def test_the_head_cap_counts_every_read_before_the_head_is_complete(
         await wire.aclose()
 
 
-CHUNKED_HEAD_AND_A_CHUNK = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n"
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 CHUNK_END = b"\r\nabc\r\n0\r\n\r\n"
 
 
@@ -638,9 +638,10 @@ CHUNK_END = b"\r\nabc\r\n0\r\n\r\n"
 async def test_bytes_after_the_head_without_a_body_byte_are_capped_at_exactly_64_kib(
     extension: list[bytes], refused: bool
 ) -> None:
-    """A chunk extension that goes on: no trailer and no body byte, only framing."""
+    """A chunk extension that goes on: no trailer and no body byte, only framing. The
+    count starts again at each read with a body byte (the chunk before it)."""
     wire = WireTransport(policy=AddressPolicy(LOOPBACK))
-    async with in_pieces(CHUNKED_HEAD_AND_A_CHUNK, *extension, CHUNK_END) as url:
+    async with in_pieces(CHUNKED_HEAD, b"2\r\nok\r\n", *extension, CHUNK_END) as url:
         async with asyncio.timeout(5):
             response = await wire.post(url, {}, b"{}", deadline=5.0)
             if refused:
@@ -654,3 +655,14 @@ async def test_bytes_after_the_head_without_a_body_byte_are_capped_at_exactly_64
                 assert await read_all(response) == b"okabc"
             await response.aclose()
         await wire.aclose()
+
+
+async def test_a_switch_of_protocols_is_refused_with_its_text() -> None:
+    switching = b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: x\r\n\r\n"
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(switching) as server:
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            async with asyncio.timeout(5):
+                await wire.post(server.url, {}, b"{}", deadline=5.0)
+        await wire.aclose()
+    assert str(caught.value) == "the server switched protocols"
