@@ -666,3 +666,26 @@ async def test_a_switch_of_protocols_is_refused_with_its_text() -> None:
                 await wire.post(server.url, {}, b"{}", deadline=5.0)
         await wire.aclose()
     assert str(caught.value) == "the server switched protocols"
+
+
+async def test_closing_a_response_twice_pools_its_connection_once() -> None:
+    """A second `aclose` is a no-op: the connection is not handed back again (it would
+    then serve two requests at once)."""
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(OK, OK, OK) as server:
+        async with asyncio.timeout(5):
+            response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+            assert await read_all(response) == b"ok"
+            await response.aclose()
+            await response.aclose()
+            assert [len(idle) for idle in wire._pool._idle.values()] == [1]
+            first, second = await asyncio.gather(
+                wire.post(server.url, {}, b"{}", deadline=5.0),
+                wire.post(server.url, {}, b"{}", deadline=5.0),
+            )
+            assert first._connection is not second._connection
+            for response in (first, second):
+                assert await read_all(response) == b"ok"
+                await response.aclose()
+        await wire.aclose()
+    assert server.connections == 2
