@@ -689,3 +689,26 @@ async def test_closing_a_response_twice_pools_its_connection_once() -> None:
                 await response.aclose()
         await wire.aclose()
     assert server.connections == 2
+
+
+async def test_a_discarded_connection_frees_its_place_in_the_pool_once() -> None:
+    """Discarded (stray bytes after the answer), the connection is forgotten twice: by
+    the abort and when the loss is reported. It frees one place, not two: at a limit
+    of one, a request while another waits for its answer still waits for a connection."""
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK), max_connections=1)
+    async with scripted(OK + b"\r\n", OK, OK, delay=1.0) as server:
+        async with asyncio.timeout(10):
+            response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+            assert await read_all(response) == b"ok"
+            await response.aclose()
+            assert not response.released
+            waiting = asyncio.create_task(wire.post(server.url, {}, b"{}", deadline=5.0))
+            while len(server.heads) < 2:  # the second request is at the receiver
+                await asyncio.sleep(0.01)
+            with pytest.raises(httpx.ConnectTimeout):
+                await wire.post(server.url, {}, b"{}", deadline=0.2)
+            held = await waiting
+            assert await read_all(held) == b"ok"
+            await held.aclose()
+        await wire.aclose()
+    assert server.connections == 2
