@@ -712,3 +712,33 @@ async def test_a_discarded_connection_frees_its_place_in_the_pool_once() -> None
             await held.aclose()
         await wire.aclose()
     assert server.connections == 2
+
+
+async def test_an_idle_connection_the_server_closed_leaves_the_pool() -> None:
+    """Closed by its server while idle, a connection is taken out of the idle lists at
+    once: at the limit, making room then closes a live idle connection, not the dead
+    one (which frees nothing), and the new request gets its connection."""
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK), max_connections=2)
+    async with (
+        scripted(close_after_each=True) as closing,
+        scripted() as two,
+        scripted() as three,
+        scripted() as four,
+    ):
+        async with asyncio.timeout(10):
+            first = await wire.post(closing.url, {}, b"{}", deadline=5.0)
+            await read_all(first)
+            await first.aclose()
+            assert first.released  # kept alive as far as the answer said
+            while not first._connection.closed:  # then the server closes it
+                await asyncio.sleep(0.01)
+            for server in (two, three):
+                response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+                await read_all(response)
+                await response.aclose()
+                assert response.released
+            response = await wire.post(four.url, {}, b"{}", deadline=1.0)
+            await read_all(response)
+            await response.aclose()
+        await wire.aclose()
+    assert (two.connections, three.connections, four.connections) == (1, 1, 1)
