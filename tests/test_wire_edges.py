@@ -742,3 +742,22 @@ async def test_an_idle_connection_the_server_closed_leaves_the_pool() -> None:
             await response.aclose()
         await wire.aclose()
     assert (two.connections, three.connections, four.connections) == (1, 1, 1)
+
+
+async def test_a_request_that_waited_for_the_pool_reuses_the_connection_handed_back() -> None:
+    """At a limit of one, the second request waits; when the first hands its
+    connection back, the waiting request takes it (one connection in all), rather than
+    closing it to open another."""
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK), max_connections=1)
+
+    async def one_request() -> bytes:
+        response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+        body = await read_all(response)
+        await response.aclose()
+        return body
+
+    async with scripted(delay=0.05) as server:
+        async with asyncio.timeout(10):
+            assert await asyncio.gather(one_request(), one_request()) == [b"ok", b"ok"]
+        await wire.aclose()
+    assert server.connections == 1
