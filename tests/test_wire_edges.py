@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from delivery.errors import InvalidEndpointURLError
 from delivery.ssrf import AddressPolicy
 from delivery.wire import KEEPALIVE_EXPIRY, MAX_HEAD_BYTES, WireResponse, WireTransport
 from tests.helpers import LOOPBACK
@@ -761,3 +762,19 @@ async def test_a_request_that_waited_for_the_pool_reuses_the_connection_handed_b
             assert await asyncio.gather(one_request(), one_request()) == [b"ok", b"ok"]
         await wire.aclose()
     assert server.connections == 1
+
+
+@pytest.mark.parametrize("value", ["a\nb", "a\rb", "a\x00b", "a\r\nb"])
+async def test_a_line_break_or_nul_in_a_request_header_is_refused_before_sending(
+    value: str,
+) -> None:
+    """Any one of LF, CR or NUL alone is enough: nothing is sent."""
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted() as server:
+        with pytest.raises(InvalidEndpointURLError) as caught:
+            await wire.post(server.url, {"x-custom": value}, b"{}", deadline=5.0)
+        await wire.aclose()
+    assert str(caught.value) == (
+        "a request header contains a line break or NUL; fix the endpoint's headers"
+    )
+    assert server.connections == 0
