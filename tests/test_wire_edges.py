@@ -778,3 +778,24 @@ async def test_a_line_break_or_nul_in_a_request_header_is_refused_before_sending
         "a request header contains a line break or NUL; fix the endpoint's headers"
     )
     assert server.connections == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "named"),
+    [
+        ("Host", "Host"),
+        ("content-length", "content-length"),
+        ("Transfer-Encoding ", "Transfer-Encoding"),
+    ],
+)
+async def test_a_header_the_wire_writes_itself_is_refused_by_name(name: str, named: str) -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted() as server:
+        with pytest.raises(InvalidEndpointURLError) as caught:
+            await wire.post(server.url, {"x-a": "1", name: "2"}, b"{}", deadline=5.0)
+        await wire.aclose()
+    assert str(caught.value) == (
+        f"a request header sets {named!r}, which the wire writes itself from the URL and the"
+        " body; remove it from the headers"
+    )
+    assert server.connections == 0
