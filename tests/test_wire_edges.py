@@ -799,3 +799,30 @@ async def test_a_header_the_wire_writes_itself_is_refused_by_name(name: str, nam
         " body; remove it from the headers"
     )
     assert server.connections == 0
+
+
+async def test_a_status_below_100_is_refused_with_its_text() -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(b"HTTP/1.1 099 Odd\r\nContent-Length: 2\r\n\r\nok") as server:
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            async with asyncio.timeout(5):
+                await wire.post(server.url, {}, b"{}", deadline=5.0)
+        await wire.aclose()
+    assert str(caught.value) == "malformed response: 099 is not a status code"
+
+
+@pytest.mark.parametrize(("version", "pooled"), [(b"1.1", True), (b"1.0", False)])
+async def test_a_connection_header_keeps_only_an_http_1_1_connection(
+    version: bytes, pooled: bool
+) -> None:
+    answer = (
+        b"HTTP/" + version + b" 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok"
+    )
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(answer) as server:
+        async with asyncio.timeout(5):
+            response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+            assert await read_all(response) == b"ok"
+        await response.aclose()
+        await wire.aclose()
+    assert response.released is pooled
