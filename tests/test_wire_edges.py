@@ -759,7 +759,7 @@ async def test_a_request_that_waited_for_the_pool_reuses_the_connection_handed_b
 
     async with scripted(delay=0.05) as server:
         async with asyncio.timeout(10):
-            assert await asyncio.gather(one_request(), one_request()) == (b"ok", b"ok")
+            assert list(await asyncio.gather(one_request(), one_request())) == [b"ok", b"ok"]
         await wire.aclose()
     assert server.connections == 1
 
