@@ -826,3 +826,17 @@ async def test_a_connection_header_keeps_only_an_http_1_1_connection(
         await response.aclose()
         await wire.aclose()
     assert response.released is pooled
+
+
+async def test_the_httpx_api_trace_hears_the_request_start_with_a_dict() -> None:
+    """httpx's `trace` extension gets (event, info dict), as httpcore gives it."""
+    heard: list[tuple[str, object]] = []
+
+    async def trace(event: str, info: object) -> None:
+        heard.append((event, info))
+
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted() as server, httpx.AsyncClient(transport=wire) as client:
+        response = await client.post(server.url, content=b"{}", extensions={"trace": trace})
+    assert response.status_code == 200
+    assert heard == [("http11.send_request_headers.started", {})]
