@@ -840,3 +840,15 @@ async def test_the_httpx_api_trace_hears_the_request_start_with_a_dict() -> None
         response = await client.post(server.url, content=b"{}", extensions={"trace": trace})
     assert response.status_code == 200
     assert heard == [("http11.send_request_headers.started", {})]
+
+
+async def test_the_httpx_api_says_how_long_it_waited_for_the_head() -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with (
+        scripted(delay=3.0) as server,
+        httpx.AsyncClient(transport=wire, timeout=httpx.Timeout(5.0, read=0.2)) as client,
+    ):
+        with pytest.raises(httpx.ReadTimeout) as caught:
+            async with asyncio.timeout(5):
+                await client.post(server.url, content=b"{}")
+    assert str(caught.value) == "no response within 0.2s"
