@@ -222,14 +222,14 @@ SQL_MUTANTS = [
     SqlMutant(
         "discard: in-flight rows not left alone",
         DELIVERIES_SQL,
-        "AND state IN ('scheduled', 'dead')",
-        "AND state IN ('scheduled', 'dead', 'in_flight')",
+        "AND state IN ('scheduled', 'dead', 'held')",
+        "AND state IN ('scheduled', 'dead', 'held', 'in_flight')",
         _REPLAY,
     ),
     SqlMutant(
         "discard: terminal rows discarded again",
         DELIVERIES_SQL,
-        "AND state IN ('scheduled', 'dead')",
+        "AND state IN ('scheduled', 'dead', 'held')",
         "",
         _REPLAY,
     ),
@@ -237,8 +237,8 @@ SQL_MUTANTS = [
     SqlMutant(
         "routing: disabled endpoints get deliveries",
         RELAY_SQL,
-        "WHERE x.id = r.endpoint_id AND x.enabled LIMIT 1",
-        "WHERE x.id = r.endpoint_id LIMIT 1",
+        "WHERE x.id = r.endpoint_id AND x.enabled\n",
+        "WHERE x.id = r.endpoint_id\n",
         _ROUTING,
     ),
     SqlMutant(

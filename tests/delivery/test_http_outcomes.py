@@ -432,3 +432,37 @@ async def test_the_duration_is_the_attempts_wall_time_in_milliseconds(
     result = await send_attempt(client, outgoing(url), ManualClock(START))
     assert result.outcome is Outcome.SUCCEEDED
     assert 290 <= result.duration_ms < 5000
+
+
+@pytest.mark.parametrize("transport", ["wire", "httpx"])
+async def test_the_built_clients_own_api_follows_no_redirect_and_keeps_its_timeout(
+    receiver: Receiver, transport: str
+) -> None:
+    """Attempts pass their own deadline and never follow a redirect; the client's API,
+    for any other caller, does the same by default: `timeout` bounds each wait, a 3xx
+    is returned as it came."""
+    async with build_http_client(
+        max_connections=2, timeout=0.3, transport=transport, allowed_networks=LOOPBACK
+    ) as built:
+        moved = await built.post(
+            receiver.route("/moved", status=302, headers={"location": receiver.url("/ok")})
+        )
+        assert moved.status_code == 302
+        with pytest.raises(httpx.ReadTimeout):
+            async with asyncio.timeout(5):
+                await built.post(receiver.route("/slow", delay=3.0))
+    assert receiver.received("/ok") == []
+
+
+async def test_the_httpx_transport_keeps_to_max_connections() -> None:
+    async with (
+        scripted(delay=0.2) as server,
+        build_http_client(
+            max_connections=1, timeout=5, transport="httpx", allowed_networks=LOOPBACK
+        ) as built,
+    ):
+        results = await asyncio.gather(
+            *(send_attempt(built, outgoing(server.url), ManualClock(START)) for _ in "abc")
+        )
+    assert [r.outcome for r in results] == [Outcome.SUCCEEDED] * 3
+    assert server.most_open == 1

@@ -18,8 +18,9 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from delivery.errors import InvalidEndpointURLError
 from delivery.ssrf import AddressPolicy
-from delivery.wire import KEEPALIVE_EXPIRY, WireResponse, WireTransport
+from delivery.wire import KEEPALIVE_EXPIRY, MAX_HEAD_BYTES, WireResponse, WireTransport
 from tests.delivery.loopback import answers
 from tests.delivery.scripted import OK, Monotonic, in_pieces, post_and_read, scripted, wire_with
 from tests.helpers import LOOPBACK, until
@@ -405,3 +406,453 @@ async def test_the_httpx_api_without_timeouts_waits_for_its_connection() -> None
     async with scripted() as server, httpx.AsyncClient(transport=wire, timeout=None) as client:
         response = await client.post(server.url, content=b"{}")
     assert response.status_code == 200
+
+
+# -- trailers: the exact cap, framing refused -----------------------------------------
+
+CHUNKED_OK = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n"
+
+
+def trailer_lines(total: int) -> list[bytes]:
+    """Trailer lines of `total` bytes in all, each counted as sent ("name: value" and
+    its CRLF): 1 KiB each, the last one longer by what is left."""
+    sizes = [1024] * (total // 1024)
+    sizes[-1] += total % 1024
+    return [b"x-t: " + b"v" * (size - 7) + b"\r\n" for size in sizes]
+
+
+@pytest.mark.parametrize(
+    ("total", "refused"), [(MAX_HEAD_BYTES, False), (MAX_HEAD_BYTES + 1, True)]
+)
+async def test_trailers_of_exactly_the_head_cap_pass_and_one_byte_more_is_refused(
+    total: int, refused: bool
+) -> None:
+    """Counted as the bytes sent: a name, ": ", a value and CRLF. The first reads carry
+    the body too, so the cap on bytes without a body byte is not what decides."""
+    lines = trailer_lines(total)
+    assert sum(map(len, lines)) == total
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    first, rest = b"".join(lines[:8]), b"".join(lines[8:]) + b"\r\n"
+    async with in_pieces(CHUNKED_OK + first, rest) as url:
+        response = await wire.post(url, {}, b"{}", deadline=5.0)
+        if refused:
+            with pytest.raises(httpx.RemoteProtocolError) as caught:
+                await read_all(response)
+            assert str(caught.value) == (
+                f"malformed response: the response trailers are over {MAX_HEAD_BYTES} bytes"
+            )
+        else:
+            assert await read_all(response) == b"ok"
+        await response.aclose()
+        await wire.aclose()
+
+
+@pytest.mark.parametrize(
+    ("trailer", "says"),
+    [
+        # llhttp refuses a Content-Length in a chunked message's trailers itself.
+        (b"Content-Length: 5", "Content-Length can't be present with Transfer-Encoding"),
+        (b"content-length: 5", "Content-Length can't be present with Transfer-Encoding"),
+        (b"Transfer-Encoding: chunked", "a Transfer-Encoding trailer"),
+        (b"transfer-encoding: chunked", "a transfer-encoding trailer"),
+    ],
+)
+async def test_a_framing_trailer_is_refused_in_any_case(trailer: bytes, says: str) -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(CHUNKED_OK + trailer + b"\r\n\r\n") as server:
+        response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            async with asyncio.timeout(5):
+                await read_all(response)
+        await response.aclose()
+        await wire.aclose()
+    assert str(caught.value) == f"malformed response: {says}"
+
+
+@pytest.mark.parametrize("control", [b"\x00", b"\x01", b"\x08", b"\x1f", b"\x7f"])
+async def test_a_control_character_in_the_reason_phrase_is_refused(control: bytes) -> None:
+    answer = b"HTTP/1.1 200 O" + control + b"K\r\nContent-Length: 2\r\n\r\nok"
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(answer) as server:
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            async with asyncio.timeout(5):
+                await wire.post(server.url, {}, b"{}", deadline=5.0)
+        await wire.aclose()
+    assert str(caught.value) == "malformed response: a control character in the reason phrase"
+
+
+async def test_a_tab_and_bytes_past_ascii_in_the_reason_phrase_are_kept() -> None:
+    answer = b"HTTP/1.1 200 O\tK \xe9\r\nContent-Length: 2\r\n\r\nok"
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(answer) as server:
+        async with asyncio.timeout(5):
+            response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+            assert await read_all(response) == b"ok"
+        await response.aclose()
+        await wire.aclose()
+    assert (response.status_code, response.reason_phrase) == (200, "O\tK \xe9")
+
+
+# -- where a response starts and what may follow it -----------------------------------
+
+
+@pytest.mark.parametrize("blank", [b"\n", b"\r\n", b"\r"])
+async def test_a_blank_line_before_the_status_line_is_refused(blank: bytes) -> None:
+    """llhttp would skip it; a strict parser (h11) refuses it, and so does the wire."""
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(blank + OK) as server:
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            async with asyncio.timeout(5):
+                await wire.post(server.url, {}, b"{}", deadline=5.0)
+        await wire.aclose()
+    assert str(caught.value) == "malformed response: a blank line before the status line"
+
+
+async def test_a_status_line_whose_first_byte_comes_alone_is_read() -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with in_pieces(OK[:1], OK[1:]) as url:
+        async with asyncio.timeout(5):
+            response = await wire.post(url, {}, b"{}", deadline=5.0)
+            assert await read_all(response) == b"ok"
+        await response.aclose()
+        await wire.aclose()
+    assert (response.status_code, response.released) == (200, True)
+
+
+async def test_a_line_break_after_a_read_response_drops_its_connection() -> None:
+    """A byte after the response, arriving in a read of its own once the body was read
+    and before the response is closed: the connection is not pooled (llhttp alone
+    would skip a line break between messages and keep the connection)."""
+    go = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+        writer.write(OK)
+        await writer.drain()
+        await go.wait()
+        writer.write(b"\n")
+        await writer.drain()
+        with contextlib.suppress(ConnectionError):
+            await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with asyncio.timeout(5):
+        response = await wire.post(url, {}, b"{}", deadline=5.0)
+        assert await read_all(response) == b"ok"
+        go.set()
+        while not response._connection.closed:  # the stray byte arrives, then the abort
+            await asyncio.sleep(0.01)
+    await response.aclose()
+    await wire.aclose()
+    server.close()
+    await server.wait_closed()
+    assert not response.released
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [OK + b"\n"],  # one line feed after the body, in the body's read
+        [OK + b"\r"],
+        [OK[:-1], OK[-1:] + b"\n"],  # a read of two bytes: the body's last and a LF
+        [OK[:-1], OK[-1:] + b"\r"],
+    ],
+)
+async def test_a_lone_line_break_after_the_body_in_its_read_keeps_the_connection_from_reuse(
+    pieces: list[bytes],
+) -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with in_pieces(*pieces) as url:
+        async with asyncio.timeout(5):
+            response = await wire.post(url, {}, b"{}", deadline=5.0)
+            assert await read_all(response) == b"ok"
+        await response.aclose()
+        await wire.aclose()
+    assert (response.status_code, response.released) == (200, False)
+
+
+async def test_garbage_where_the_status_line_starts_is_not_called_a_blank_line() -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(b"X" + OK) as server:
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            async with asyncio.timeout(5):
+                await wire.post(server.url, {}, b"{}", deadline=5.0)
+        await wire.aclose()
+    assert str(caught.value).startswith("malformed response: ")
+    assert "blank line" not in str(caught.value)
+
+
+def head_of(size: int) -> bytes:
+    """The start of a response head, `size` bytes, not yet ended (one long header)."""
+    start = b"HTTP/1.1 200 OK\r\nX-Long: "
+    return start + b"a" * (size - len(start))
+
+
+HEAD_END = b"\r\nContent-Length: 2\r\n\r\nok"
+
+
+@pytest.mark.parametrize(
+    ("pieces", "refused"),
+    [
+        ([head_of(MAX_HEAD_BYTES), HEAD_END], False),
+        ([head_of(MAX_HEAD_BYTES + 1), HEAD_END], True),
+        # Nine reads of 8 KiB, each far below the cap: it is their sum that counts.
+        (
+            [head_of(MAX_HEAD_BYTES + 8192)[i : i + 8192] for i in range(0, 73728, 8192)]
+            + [HEAD_END],
+            True,
+        ),
+    ],
+)
+async def test_the_head_cap_counts_every_read_before_the_head_is_complete(
+    pieces: list[bytes], refused: bool
+) -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with in_pieces(*pieces) as url:
+        async with asyncio.timeout(5):
+            if refused:
+                with pytest.raises(httpx.RemoteProtocolError) as caught:
+                    await wire.post(url, {}, b"{}", deadline=5.0)
+                assert str(caught.value) == (
+                    f"malformed response: the response head is over {MAX_HEAD_BYTES} bytes"
+                )
+            else:
+                response = await wire.post(url, {}, b"{}", deadline=5.0)
+                assert await read_all(response) == b"ok"
+                await response.aclose()
+        await wire.aclose()
+
+
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+CHUNK_END = b"\r\nabc\r\n0\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("extension", "refused"),
+    [
+        ([b"3;e=" + b"a" * (MAX_HEAD_BYTES - 4)], False),
+        ([b"3;e=" + b"a" * (MAX_HEAD_BYTES - 3)], True),
+        # Nine reads of 8 KiB, none with a body byte: it is their sum that counts.
+        ([b"3;e="] + [b"a" * 8192] * 9, True),
+    ],
+)
+async def test_bytes_after_the_head_without_a_body_byte_are_capped_at_exactly_64_kib(
+    extension: list[bytes], refused: bool
+) -> None:
+    """A chunk extension that goes on: no trailer and no body byte, only framing. The
+    count starts again at each read with a body byte (the chunk before it)."""
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with in_pieces(CHUNKED_HEAD, b"2\r\nok\r\n", *extension, CHUNK_END) as url:
+        async with asyncio.timeout(5):
+            response = await wire.post(url, {}, b"{}", deadline=5.0)
+            if refused:
+                with pytest.raises(httpx.RemoteProtocolError) as caught:
+                    await read_all(response)
+                assert str(caught.value) == (
+                    f"malformed response: over {MAX_HEAD_BYTES} bytes after the head without"
+                    " a body byte (trailers or chunk framing)"
+                )
+            else:
+                assert await read_all(response) == b"okabc"
+            await response.aclose()
+        await wire.aclose()
+
+
+async def test_a_switch_of_protocols_is_refused_with_its_text() -> None:
+    switching = b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: x\r\n\r\n"
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(switching) as server:
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            async with asyncio.timeout(5):
+                await wire.post(server.url, {}, b"{}", deadline=5.0)
+        await wire.aclose()
+    assert str(caught.value) == "the server switched protocols"
+
+
+async def test_closing_a_response_twice_pools_its_connection_once() -> None:
+    """A second `aclose` is a no-op: the connection is not handed back again (it would
+    then serve two requests at once)."""
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(OK, OK, OK) as server:
+        async with asyncio.timeout(5):
+            response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+            assert await read_all(response) == b"ok"
+            await response.aclose()
+            await response.aclose()
+            assert [len(idle) for idle in wire._pool._idle.values()] == [1]
+            first, second = await asyncio.gather(
+                wire.post(server.url, {}, b"{}", deadline=5.0),
+                wire.post(server.url, {}, b"{}", deadline=5.0),
+            )
+            assert first._connection is not second._connection
+            for response in (first, second):
+                assert await read_all(response) == b"ok"
+                await response.aclose()
+        await wire.aclose()
+    assert server.connections == 2
+
+
+async def test_a_discarded_connection_frees_its_place_in_the_pool_once() -> None:
+    """Discarded (stray bytes after the answer), the connection is forgotten twice: by
+    the abort and when the loss is reported. It frees one place, not two: at a limit
+    of one, a request while another waits for its answer still waits for a connection."""
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK), max_connections=1)
+    async with scripted(OK + b"\r\n", OK, OK, delay=1.0) as server:
+        async with asyncio.timeout(10):
+            response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+            assert await read_all(response) == b"ok"
+            await response.aclose()
+            assert not response.released
+            waiting = asyncio.create_task(wire.post(server.url, {}, b"{}", deadline=5.0))
+            while len(server.heads) < 2:  # the second request is at the receiver
+                await asyncio.sleep(0.01)
+            with pytest.raises(httpx.ConnectTimeout):
+                await wire.post(server.url, {}, b"{}", deadline=0.2)
+            held = await waiting
+            assert await read_all(held) == b"ok"
+            await held.aclose()
+        await wire.aclose()
+    assert server.connections == 2
+
+
+async def test_an_idle_connection_the_server_closed_leaves_the_pool() -> None:
+    """Closed by its server while idle, a connection is taken out of the idle lists at
+    once: at the limit, making room then closes a live idle connection, not the dead
+    one (which frees nothing), and the new request gets its connection."""
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK), max_connections=2)
+    async with (
+        scripted(close_after_each=True) as closing,
+        scripted() as two,
+        scripted() as three,
+        scripted() as four,
+    ):
+        async with asyncio.timeout(10):
+            first = await wire.post(closing.url, {}, b"{}", deadline=5.0)
+            await read_all(first)
+            await first.aclose()
+            assert first.released  # kept alive as far as the answer said
+            while not first._connection.closed:  # then the server closes it
+                await asyncio.sleep(0.01)
+            for server in (two, three):
+                response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+                await read_all(response)
+                await response.aclose()
+                assert response.released
+            response = await wire.post(four.url, {}, b"{}", deadline=1.0)
+            await read_all(response)
+            await response.aclose()
+        await wire.aclose()
+    assert (two.connections, three.connections, four.connections) == (1, 1, 1)
+
+
+async def test_a_request_that_waited_for_the_pool_reuses_the_connection_handed_back() -> None:
+    """At a limit of one, the second request waits; when the first hands its
+    connection back, the waiting request takes it (one connection in all), rather than
+    closing it to open another."""
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK), max_connections=1)
+
+    async def one_request() -> bytes:
+        response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+        body = await read_all(response)
+        await response.aclose()
+        return body
+
+    async with scripted(delay=0.05) as server:
+        async with asyncio.timeout(10):
+            assert list(await asyncio.gather(one_request(), one_request())) == [b"ok", b"ok"]
+        await wire.aclose()
+    assert server.connections == 1
+
+
+@pytest.mark.parametrize("value", ["a\nb", "a\rb", "a\x00b", "a\r\nb"])
+async def test_a_line_break_or_nul_in_a_request_header_is_refused_before_sending(
+    value: str,
+) -> None:
+    """Any one of LF, CR or NUL alone is enough: nothing is sent."""
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted() as server:
+        with pytest.raises(InvalidEndpointURLError) as caught:
+            await wire.post(server.url, {"x-custom": value}, b"{}", deadline=5.0)
+        await wire.aclose()
+    assert str(caught.value) == (
+        "a request header contains a line break or NUL; fix the endpoint's headers"
+    )
+    assert server.connections == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "named"),
+    [
+        ("Host", "Host"),
+        ("content-length", "content-length"),
+        ("Transfer-Encoding ", "Transfer-Encoding"),
+    ],
+)
+async def test_a_header_the_wire_writes_itself_is_refused_by_name(name: str, named: str) -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted() as server:
+        with pytest.raises(InvalidEndpointURLError) as caught:
+            await wire.post(server.url, {"x-a": "1", name: "2"}, b"{}", deadline=5.0)
+        await wire.aclose()
+    assert str(caught.value) == (
+        f"a request header sets {named!r}, which the wire writes itself from the URL and the"
+        " body; remove it from the headers"
+    )
+    assert server.connections == 0
+
+
+async def test_a_status_below_100_is_refused_with_its_text() -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(b"HTTP/1.1 099 Odd\r\nContent-Length: 2\r\n\r\nok") as server:
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            async with asyncio.timeout(5):
+                await wire.post(server.url, {}, b"{}", deadline=5.0)
+        await wire.aclose()
+    assert str(caught.value) == "malformed response: 099 is not a status code"
+
+
+@pytest.mark.parametrize(("version", "pooled"), [(b"1.1", True), (b"1.0", False)])
+async def test_a_connection_header_keeps_only_an_http_1_1_connection(
+    version: bytes, pooled: bool
+) -> None:
+    answer = (
+        b"HTTP/" + version + b" 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok"
+    )
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted(answer) as server:
+        async with asyncio.timeout(5):
+            response = await wire.post(server.url, {}, b"{}", deadline=5.0)
+            assert await read_all(response) == b"ok"
+        await response.aclose()
+        await wire.aclose()
+    assert response.released is pooled
+
+
+async def test_the_httpx_api_trace_hears_the_request_start_with_a_dict() -> None:
+    """httpx's `trace` extension gets (event, info dict), as httpcore gives it."""
+    heard: list[tuple[str, object]] = []
+
+    async def trace(event: str, info: object) -> None:
+        heard.append((event, info))
+
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted() as server, httpx.AsyncClient(transport=wire) as client:
+        response = await client.post(server.url, content=b"{}", extensions={"trace": trace})
+    assert response.status_code == 200
+    assert heard == [("http11.send_request_headers.started", {})]
+
+
+async def test_the_httpx_api_says_how_long_it_waited_for_the_head() -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with (
+        scripted(delay=3.0) as server,
+        httpx.AsyncClient(transport=wire, timeout=httpx.Timeout(5.0, read=0.2)) as client,
+    ):
+        with pytest.raises(httpx.ReadTimeout) as caught:
+            async with asyncio.timeout(5):
+                await client.post(server.url, content=b"{}")
+    assert str(caught.value) == "no response within 0.2s"

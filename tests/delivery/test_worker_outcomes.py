@@ -7,6 +7,7 @@ the manual clock.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import AsyncIterator
 
 import httpx
@@ -22,7 +23,7 @@ from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.relay import Relay
-from tests.helpers import LOOPBACK, add_endpoint, scalar
+from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
 
 
 @pytest.fixture
@@ -96,3 +97,46 @@ async def test_one_batch_counts_each_outcome_once_and_a_late_one_as_lost(
     w.stats.merge(stats)
     w.stats.merge(stats)
     assert w.stats == BatchStats(claimed=14, succeeded=4, scheduled=4, dead=4, lost_lease=2)
+
+
+async def test_each_attempt_informs_its_endpoints_breaker_with_what_it_saw(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+    http: httpx.AsyncClient,
+) -> None:
+    """The health row after one batch: a 503 is a failure with its error text (not an
+    answer), a 429's own Retry-After (not the default pause) pauses its endpoint."""
+    failing = add_endpoint(engine, box, receiver.route("/busy", status=503), "b.*")
+    throttling = add_endpoint(
+        engine, box, receiver.route("/slow", status=429, headers={"Retry-After": "120"}), "s.*"
+    )
+    w = worker(async_engine, http, box, clock, "W")
+    with engine.begin() as conn:
+        publish(conn, "b.x", {"n": 1})
+        publish(conn, "s.x", {"n": 1})
+    await Relay(async_engine, clock).run_until_idle()
+    claimed = await w.claim(10)
+    assert len(claimed) == 2
+    await w.record([(c, await w.attempt(c)) for c in claimed])
+    now = clock.now()
+    [busy] = rows(
+        engine,
+        "SELECT failing_since, last_failure, paused_until FROM endpoint_health"
+        " WHERE endpoint_id = :id",
+        id=failing.endpoint.id,
+    )
+    assert busy["failing_since"] == now
+    assert busy["last_failure"] == "HTTP 503 Service Unavailable"
+    assert busy["paused_until"] is None
+    [slow] = rows(
+        engine,
+        "SELECT failing_since, last_failure, paused_until FROM endpoint_health"
+        " WHERE endpoint_id = :id",
+        id=throttling.endpoint.id,
+    )
+    assert slow["paused_until"] == now + dt.timedelta(seconds=120)
+    assert slow["failing_since"] is None
+    assert slow["last_failure"] is None

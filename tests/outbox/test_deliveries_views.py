@@ -158,7 +158,8 @@ async def test_a_delivery_shows_every_field_under_its_documented_key(
 def test_a_filter_refuses_unknown_states_and_bad_limits_and_describes_itself() -> None:
     with refused(
         OperationError,
-        "unknown state lost, zzz: use one of scheduled, in_flight, succeeded, dead, discarded, held",
+        "unknown state lost, zzz: use one of scheduled, in_flight, succeeded, dead, discarded,"
+        " held",
     ):
         delivery_ops.DeliveryFilter(states=("dead", "zzz", "lost"))
     for wrong in (0, delivery_ops.MAX_PAGE + 1):
