@@ -307,6 +307,26 @@ def _via(client: httpx.AsyncClient, request: OutgoingRequest) -> str:
     return ""
 
 
+def _certificate_hint(request: OutgoingRequest, exc: BaseException) -> str:
+    """Why an HTTPS receiver may close without answering: with TLS 1.3 the client's
+    handshake ends before the server checks the client certificate, so a refused (or
+    missing) certificate shows up as a close, or an alert, after the request went out."""
+    if not request.url.startswith("https://"):
+        return ""
+    message = str(exc).lower()
+    if "without sending a response" not in message and "alert" not in message:
+        return ""
+    if request.client_certificate is None:
+        return (
+            "; a receiver that requires a client certificate (mutual TLS) closes like this: "
+            "this endpoint presents none (set one with `outbox endpoints set-auth`)"
+        )
+    return (
+        "; a receiver that requires a client certificate closes like this when it refuses "
+        "the endpoint's (check it is issued by the CA the receiver trusts)"
+    )
+
+
 def _sends_through_wire(client: httpx.AsyncClient) -> bool:
     return isinstance(client, DeliveryClient) and isinstance(
         client.delivery_transport, WireTransport
@@ -501,7 +521,9 @@ async def _send_once(
         if progress.sending:
             result.outcome = Outcome.AMBIGUOUS
             result.error = (
-                f"failed after sending{_via(client, request)}, may have arrived: " + _describe(exc)
+                f"failed after sending{_via(client, request)}, may have arrived: "
+                + _describe(exc)
+                + _certificate_hint(request, exc)
             )
         else:
             result.outcome = Outcome.RETRYABLE
