@@ -547,3 +547,119 @@ async def test_worker_delivers_with_mtls_and_oauth_and_keeps_secrets_out_of_rows
     [audit] = rows(engine, "SELECT details FROM audit_log WHERE action = 'endpoint.auth'")
     assert audit["details"]["oauth"]["client_id"] == "partner-app"
     assert audit["details"]["client_certificate"]["subject"] == "CN=endpoint-a"
+
+
+# -- the admin API and the CLI --------------------------------------------------------------
+
+
+async def test_admin_api_sets_shows_and_clears_auth_within_the_callers_tenant(
+    engine: Engine, async_engine: AsyncEngine, box: SecretBox, clock: ManualClock
+) -> None:
+    from delivery.operator.api import create_app
+    from outbox.tenants import create_tenant
+    from outbox.tokens import create_token
+
+    with engine.begin() as conn:
+        create_tenant(conn, "seller-a")
+        create_tenant(conn, "seller-b")
+        _, scoped = create_token(conn, name="a", role="operator", actor="test", tenant="seller-a")
+    mine = add_endpoint(engine, box, "https://a.example/h", tenant="seller-a").endpoint.uid
+    theirs = add_endpoint(engine, box, "https://b.example/h", tenant="seller-b").endpoint.uid
+    cert, key = Authority("partner client CA").issue("endpoint-a")
+    body = {
+        "client_certificate": cert,
+        "client_key": key,
+        "oauth": {
+            "token_url": "https://auth.partner.example/token",
+            "client_id": "partner-app",
+            "client_secret": CLIENT_SECRET,
+            "scope": "webhooks",
+        },
+        "reason": "partner asked",
+    }
+    app = create_app(async_engine, box, clock=clock)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://admin",
+        headers={"authorization": f"Bearer {scoped}"},
+    ) as api:  # fmt: skip
+        made = await api.patch(f"/v1/endpoints/{mine}/auth", json=body)
+        assert made.status_code == 200, made.text
+        shown = await api.patch(f"/v1/endpoints/{mine}/auth", json={})
+        other = await api.patch(f"/v1/endpoints/{theirs}/auth", json=body)
+        bad = await api.patch(
+            f"/v1/endpoints/{mine}/auth",
+            json={"client_certificate": "not a certificate", "client_key": key},
+        )
+        cleared = await api.patch(f"/v1/endpoints/{mine}/auth", json={"oauth": None})
+    assert made.json() == shown.json()
+    assert made.json()["client_certificate"]["subject"] == "CN=endpoint-a"
+    assert made.json()["oauth"] == {
+        "token_url": "https://auth.partner.example/token",
+        "client_id": "partner-app",
+        "scope": "webhooks",
+    }
+    assert other.status_code == 404
+    assert bad.status_code == 400 and "not PEM" in bad.json()["error"]
+    assert cleared.json()["oauth"] is None and cleared.json()["client_certificate"] is not None
+    for answer in (made, shown, other, bad, cleared):
+        assert CLIENT_SECRET not in answer.text and "PRIVATE KEY" not in answer.text
+    stored = json.dumps(rows(engine, "SELECT * FROM endpoints"), default=str)
+    assert CLIENT_SECRET not in stored and "PRIVATE KEY" not in stored
+    audit = rows(engine, "SELECT target_id, reason FROM audit_log WHERE action = 'endpoint.auth'")
+    assert [(a["target_id"], a["reason"]) for a in audit] == [
+        (mine, "partner asked"),
+        (mine, None),
+    ]
+
+
+def test_cli_set_auth_reads_files_and_never_prints_secrets(
+    database_url: str, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from delivery.operator.cli import main
+    from outbox.crypto import generate_key
+
+    env = {
+        "OUTBOX_DATABASE_URL": database_url,
+        "OUTBOX_SECRET_KEYS": generate_key("cli"),
+        "USER": "night",
+    }
+    runner = CliRunner()
+
+    def outbox(*args: str, ok: bool = True) -> Any:
+        result = runner.invoke(main, [*args], env=env, catch_exceptions=False)
+        assert (result.exit_code == 0) is ok, result.output
+        assert CLIENT_SECRET not in result.output and "PRIVATE KEY" not in result.output
+        return json.loads(result.output) if ok and "--json" in args else result.output
+
+    added = outbox("endpoints", "add", "https://partner.example/h", "--events", "*", "--json")
+    cert, key = Authority("partner client CA").issue("endpoint-a")
+    (tmp_path / "cert.pem").write_text(cert)
+    (tmp_path / "key.pem").write_text(key)
+    (tmp_path / "secret").write_text(CLIENT_SECRET + "\n")
+    (tmp_path / "cert.der").write_bytes(b"\x30\x82" + bytes(500))
+    (tmp_path / "huge.pem").write_bytes(b"-----BEGIN CERTIFICATE-----\n" + b"A" * 1_000_000)
+    uid = added["id"]
+    shown = outbox(
+        "endpoints", "set-auth", uid, "--client-cert", str(tmp_path / "cert.pem"),
+        "--client-key", str(tmp_path / "key.pem"),
+        "--oauth-token-url", "https://auth.partner.example/token",
+        "--oauth-client-id", "partner-app",
+        "--oauth-client-secret-file", str(tmp_path / "secret"), "--json",
+    )  # fmt: skip
+    assert shown["client_certificate"]["subject"] == "CN=endpoint-a"
+    assert shown["oauth"]["client_id"] == "partner-app"
+    assert "CN=endpoint-a" in outbox("endpoints", "set-auth", uid)
+    not_pem = outbox(
+        "endpoints", "set-auth", uid, "--client-cert", str(tmp_path / "cert.der"),
+        "--client-key", str(tmp_path / "key.pem"), ok=False,
+    )  # fmt: skip
+    assert "not PEM" in not_pem
+    huge = outbox(
+        "endpoints", "set-auth", uid, "--client-cert", str(tmp_path / "huge.pem"),
+        "--client-key", str(tmp_path / "key.pem"), ok=False,
+    )  # fmt: skip
+    assert "over 65536 bytes" in huge
+    cleared = outbox("endpoints", "set-auth", uid, "--clear", "--json")
+    assert cleared == {"id": uid, "client_certificate": None, "oauth": None}
