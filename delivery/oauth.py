@@ -131,37 +131,44 @@ class TokenCache:
             raise TokenError(f"{where} did not answer within {within:g}s") from exc
         except httpx.HTTPError as exc:
             raise TokenError(f"{where} is unreachable: {type(exc).__name__}: {exc}") from exc
-        status = response.status_code
-        if status != 200:
-            detail = _oauth_error(bytes(body))
-            hint = (
-                "; check the endpoint's OAuth client id and secret"
-                if status in (400, 401, 403)
-                else ""
-            )
-            raise TokenError(f"{where} answered HTTP {status}{detail}{hint}")
-        try:
-            answer = json.loads(body)
-        except ValueError as exc:
-            raise TokenError(f"{where} answered 200 with a body that is not JSON") from exc
-        token = answer.get("access_token") if isinstance(answer, dict) else None
-        if not isinstance(token, str) or not token:
-            raise TokenError(f"{where} answered 200 without an access_token")
-        if any(ord(c) < 0x21 or ord(c) > 0x7E for c in token):
-            raise TokenError(f"{where} gave an access token with characters a header cannot hold")
-        expires = answer.get("expires_in", DEFAULT_LIFETIME_SECONDS)
-        if isinstance(expires, str) and expires.isdigit():
-            expires = int(expires)
-        if isinstance(expires, bool) or not isinstance(expires, (int, float)) or expires <= 0:
-            expires = DEFAULT_LIFETIME_SECONDS
-        return token, min(float(expires), MAX_LIFETIME_SECONDS)
+        return parse_token_response(response.status_code, bytes(body), where)
+
+
+def parse_token_response(status: int, body: bytes, where: str) -> tuple[str, float]:
+    """(access token, lifetime in seconds) from a token endpoint's answer (RFC 6749
+    section 5.1), or TokenError saying what is wrong (with the RFC error code, if any)."""
+    if status != 200:
+        detail = _oauth_error(body)
+        hint = (
+            "; check the endpoint's OAuth client id and secret" if status in (400, 401, 403) else ""
+        )
+        raise TokenError(f"{where} answered HTTP {status}{detail}{hint}")
+    try:
+        answer = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise TokenError(f"{where} answered 200 with a body that is not JSON") from exc
+    token = answer.get("access_token") if isinstance(answer, dict) else None
+    if not isinstance(token, str) or not token:
+        raise TokenError(f"{where} answered 200 without an access_token")
+    if any(ord(c) < 0x21 or ord(c) > 0x7E for c in token):
+        raise TokenError(f"{where} gave an access token with characters a header cannot hold")
+    expires = answer.get("expires_in", DEFAULT_LIFETIME_SECONDS)
+    if isinstance(expires, str) and expires.isascii() and expires.isdigit():
+        expires = int(expires)
+    if (
+        isinstance(expires, bool)
+        or not isinstance(expires, (int, float))
+        or not 0 < expires < float("inf")
+    ):
+        expires = DEFAULT_LIFETIME_SECONDS
+    return token, min(float(expires), MAX_LIFETIME_SECONDS)
 
 
 def _oauth_error(body: bytes) -> str:
     """' (invalid_client: ...)' from an RFC 6749 error answer, else ''."""
     try:
         answer = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return ""
     if not isinstance(answer, dict) or not isinstance(answer.get("error"), str):
         return ""

@@ -22,10 +22,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.http import DeliveryClient, OutgoingRequest, build_http_client, send_attempt
+from delivery.oauth import TokenError, parse_token_response
 from delivery.policy import Outcome
 from delivery.ssrf import AddressPolicy
 from delivery.wire import WireTransport
@@ -663,3 +666,47 @@ def test_cli_set_auth_reads_files_and_never_prints_secrets(
     assert "over 65536 bytes" in huge
     cleared = outbox("endpoints", "set-auth", uid, "--clear", "--json")
     assert cleared == {"id": uid, "client_certificate": None, "oauth": None}
+
+
+# -- the token answer, against the RFC 6749 rules --------------------------------------------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["access_token", "expires_in", "token_type", "error"]),
+        _JSON | st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E)),
+    )
+)
+def test_token_answers_parse_as_the_rfc_says(answer: dict[str, Any]) -> None:
+    token = answer.get("access_token")
+    usable = isinstance(token, str) and token != "" and all(0x21 <= ord(c) <= 0x7E for c in token)
+    expires = answer.get("expires_in", 60)
+    if isinstance(expires, str) and expires.isascii() and expires.isdigit():
+        expires = int(expires)
+    valid_life = not isinstance(expires, bool) and isinstance(expires, (int, float)) and expires > 0
+    body = json.dumps(answer).encode()
+    if not usable:
+        with pytest.raises(TokenError):
+            parse_token_response(200, body, "it")
+        return
+    got, lifetime = parse_token_response(200, body, "it")
+    assert got == token
+    assert lifetime == (min(float(expires), 86_400.0) if valid_life else 60.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(100, 599), st.binary(max_size=300))
+def test_any_token_answer_is_a_token_or_a_token_error(status: int, body: bytes) -> None:
+    try:
+        token, lifetime = parse_token_response(status, body, "it")
+    except TokenError as exc:
+        assert str(exc).startswith("it ")
+    else:
+        assert status == 200 and token and 0 < lifetime <= 86_400
