@@ -371,6 +371,20 @@ async def send_attempt(
     outcome). A 401 from the receiver with a cached token refreshes the token once and
     makes the attempt once more. The token is recorded only as `[redacted]`.
     """
+    expired = request.client_certificate and request.client_certificate.not_after
+    if expired and expired <= clock.now():
+        # The receiver would refuse it (after our request went out, with TLS 1.3): say why
+        # now, and send nothing. Retryable: a new certificate lets the retries through.
+        return AttemptResult(
+            delivery_id=request.delivery_id,
+            started_at=clock.now(),
+            duration_ms=0,
+            outcome=Outcome.RETRYABLE,
+            error=(
+                f"the endpoint's client certificate expired at {expired.isoformat()}; set a "
+                "new one with `outbox endpoints set-auth`"
+            ),
+        )
     if request.oauth is None:
         return await _send_once(
             client,

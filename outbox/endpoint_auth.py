@@ -40,6 +40,7 @@ class ClientCertificate:
 
     certificate_pem: str = field(repr=False)
     key_pem: str = field(repr=False)
+    not_after: dt.datetime | None = None  # the leaf's expiry: past it, nothing is sent
 
     @property
     def version(self) -> str:
@@ -139,7 +140,7 @@ def check_client_certificate(
         "fingerprint_sha256": leaf.fingerprint(hashes.SHA256()).hex(),
         "not_after": leaf.not_valid_after_utc.isoformat(),
     }
-    return ClientCertificate(cert_pem, key_pem), summary
+    return ClientCertificate(cert_pem, key_pem, leaf.not_valid_after_utc), summary
 
 
 def check_oauth_client(
@@ -287,7 +288,8 @@ def set_endpoint_auth(
 def decrypt_client_certificate(box: SecretBox, uid: str, stored: str) -> ClientCertificate:
     """The endpoint's certificate and key, for the wire only."""
     data = json.loads(box.decrypt(stored, context=client_certificate_context(uid)))
-    return ClientCertificate(data["certificate"], data["key"])
+    leaf = x509.load_pem_x509_certificates(data["certificate"].encode())[0]
+    return ClientCertificate(data["certificate"], data["key"], leaf.not_valid_after_utc)
 
 
 def decrypt_oauth_client(box: SecretBox, uid: str, stored: str) -> OAuthClient:

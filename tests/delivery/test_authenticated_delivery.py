@@ -11,6 +11,7 @@ import datetime as dt
 import ipaddress
 import json
 import ssl
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -261,15 +262,23 @@ async def test_mtls_delivery_arrives_with_the_right_certificate_and_fails_clearl
     async with wire_client(server_ca) as client:
         right = await send_attempt(
             client, outgoing(url, client_certificate=identity(client_ca, "endpoint-a")),
-            ManualClock(),
+            ManualClock(NOW),
         )  # fmt: skip
         assert right.outcome is Outcome.SUCCEEDED, right.error
         assert [s.peer for s in receiver.seen] == ["endpoint-a"]
 
-        without = await send_attempt(client, outgoing(url), ManualClock())
+        without = await send_attempt(client, outgoing(url), ManualClock(NOW))
         other_ca = await send_attempt(
-            client, outgoing(url, client_certificate=identity(rogue, "endpoint-r")), ManualClock()
+            client,
+            outgoing(url, client_certificate=identity(rogue, "endpoint-r")),
+            ManualClock(NOW),
         )
+        clock = ManualClock(NOW + dt.timedelta(hours=7))  # past endpoint-a's expiry
+        expired = await send_attempt(
+            client, outgoing(url, client_certificate=identity(client_ca, "endpoint-a")), clock
+        )
+    assert expired.outcome is Outcome.RETRYABLE
+    assert "client certificate expired at" in (expired.error or "")
     for failed in (without, other_ca):
         assert failed.outcome is not Outcome.SUCCEEDED
         assert failed.status_code is None
@@ -278,15 +287,21 @@ async def test_mtls_delivery_arrives_with_the_right_certificate_and_fails_clearl
 
 
 async def test_a_pooled_connection_is_never_reused_for_another_endpoints_certificate(
-    serve: Callable[..., Any], tmp_path: Path, pki: tuple[Authority, Authority, Authority]
+    serve: Callable[..., Any],
+    tmp_path: Path,
+    pki: tuple[Authority, Authority, Authority],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     server_ca, client_ca, _ = pki
     receiver = await serve(ok, mtls_server_context(tmp_path, server_ca, client_ca))
     url = receiver.url("/hook", tls=True)
     a, b = identity(client_ca, "endpoint-a"), identity(client_ca, "endpoint-b")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     async with wire_client(server_ca) as client:
         for who in (a, a, b, a, None):
-            await send_attempt(client, outgoing(url, client_certificate=who), ManualClock())
+            await send_attempt(client, outgoing(url, client_certificate=who), ManualClock(NOW))
     # Keep-alive: A's second request reused A's connection; B got its own, and a request
     # with no certificate never rode on A's (it failed instead of arriving as A).
     assert [s.peer for s in receiver.seen] == [
@@ -297,6 +312,7 @@ async def test_a_pooled_connection_is_never_reused_for_another_endpoints_certifi
     ]
     # Two handshakes completed (A's and B's); the one without a certificate was refused.
     assert receiver.connections == 2
+    assert list(temporary.iterdir()) == []  # the PEM files were removed once loaded
 
 
 @pytest.mark.parametrize(
