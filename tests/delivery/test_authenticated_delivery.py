@@ -726,3 +726,37 @@ def test_any_token_answer_is_a_token_or_a_token_error(status: int, body: bytes) 
         assert str(exc).startswith("it ")
     else:
         assert status == 200 and token and 0 < lifetime <= 86_400
+
+
+async def test_concurrent_attempts_share_one_token_fetch(
+    serve: Callable[..., Any], http: httpx.AsyncClient
+) -> None:
+    issuer = TokenEndpoint()
+    tokens = await serve(issuer)
+    receiver = await serve(lambda seen: BearerReceiver(set(issuer.issued))(seen))
+    request = outgoing(
+        receiver.url("/hook", tls=False), oauth=oauth(tokens.url("/token", tls=False))
+    )
+    clock = ManualClock(NOW)
+    results = await asyncio.gather(*(send_attempt(http, request, clock) for _ in range(8)))
+    assert {r.outcome for r in results} == {Outcome.SUCCEEDED}
+    assert issuer.issued == ["tok1"] and len(tokens.seen) == 1
+
+
+@pytest.mark.parametrize(
+    ("token_url", "client_id", "secret", "says"),
+    [
+        ("ftp://auth.example/token", "app", "s", "the OAuth token URL"),
+        ("https://user:pw@auth.example/token", "app", "s", "the OAuth token URL"),
+        ("https://auth.example/token", "", "s", "client id is empty"),
+        ("https://auth.example/token", "app", "  ", "client secret is empty"),
+        ("https://auth.example/token", "app\r\nx: y", "s", "without control characters"),
+        ("https://auth.example/token", "app", "s" * 5000, "at most 2048"),
+    ],
+)
+def test_hostile_oauth_settings_are_refused_when_set(
+    token_url: str, client_id: str, secret: str, says: str
+) -> None:
+    with pytest.raises(EndpointError, match=says) as caught:
+        check_oauth_client(token_url, client_id, secret, None)
+    assert "s" * 50 not in str(caught.value)  # the secret is never echoed
