@@ -236,6 +236,11 @@ def set_endpoint_auth(
         "oauth_client": row.oauth_client,
         "oauth_client_info": row.oauth_client_info,
     }
+    if client_certificate not in (None, _KEEP) and not row.url.startswith("https://"):
+        raise EndpointError(
+            "a client certificate is presented over HTTPS only, and this endpoint's URL is "
+            f"{row.url.split(':', 1)[0]}://...; change the URL to https:// first"
+        )
     changed: dict[str, Any] = {}
     if client_certificate is not _KEEP:
         if client_certificate is None:

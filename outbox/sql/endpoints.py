@@ -222,7 +222,8 @@ SET_ENDPOINT_CLIENT_AUTH = text(
 # An endpoint's authenticated-delivery settings as stored, in the caller's scope.
 SELECT_ENDPOINT_CLIENT_AUTH = text(
     f"""
-    SELECT uid, client_certificate, client_certificate_info, oauth_client, oauth_client_info
+    SELECT uid, url, client_certificate, client_certificate_info, oauth_client,
+           oauth_client_info
     FROM endpoints WHERE uid = :uid AND {in_scope("tenant_id")}
     """
 )

@@ -760,3 +760,19 @@ def test_hostile_oauth_settings_are_refused_when_set(
     with pytest.raises(EndpointError, match=says) as caught:
         check_oauth_client(token_url, client_id, secret, None)
     assert "s" * 50 not in str(caught.value)  # the secret is never echoed
+
+
+def test_a_client_certificate_on_a_plain_http_endpoint_is_refused(
+    engine: Engine, box: SecretBox
+) -> None:
+    plain = add_endpoint(engine, box, "http://partner.example/h").endpoint.uid
+    checked, summary = check_client_certificate(
+        *Authority("partner client CA").issue("endpoint-a"), now=NOW
+    )
+    with engine.begin() as conn, pytest.raises(EndpointError, match="over HTTPS only"):
+        set_endpoint_auth(
+            conn, box, plain, client_certificate=checked, certificate_summary=summary, actor="t"
+        )
+    assert rows(engine, "SELECT client_certificate FROM endpoints") == [
+        {"client_certificate": None}
+    ]
