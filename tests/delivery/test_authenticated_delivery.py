@@ -776,3 +776,34 @@ def test_a_client_certificate_on_a_plain_http_endpoint_is_refused(
     assert rows(engine, "SELECT client_certificate FROM endpoints") == [
         {"client_certificate": None}
     ]
+
+
+def test_key_rotation_reencrypts_the_certificate_and_oauth_client(engine: Engine) -> None:
+    from outbox.crypto import generate_key, key_parts
+    from outbox.endpoint_auth import decrypt_client_certificate, decrypt_oauth_client
+    from outbox.endpoints import check_keys_cover_stored_secrets, reencrypt_secrets
+
+    old = generate_key("old")
+    box = SecretBox.from_setting(old)
+    uid = add_endpoint(engine, box, "https://partner.example/h").endpoint.uid
+    checked, summary = check_client_certificate(
+        *Authority("partner client CA").issue("endpoint-a"), now=NOW
+    )
+    client, shown = check_oauth_client(
+        "https://auth.example/token", "partner-app", CLIENT_SECRET, None
+    )
+    with engine.begin() as conn:
+        set_endpoint_auth(
+            conn, box, uid, client_certificate=checked, certificate_summary=summary,
+            oauth=client, oauth_summary=shown, actor="t",
+        )  # fmt: skip
+    new = generate_key("new")
+    with engine.begin() as conn:
+        reencrypt_secrets(conn, SecretBox.from_setting(f"{new},{old}"), actor="t")
+    only_new = SecretBox.from_setting(new)
+    [row] = rows(engine, "SELECT client_certificate, oauth_client FROM endpoints")
+    assert key_parts(row["client_certificate"])[1] == key_parts(row["oauth_client"])[1] == "new"
+    assert decrypt_client_certificate(only_new, uid, row["client_certificate"]) == checked
+    assert decrypt_oauth_client(only_new, uid, row["oauth_client"]) == client
+    with engine.connect() as conn:
+        check_keys_cover_stored_secrets(conn, only_new)
