@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import time
 import weakref
@@ -22,6 +23,7 @@ from delivery.errors import (
     DeliveryConfigurationError,
     InvalidEndpointURLError,
 )
+from delivery.oauth import TokenCache, TokenError
 from delivery.policy import (
     RETRY_AFTER_MAX_SECONDS,
     RETRY_AFTER_STATUSES,
@@ -31,8 +33,9 @@ from delivery.policy import (
 )
 from delivery.signing import SigningKey, signature_header
 from delivery.ssrf import AddressPolicy, build_guarded_transport
-from delivery.wire import PROXY_EXTENSION, WireTransport
+from delivery.wire import IDENTITY_EXTENSION, PROXY_EXTENSION, WireTransport
 from outbox.clock import Clock
+from outbox.endpoint_auth import ClientCertificate, OAuthClient
 from outbox.urls import parse_proxy_url
 
 USER_AGENT = "webhook-outbox/0.1"
@@ -52,6 +55,10 @@ class OutgoingRequest:
     extra_headers: Mapping[str, str] = field(default_factory=dict)
     # The endpoint's own egress proxy URL (decrypted; a secret), overriding the default.
     proxy: str | None = field(default=None, repr=False)
+    # Authenticated delivery (outbox.endpoint_auth): the client certificate presented over
+    # HTTPS (mutual TLS), and the OAuth2 client whose bearer token goes with the request.
+    client_certificate: ClientCertificate | None = field(default=None, repr=False)
+    oauth: OAuthClient | None = field(default=None, repr=False)
 
 
 @dataclass(slots=True)
@@ -239,6 +246,7 @@ async def _post(
             deadline=request.timeout,
             trace=progress,
             proxy=request.proxy,
+            identity=request.client_certificate,
         )
         try:
             yield direct
@@ -256,6 +264,13 @@ async def _post(
                 "(a client from build_http_client); set OUTBOX_HTTP_TRANSPORT=wire (the default)"
             )
         extensions[PROXY_EXTENSION] = request.proxy
+    if request.client_certificate is not None:
+        if not _sends_through_wire(client):
+            raise httpx.ConnectError(
+                "the endpoint has a client certificate, which only the wire transport "
+                "presents; set OUTBOX_HTTP_TRANSPORT=wire (the default)"
+            )
+        extensions[IDENTITY_EXTENSION] = request.client_certificate
     outgoing = httpx.Request(
         "POST",
         request.url,
@@ -292,6 +307,26 @@ def _via(client: httpx.AsyncClient, request: OutgoingRequest) -> str:
     return ""
 
 
+def _certificate_hint(request: OutgoingRequest, exc: BaseException) -> str:
+    """Why an HTTPS receiver may close without answering: with TLS 1.3 the client's
+    handshake ends before the server checks the client certificate, so a refused (or
+    missing) certificate shows up as a close, or an alert, after the request went out."""
+    if not request.url.startswith("https://"):
+        return ""
+    message = str(exc).lower()
+    if "without sending a response" not in message and "alert" not in message:
+        return ""
+    if request.client_certificate is None:
+        return (
+            "; a receiver that requires a client certificate (mutual TLS) closes like this: "
+            "this endpoint presents none (set one with `outbox endpoints set-auth`)"
+        )
+    return (
+        "; a receiver that requires a client certificate closes like this when it refuses "
+        "the endpoint's (check it is issued by the CA the receiver trusts)"
+    )
+
+
 def _sends_through_wire(client: httpx.AsyncClient) -> bool:
     return isinstance(client, DeliveryClient) and isinstance(
         client.delivery_transport, WireTransport
@@ -307,6 +342,19 @@ def _describe(exc: BaseException) -> str:
     return _one_line(f"{type(exc).__name__}: {detail}")
 
 
+_TOKEN_CACHES: weakref.WeakKeyDictionary[httpx.AsyncClient, TokenCache] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def token_cache(client: httpx.AsyncClient, clock: Clock) -> TokenCache:
+    """The OAuth2 access tokens of the attempts made through `client`, in this process."""
+    found = _TOKEN_CACHES.get(client)
+    if found is None:
+        found = _TOKEN_CACHES[client] = TokenCache(clock)
+    return found
+
+
 async def send_attempt(
     client: httpx.AsyncClient,
     request: OutgoingRequest,
@@ -315,6 +363,79 @@ async def send_attempt(
     body_cap: int = 64 * 1024,
     excerpt_bytes: int = 2048,
     on_start: Callable[[], None] | None = None,
+) -> AttemptResult:
+    """One attempt; for an endpoint with OAuth2 client credentials, with its bearer token.
+
+    The token comes from the cache (`token_cache`) or the token endpoint; a token
+    endpoint that fails gives the attempt its clear error (delivery.oauth says which
+    outcome). A 401 from the receiver with a cached token refreshes the token once and
+    makes the attempt once more. The token is recorded only as `[redacted]`.
+    """
+    expired = request.client_certificate and request.client_certificate.not_after
+    if expired and expired <= clock.now():
+        # The receiver would refuse it (after our request went out, with TLS 1.3): say why
+        # now, and send nothing. Retryable: a new certificate lets the retries through.
+        return AttemptResult(
+            delivery_id=request.delivery_id,
+            started_at=clock.now(),
+            duration_ms=0,
+            outcome=Outcome.RETRYABLE,
+            error=(
+                f"the endpoint's client certificate expired at {expired.isoformat()}; set a "
+                "new one with `outbox endpoints set-auth`"
+            ),
+        )
+    if request.oauth is None:
+        return await _send_once(
+            client,
+            request,
+            clock,
+            body_cap=body_cap,
+            excerpt_bytes=excerpt_bytes,
+            on_start=on_start,
+        )
+    tokens = token_cache(client, clock)
+    stale: str | None = None
+    for _ in range(2):
+        started_at = clock.now()
+        began = time.perf_counter()
+        try:
+            token, fresh = await tokens.token(
+                client, request.oauth, within=request.timeout, stale=stale
+            )
+        except TokenError as exc:
+            return AttemptResult(
+                delivery_id=request.delivery_id,
+                started_at=started_at,
+                duration_ms=int((time.perf_counter() - began) * 1000),
+                outcome=exc.outcome,
+                error=_one_line(f"no OAuth access token: {exc}"),
+            )
+        authorized = dataclasses.replace(
+            request, extra_headers={**request.extra_headers, "authorization": f"Bearer {token}"}
+        )
+        result = await _send_once(
+            client,
+            authorized,
+            clock,
+            body_cap=body_cap,
+            excerpt_bytes=excerpt_bytes,
+            on_start=on_start,
+        )
+        if result.status_code != 401 or fresh:
+            return result
+        stale = token  # refused: the receiver may have revoked it before it expired
+    return result
+
+
+async def _send_once(
+    client: httpx.AsyncClient,
+    request: OutgoingRequest,
+    clock: Clock,
+    *,
+    body_cap: int,
+    excerpt_bytes: int,
+    on_start: Callable[[], None] | None,
 ) -> AttemptResult:
     """POST one signed delivery within one deadline that covers connect, send and body read.
 
@@ -414,7 +535,9 @@ async def send_attempt(
         if progress.sending:
             result.outcome = Outcome.AMBIGUOUS
             result.error = (
-                f"failed after sending{_via(client, request)}, may have arrived: " + _describe(exc)
+                f"failed after sending{_via(client, request)}, may have arrived: "
+                + _describe(exc)
+                + _certificate_hint(request, exc)
             )
         else:
             result.outcome = Outcome.RETRYABLE

@@ -154,6 +154,16 @@ def proxy_context(uid: str) -> str:
     return f"endpoint:{uid}:proxy"
 
 
+def client_certificate_context(uid: str) -> str:
+    """Associated data of an endpoint's encrypted client certificate and key."""
+    return f"endpoint:{uid}:client-certificate"
+
+
+def oauth_context(uid: str) -> str:
+    """Associated data of an endpoint's encrypted OAuth2 client credentials."""
+    return f"endpoint:{uid}:oauth"
+
+
 def set_proxy(
     conn: Connection,
     box: SecretBox,
@@ -319,6 +329,8 @@ def check_keys_cover_stored_secrets(conn: Connection, box: SecretBox) -> None:
             (row.previous_signing_secret, secret_context(row.uid)),
             (row.custom_headers, headers_context(row.uid)),
             (row.proxy_url, proxy_context(row.uid)),
+            (row.client_certificate, client_certificate_context(row.uid)),
+            (row.oauth_client, oauth_context(row.uid)),
         ):
             if not stored:
                 continue
@@ -361,6 +373,19 @@ def reencrypt_secrets(conn: Connection, box: SecretBox, *, actor: str) -> int:
             if row.proxy_url
             else None
         )
+        again = {
+            name: box.encrypt(box.decrypt(stored, context=context), context=context)
+            if stored
+            else None
+            for name, stored, context in (
+                (
+                    "client_certificate",
+                    row.client_certificate,
+                    client_certificate_context(row.uid),
+                ),
+                ("oauth_client", row.oauth_client, oauth_context(row.uid)),
+            )
+        }
         conn.execute(
             queries.SET_ENDPOINT_SECRETS,
             {
@@ -369,6 +394,7 @@ def reencrypt_secrets(conn: Connection, box: SecretBox, *, actor: str) -> int:
                 "previous_signing_secret": previous,
                 "custom_headers": headers,
                 "proxy_url": proxy,
+                **again,
             },
         )
         changed += 1

@@ -202,6 +202,13 @@ endpoints = Table(
     Column("payload_filter", Text),
     # SHA-256 of the feed token (shown once when created or rotated).
     Column("feed_token_hash", Text),
+    # Authenticated delivery (migration 0037): a client certificate and key (mutual TLS)
+    # and OAuth2 client credentials, encrypted like the secrets, each with a JSON summary
+    # in the clear for display (subject, fingerprint, expiry; token URL, client id, scope).
+    Column("client_certificate", Text),
+    Column("client_certificate_info", Text),
+    Column("oauth_client", Text),
+    Column("oauth_client_info", Text),
     Column("timeout_seconds", Float),
     Column("max_attempts", Integer),
     Column("retry_schedule", ARRAY(Float)),

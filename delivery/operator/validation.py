@@ -37,6 +37,7 @@ from pydantic import (
 )
 
 from outbox import deliveries as delivery_ops
+from outbox.endpoint_auth import MAX_PEM_BYTES
 from outbox.endpoint_rules import MAX_ENDPOINT_TIMEOUT_SECONDS
 from outbox.errors import OperationError
 from outbox.feeds import MAX_PAGE as MAX_FEED_PAGE
@@ -415,6 +416,26 @@ class FeedQuery(_Input):
 
 
 class FeedTokenRotate(_Input):
+    reason: Reason | None = None
+
+
+# A certificate or key in PEM (line breaks allowed); checked by outbox.endpoint_auth.
+Pem = Annotated[StrictStr, Field(min_length=1, max_length=MAX_PEM_BYTES)]
+
+
+class OAuthClientInput(_Input):
+    token_url: Text
+    client_id: Text
+    client_secret: Text
+    scope: Text | None = None
+
+
+class EndpointAuthUpdate(_Input):
+    """A field given sets it, an explicit null removes it, a field left out is kept."""
+
+    client_certificate: Pem | None = None  # the certificate chain, leaf first
+    client_key: Pem | None = None  # its unencrypted private key
+    oauth: OAuthClientInput | None = None
     reason: Reason | None = None
 
 

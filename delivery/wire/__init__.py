@@ -38,10 +38,11 @@ it still had to send stays buffered.
 
 from delivery.wire.connect import CONNECT_STAGGER_SECONDS
 from delivery.wire.connection import KEEPALIVE_EXPIRY, MAX_HEAD_BYTES, WireResponse
-from delivery.wire.transport import PROXY_EXTENSION, Trace, WireTransport
+from delivery.wire.transport import IDENTITY_EXTENSION, PROXY_EXTENSION, Trace, WireTransport
 
 __all__ = [
     "CONNECT_STAGGER_SECONDS",
+    "IDENTITY_EXTENSION",
     "KEEPALIVE_EXPIRY",
     "MAX_HEAD_BYTES",
     "PROXY_EXTENSION",

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import ipaddress
+import os
 import re
 import ssl
+import tempfile
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar, cast
@@ -16,8 +19,11 @@ from yarl import URL
 
 from delivery.ssrf import GuardedResolver, Resolver
 from delivery.wire.connection import _Connection, _Pool
+from outbox.endpoint_auth import ClientCertificate
 from outbox.urls import ProxyURL
 
+# Client-certificate TLS contexts kept per transport (one per endpoint certificate in use).
+_MAX_IDENTITY_CONTEXTS = 1024
 # A name's checked addresses are reused this long for new connections (aiohttp's default).
 _DNS_TTL_SECONDS = 10.0
 # Happy Eyeballs (RFC 8305): the next address is tried this long after the previous one
@@ -42,6 +48,7 @@ class _Target:
         "_at",
         "host",
         "host_header",
+        "identity",
         "key",
         "literal",
         "path",
@@ -63,6 +70,7 @@ class _Target:
         self.path = (url.raw_path_qs or "/").encode("ascii")
         self.proxy = proxy
         self.proxy_lines = ""
+        self.identity: ClientCertificate | None = None
         self._at: dict[str, _Target] = {}
         if proxy is not None:
             credentials = f"{proxy.username}:{proxy.password}".encode()
@@ -82,6 +90,15 @@ class _Target:
                 self._at.clear()
             found = self._at[address] = _copy_target(self)
             found.path = _absolute(address, self.port, self.path)
+        return found
+
+    def presenting(self, identity: ClientCertificate) -> _Target:
+        """This HTTPS target presenting `identity` (mutual TLS): it pools apart, under
+        the certificate's version, so a connection made with one endpoint's certificate
+        is never reused for another's (or for a request with none)."""
+        found = _copy_target(self)
+        found.identity = identity
+        found.key = (self.tls, f"{self.key[1]} as {identity.version}", self.port)
         return found
 
 
@@ -153,6 +170,8 @@ class Connecting:
     _pool: _Pool
     _resolver: GuardedResolver
     _ssl_context: ssl.SSLContext | None
+    _tls_factory: Callable[[], ssl.SSLContext]
+    _identity_contexts: dict[str, ssl.SSLContext]
     _addresses: dict[tuple[str, int], tuple[float, list[str]]]
     _proxy_resolver: Resolver
     _stagger: float
@@ -162,7 +181,7 @@ class Connecting:
             return await self._connect_through_proxy(target, target.proxy)
         loop = asyncio.get_running_loop()
         addresses = [target.host] if target.literal else await self._resolve(target)
-        tls = self._tls_context() if target.tls else None
+        tls = self._tls_context(target.identity) if target.tls else None
 
         async def open_one(address: str) -> _Connection:
             _, connection = await loop.create_connection(
@@ -248,7 +267,7 @@ class Connecting:
                 proxy_addresses, open_plain, where, _close_connection
             )
         checked = [target.host] if target.literal else await self._resolve(target)
-        tls_context = self._tls_context()
+        tls_context = self._tls_context(target.identity)
 
         async def open_tunnel(proxy_address: str) -> _TunnelHandshake:
             _, handshake = await loop.create_connection(_TunnelHandshake, proxy_address, proxy.port)
@@ -335,11 +354,45 @@ class Connecting:
         self._addresses[key] = (now, addresses)
         return addresses
 
-    def _tls_context(self) -> ssl.SSLContext:
-        """The client TLS context, built on first use (most workers send to few hosts)."""
+    def _tls_context(self, identity: ClientCertificate | None = None) -> ssl.SSLContext:
+        """The client TLS context, built on first use (most workers send to few hosts);
+        with `identity`, a context of its own presenting that certificate, cached under
+        its version (a new certificate for the endpoint gets a new context)."""
+        if identity is not None:
+            found = self._identity_contexts.get(identity.version)
+            if found is None:
+                found = _with_client_certificate(self._tls_factory(), identity)
+                if len(self._identity_contexts) >= _MAX_IDENTITY_CONTEXTS:
+                    self._identity_contexts.clear()
+                self._identity_contexts[identity.version] = found
+            return found
         if self._ssl_context is None:
-            self._ssl_context = ssl.create_default_context()
+            self._ssl_context = self._tls_factory()
         return self._ssl_context
+
+
+def _with_client_certificate(
+    context: ssl.SSLContext, identity: ClientCertificate
+) -> ssl.SSLContext:
+    """`context` presenting `identity`. `load_cert_chain` reads only files, so the PEM goes
+    to a 0600 file in a private (0700) temporary directory, removed as soon as it is read;
+    a pair the ssl module refuses becomes a clear connect error, not a crash."""
+    with tempfile.TemporaryDirectory(prefix="outbox-mtls-") as private:
+        path = os.path.join(private, "identity.pem")
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(descriptor, "w") as handle:
+                handle.write(identity.key_pem + "\n" + identity.certificate_pem)
+            context.load_cert_chain(path)
+        except (ssl.SSLError, ValueError) as exc:
+            raise httpx.ConnectError(
+                f"the endpoint's client certificate cannot be used for TLS ({exc}); set it "
+                "again with `outbox endpoints set-auth`"
+            ) from exc
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    return context
 
 
 def _close_connection(connection: _Connection) -> None:

@@ -15,12 +15,15 @@ from delivery.errors import InvalidEndpointURLError
 from delivery.ssrf import AddressPolicy, CheckedURLs, GuardedResolver, Resolver, system_resolver
 from delivery.wire.connect import CONNECT_STAGGER_SECONDS, Connecting, _Target
 from delivery.wire.connection import KEEPALIVE_EXPIRY, WireResponse, _Pool
+from outbox.endpoint_auth import ClientCertificate
 from outbox.urls import parse_proxy_url
 
 _SEND_STARTED = "http11.send_request_headers.started"
 _HTTP11 = b"HTTP/1.1"
 # The httpx request extension carrying a request's own proxy URL (an endpoint's).
 PROXY_EXTENSION = "outbox_proxy"
+# The httpx request extension carrying a request's client certificate (mutual TLS).
+IDENTITY_EXTENSION = "outbox_client_certificate"
 
 Trace = Callable[[str, Mapping[str, Any]], Awaitable[None]]
 
@@ -61,16 +64,23 @@ class WireTransport(Connecting, httpx.AsyncBaseTransport):
         proxy: str | None = None,
         connect_stagger: float = CONNECT_STAGGER_SECONDS,
         proxy_resolver: Resolver | None = None,
+        tls_factory: Callable[[], ssl.SSLContext] | None = None,
     ) -> None:
         """`ssl_context` defaults to the system's trust store with verification on;
         `resolver` (host, port -> addresses) to the system resolver. `proxy` is the
         egress proxy for every request (`http://user:password@host:port`, trusted
         configuration: its own address is not checked by the guard, and
         `proxy_resolver` resolves its name); a request's own proxy overrides it.
-        `connect_stagger` is the Happy Eyeballs delay between addresses."""
+        `connect_stagger` is the Happy Eyeballs delay between addresses. `tls_factory`
+        makes a fresh client TLS context (default: the system's trust store): the
+        default one when `ssl_context` is not given, and one per client certificate
+        (mutual TLS) a request presents."""
         self._resolver = GuardedResolver(policy, resolver)
         self._pool = _Pool(max_connections, keepalive_expiry)
         self._ssl_context = ssl_context
+        self._tls_factory = tls_factory or ssl.create_default_context
+        self._identity_contexts: dict[str, ssl.SSLContext] = {}
+        self._identified: dict[tuple[str, str, str], _Target] = {}
         self._targets = CheckedURLs(policy, https_only=https_only, build=_Target)
         self._addresses: dict[tuple[str, int], tuple[float, list[str]]] = {}
         self._proxy = None if proxy is None else parse_proxy_url(proxy, what="OUTBOX_HTTP_PROXY")
@@ -100,6 +110,17 @@ class WireTransport(Connecting, httpx.AsyncBaseTransport):
         # here, before the request is written.
         return target.at((await self._resolve(target))[0])
 
+    def _presenting(
+        self, target: _Target, url: str, proxy: str | None, identity: ClientCertificate
+    ) -> _Target:
+        key = (url, proxy or "", identity.version)
+        found = self._identified.get(key)
+        if found is None:
+            if len(self._identified) > 10_000:
+                self._identified.clear()
+            found = self._identified[key] = target.presenting(identity)
+        return found
+
     async def post(
         self,
         url: str,
@@ -109,11 +130,13 @@ class WireTransport(Connecting, httpx.AsyncBaseTransport):
         deadline: float,
         trace: Trace | None = None,
         proxy: str | None = None,
+        identity: ClientCertificate | None = None,
     ) -> WireResponse:
         """POST `body` with exactly `headers` (plus Host and Content-Length); returns once
         the response head is in. The caller's own deadline bounds the whole exchange;
         `deadline` bounds getting a connection, as a connect timeout. `proxy` overrides
-        the default proxy for this request (an endpoint's own).
+        the default proxy for this request (an endpoint's own); `identity` is the client
+        certificate an HTTPS request presents (mutual TLS; ignored for plain HTTP).
 
         A `Host`, `Content-Length` or `Transfer-Encoding` in `headers` is refused, not
         overridden: the wire writes them from the URL and the body, and a second one
@@ -125,6 +148,8 @@ class WireTransport(Connecting, httpx.AsyncBaseTransport):
             if proxy is None and self._proxy is None
             else await self._proxied_target(url, proxy)
         )
+        if identity is not None and target.tls:
+            target = self._presenting(target, url, proxy, identity)
         lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
         if (
             lines.count("\n") != len(headers)
@@ -217,6 +242,9 @@ class WireTransport(Connecting, httpx.AsyncBaseTransport):
             if proxy is None and self._proxy is None
             else await self._proxied_target(str(request.url), proxy)
         )
+        identity = request.extensions.get(IDENTITY_EXTENSION)
+        if identity is not None and target.tls:
+            target = self._presenting(target, str(request.url), proxy, identity)
         # The body is read whole, so it goes out with a Content-Length, never chunked.
         kept = [
             (name, value)

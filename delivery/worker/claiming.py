@@ -24,6 +24,12 @@ from delivery.worker.model import (
 )
 from outbox.clock import Clock
 from outbox.crypto import SecretBox, SigningKey, signing_key
+from outbox.endpoint_auth import (
+    ClientCertificate,
+    OAuthClient,
+    decrypt_client_certificate,
+    decrypt_oauth_client,
+)
 from outbox.endpoints import decrypt_proxy, secret_context
 from outbox.headers import decrypt_headers
 
@@ -38,6 +44,8 @@ class Claiming:
     _keys: dict[str, SigningKey]
     _headers: dict[str, dict[str, str]]
     _proxies: dict[str, str]
+    _client_certificates: dict[str, ClientCertificate]
+    _oauth_clients: dict[str, OAuthClient]
     _policies: dict[tuple[tuple[float, ...] | None, str, int], RetryPolicy]
     _type_json: dict[str, str]
     _slots_held: collections.Counter[int]
@@ -214,6 +222,26 @@ class Claiming:
                 retry_after_max=self.config.retry_after_max,
                 extra_headers=self._custom_headers(row.custom_headers, row.endpoint_uid),
                 proxy=self._proxy(row.proxy_url, row.endpoint_uid) if row.proxy_url else None,
+                client_certificate=(
+                    _memo(
+                        self._client_certificates,
+                        row.client_certificate,
+                        lambda: decrypt_client_certificate(
+                            self._box, row.endpoint_uid, row.client_certificate
+                        ),
+                    )
+                    if row.client_certificate
+                    else None
+                ),
+                oauth=(
+                    _memo(
+                        self._oauth_clients,
+                        row.oauth_client,
+                        lambda: decrypt_oauth_client(self._box, row.endpoint_uid, row.oauth_client),
+                    )
+                    if row.oauth_client
+                    else None
+                ),
             ),
         )
 

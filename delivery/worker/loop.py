@@ -21,6 +21,7 @@ from delivery.worker.model import BatchStats, ClaimedDelivery, WorkerConfig
 from delivery.worker.outcomes import Recording
 from outbox.clock import Clock
 from outbox.crypto import SecretBox, SigningKey
+from outbox.endpoint_auth import ClientCertificate, OAuthClient
 from outbox.notify import wait_for_any
 from outbox.outage import OUTAGE
 from outbox.relay import Capacity
@@ -49,6 +50,8 @@ class Worker(Claiming, Recording):
         self._keys: dict[str, SigningKey] = {}
         self._headers: dict[str, dict[str, str]] = {}
         self._proxies: dict[str, str] = {}
+        self._client_certificates: dict[str, ClientCertificate] = {}
+        self._oauth_clients: dict[str, OAuthClient] = {}
         # What _prepare derives the same way for every delivery of an endpoint or event
         # type, built once (the drain profile had _prepare at a seventh of worker CPU).
         self._policies: dict[tuple[tuple[float, ...] | None, str, int], RetryPolicy] = {}

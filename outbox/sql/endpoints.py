@@ -168,7 +168,8 @@ DELETE_ENDPOINT = text(
 # Every stored secret, encrypted (the key check at start, `outbox keys rotate`).
 SELECT_STORED_SECRETS = text(
     """
-    SELECT id, uid, signing_secret, previous_signing_secret, custom_headers, proxy_url
+    SELECT id, uid, signing_secret, previous_signing_secret, custom_headers, proxy_url,
+           client_certificate, oauth_client
     FROM endpoints ORDER BY id
     """
 )
@@ -183,7 +184,9 @@ SET_ENDPOINT_SECRETS = text(
     """
     UPDATE endpoints
     SET signing_secret = :signing_secret, previous_signing_secret = :previous_signing_secret,
-        custom_headers = :custom_headers, proxy_url = :proxy_url, updated_at = now()
+        custom_headers = :custom_headers, proxy_url = :proxy_url,
+        client_certificate = :client_certificate, oauth_client = :oauth_client,
+        updated_at = now()
     WHERE id = :id
     """
 )
@@ -220,5 +223,28 @@ SET_ENDPOINT_HEADERS = text(
     UPDATE endpoints SET custom_headers = :custom_headers, updated_at = now()
     WHERE uid = :uid
     RETURNING id
+    """
+)
+
+# Set an endpoint's client certificate (mutual TLS) and OAuth2 client credentials, both
+# encrypted, with their display summaries (outbox/endpoint_auth.py); in the caller's scope.
+SET_ENDPOINT_CLIENT_AUTH = text(
+    f"""
+    UPDATE endpoints
+    SET client_certificate = :client_certificate,
+        client_certificate_info = :client_certificate_info,
+        oauth_client = :oauth_client, oauth_client_info = :oauth_client_info,
+        updated_at = now()
+    WHERE uid = :uid AND {in_scope("tenant_id")}
+    RETURNING id
+    """
+)
+
+# An endpoint's authenticated-delivery settings as stored, in the caller's scope.
+SELECT_ENDPOINT_CLIENT_AUTH = text(
+    f"""
+    SELECT uid, url, client_certificate, client_certificate_info, oauth_client,
+           oauth_client_info
+    FROM endpoints WHERE uid = :uid AND {in_scope("tenant_id")}
     """
 )

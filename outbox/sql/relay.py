@@ -190,7 +190,8 @@ def claimed_columns(delivery: str) -> str:
         {delivery}.id, {delivery}.claims AS claim, {delivery}.attempts, {delivery}.max_attempts,
         e.uid AS endpoint_uid, e.url, e.signing_secret, e.previous_signing_secret,
         e.previous_secret_expires_at, e.timeout_seconds, e.retry_schedule,
-        e.custom_headers, e.status_overrides, e.proxy_url,
+        e.custom_headers, e.status_overrides, e.proxy_url, e.client_certificate,
+        e.oauth_client,
         -- hold an ambiguous outcome for a person when the endpoint or the event type says
         -- so (migration 0031; delivery/worker/outcomes.py)
         (e.on_ambiguous IS NOT DISTINCT FROM 'hold' OR EXISTS (

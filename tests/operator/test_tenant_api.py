@@ -306,6 +306,21 @@ async def _read_feed(w: World) -> None:
     not_found(await w.http.get(f"/feed/v1/{w.warehouse}", headers=token))
 
 
+async def _set_endpoint_auth(w: World) -> None:
+    oauth = {
+        "oauth": {
+            "token_url": "https://auth.example/token",
+            "client_id": "mine",
+            "client_secret": "s3cret",
+        }
+    }
+    for uid in (w.b_endpoint, w.warehouse):
+        not_found(await w.patch(f"/v1/endpoints/{uid}/auth", oauth))
+        not_found(await w.patch(f"/v1/endpoints/{uid}/auth", {}))
+    shown = await w.patch(f"/v1/endpoints/{w.a_endpoint}/auth", {})
+    assert shown.status_code == 200 and shown.json()["oauth"] is None
+
+
 async def _delete_endpoint(w: World) -> None:
     not_found(await w.delete(f"/v1/endpoints/{w.b_endpoint}?reason=x&force=true"))
 
@@ -525,6 +540,7 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/endpoints"): _list_endpoints,
     ("POST", "/v1/endpoints"): _create_endpoint,
     ("PATCH", "/v1/endpoints/{uid}"): _update_endpoint,
+    ("PATCH", "/v1/endpoints/{uid}/auth"): _set_endpoint_auth,
     ("DELETE", "/v1/endpoints/{uid}"): _delete_endpoint,
     ("POST", "/v1/endpoints/{uid}/enable"): _enable_endpoint,
     ("POST", "/v1/endpoints/{uid}/disable"): _disable_endpoint,

@@ -13,6 +13,7 @@ from delivery.operator.api.core import Call, Operation, Param
 from delivery.operator.api.feed import apply_feed_changes
 from delivery.operator.validation import (
     EndpointAction,
+    EndpointAuthUpdate,
     EndpointCreate,
     EndpointDelete,
     EndpointDisable,
@@ -21,7 +22,15 @@ from delivery.operator.validation import (
     RotateSecret,
 )
 from outbox import endpoints as endpoint_ops
+from outbox.endpoint_auth import (
+    EndpointAuth,
+    check_client_certificate,
+    check_oauth_client,
+    get_endpoint_auth,
+    set_endpoint_auth,
+)
 from outbox.endpoints import Endpoint, get_endpoint, list_endpoints, set_enabled, set_proxy
+from outbox.errors import EndpointError
 from outbox.stats import EndpointHealth, collect_stats
 from outbox.tenants import DEFAULT_TENANT
 
@@ -254,6 +263,54 @@ async def set_failure_policy(call: Call) -> Any:
     return item.as_json()
 
 
+async def set_endpoint_auth_route(call: Call) -> Any:
+    uid, data = call.path_uid(), await call.body_as(EndpointAuthUpdate)
+    given = data.model_fields_set
+    changes: dict[str, Any] = {}
+    if ("client_certificate" in given) != ("client_key" in given) or (
+        (data.client_certificate is None) != (data.client_key is None)
+    ):
+        raise EndpointError(
+            "give client_certificate and client_key together (both null removes them)"
+        )
+    if "client_certificate" in given:
+        if data.client_certificate is None or data.client_key is None:
+            changes["client_certificate"] = None
+        else:
+            checked, summary = check_client_certificate(
+                data.client_certificate, data.client_key, now=call.api.clock.now()
+            )
+            changes.update(client_certificate=checked, certificate_summary=summary)
+    if "oauth" in given:
+        if data.oauth is None:
+            changes["oauth"] = None
+        else:
+            client, shown = check_oauth_client(
+                data.oauth.token_url,
+                data.oauth.client_id,
+                data.oauth.client_secret,
+                data.oauth.scope,
+                https_only=call.api.config.https_only,
+            )
+            changes.update(oauth=client, oauth_summary=shown)
+
+    def change(conn: Connection) -> EndpointAuth:
+        if not changes:
+            return get_endpoint_auth(conn, uid, scope=call.scope)
+        return set_endpoint_auth(
+            conn,
+            call.api.box,
+            uid,
+            actor=call.actor,
+            reason=data.reason,
+            request_id=call.request_id,
+            scope=call.scope,
+            **changes,
+        )
+
+    return (await call.api.write(change)).as_json()
+
+
 routes = [
     Operation(
         "GET",
@@ -290,6 +347,16 @@ routes = [
         set_failure_policy,
         (UID,),
         body=FailurePolicy,
+    ),
+    Operation(
+        "PATCH",
+        "/v1/endpoints/{uid}/auth",
+        "operator",
+        "Set (or with null remove) the endpoint's client certificate for mutual TLS and its "
+        "OAuth2 client credentials; an empty body shows them. Secrets are never returned.",
+        set_endpoint_auth_route,
+        (UID,),
+        body=EndpointAuthUpdate,
     ),
     Operation(
         "DELETE",

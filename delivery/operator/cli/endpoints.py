@@ -34,6 +34,13 @@ from delivery.operator.validation import EndpointUpdate, RotateSecret, given, pa
 from delivery.ssrf import AddressPolicy, refusal_warning
 from outbox import endpoints as endpoint_ops
 from outbox.clock import SystemClock
+from outbox.endpoint_auth import (
+    MAX_PEM_BYTES,
+    check_client_certificate,
+    check_oauth_client,
+    get_endpoint_auth,
+    set_endpoint_auth,
+)
 from outbox.endpoint_rules import (
     DeliveryRules,
     get_delivery_rules,
@@ -720,3 +727,112 @@ def endpoints_headers(
         echo_json({"id": endpoint_id, "headers": names})
     else:
         click.echo(", ".join(names) if names else "no custom headers")
+
+
+def _read_secret_file(path: str, what: str) -> bytes:
+    """A certificate, key or secret file, read up to the size cap (a huge file is refused
+    without reading it all)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_PEM_BYTES + 1)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read the {what} file {path!r}: {exc.strerror}") from exc
+    if len(data) > MAX_PEM_BYTES:
+        raise click.BadParameter(
+            f"the {what} file is over {MAX_PEM_BYTES} bytes; give the PEM file"
+        )
+    return data
+
+
+@endpoints.command("set-auth")
+@click.argument("endpoint_id")
+@click.option("--client-cert", metavar="FILE", help="Client certificate (PEM, leaf first).")
+@click.option("--client-key", metavar="FILE", help="Its private key (PEM, unencrypted).")
+@click.option("--no-client-cert", is_flag=True, help="Stop presenting a client certificate.")
+@click.option("--oauth-token-url", metavar="URL", help="OAuth2 token endpoint.")
+@click.option("--oauth-client-id", metavar="ID")
+@click.option("--oauth-client-secret-file", metavar="FILE", help="A file holding the secret.")
+@click.option("--oauth-scope", metavar="SCOPE", default=None)
+@click.option("--no-oauth", is_flag=True, help="Stop sending an OAuth2 bearer token.")
+@click.option("--clear", is_flag=True, help="Remove the client certificate and OAuth2 client.")
+@click.option("--reason", default=None, help="Why, for the audit log.")
+@actor_option
+@json_option
+@friendly_errors
+def endpoints_set_auth(
+    endpoint_id: str,
+    client_cert: str | None,
+    client_key: str | None,
+    no_client_cert: bool,
+    oauth_token_url: str | None,
+    oauth_client_id: str | None,
+    oauth_client_secret_file: str | None,
+    oauth_scope: str | None,
+    no_oauth: bool,
+    clear: bool,
+    reason: str | None,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Show or set how deliveries authenticate: a client certificate (mutual TLS) and/or
+    OAuth2 client credentials (a bearer token). Stored encrypted; only the certificate's
+    subject, fingerprint and expiry and the OAuth token URL, client id and scope are shown."""
+    changes: dict[str, Any] = {}
+    if (client_cert is None) != (client_key is None):
+        raise click.UsageError("give --client-cert and --client-key together")
+    oauth_given = [oauth_token_url, oauth_client_id, oauth_client_secret_file]
+    if any(v is not None for v in oauth_given) and not all(v is not None for v in oauth_given):
+        raise click.UsageError(
+            "give --oauth-token-url, --oauth-client-id and --oauth-client-secret-file together"
+        )
+    with database() as (current, db):
+        if client_cert is not None and client_key is not None:
+            checked, summary = check_client_certificate(
+                _read_secret_file(client_cert, "client certificate"),
+                _read_secret_file(client_key, "client key"),
+                now=SystemClock().now(),
+            )
+            changes.update(client_certificate=checked, certificate_summary=summary)
+        elif no_client_cert or clear:
+            changes["client_certificate"] = None
+        if oauth_token_url is not None and oauth_client_id is not None:
+            assert oauth_client_secret_file is not None
+            secret = _read_secret_file(oauth_client_secret_file, "OAuth client secret")
+            client, shown = check_oauth_client(
+                oauth_token_url,
+                oauth_client_id,
+                secret.decode("utf-8", "replace").strip(),
+                oauth_scope,
+                https_only=current.https_only,
+            )
+            changes.update(oauth=client, oauth_summary=shown)
+        elif no_oauth or clear:
+            changes["oauth"] = None
+        box = app.secret_box(current, db)
+        with db.engine.begin() as conn:
+            if changes:
+                auth = set_endpoint_auth(
+                    conn,
+                    box,
+                    endpoint_id,
+                    actor=text_option("--actor", actor) or default_actor(),
+                    reason=reason,
+                    **changes,
+                )
+            else:
+                auth = get_endpoint_auth(conn, endpoint_id)
+    if as_json:
+        echo_json(auth.as_json())
+        return
+    cert = auth.client_certificate
+    click.echo(
+        "client certificate: "
+        + (f"{cert['subject']} (sha256 {cert['fingerprint_sha256']}, until {cert['not_after']})"
+           if cert else "none")
+    )  # fmt: skip
+    oauth = auth.oauth
+    click.echo(
+        "oauth: "
+        + (f"{oauth['client_id']} at {oauth['token_url']} scope {oauth['scope'] or '-'}"
+           if oauth else "none")
+    )  # fmt: skip
