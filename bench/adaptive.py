@@ -50,7 +50,7 @@ class AdaptivePlan:
 
     @classmethod
     def quick(cls) -> AdaptivePlan:
-        return cls(row_seconds=12.0, double_at=12.0, adaptive_seconds=20.0)
+        return cls(row_seconds=12.0, double_at=12.0, adaptive_seconds=24.0)
 
 
 class Partner:
@@ -80,6 +80,17 @@ def _rate(answers: list[tuple[float, int]], start: float, end: float) -> tuple[f
     ok = sum(1 for s in window if s < 300)
     throttled = sum(1 for s in window if s == 429)
     return ok / max(end - start, 1e-9), throttled / len(window) if window else 0.0
+
+
+async def _sample(
+    engine: Engine, partner: Partner, started: float, trace: list[tuple[float, int | None, int]]
+) -> None:
+    """Every half second: the adaptive limit in the database and the partner's concurrency."""
+    while True:
+        with engine.connect() as conn:
+            limit = conn.execute(text("SELECT adaptive_limit FROM endpoint_health")).scalar()
+        trace.append((round(time.monotonic() - started, 1), limit, partner.current))
+        await asyncio.sleep(0.5)
 
 
 async def _row(
@@ -123,12 +134,15 @@ async def _row(
         stop = asyncio.Event()
         runner = asyncio.create_task(service.run(stop))
         started = time.monotonic()
+        trace: list[tuple[float, int | None, int]] = []
+        sampler = asyncio.create_task(_sample(engine, partner, started, trace))
         try:
             if adaptive:
                 await asyncio.sleep(plan.double_at)
                 partner.capacity *= 2
             await asyncio.sleep(seconds - (time.monotonic() - started))
         finally:
+            sampler.cancel()
             stop.set()
             await runner
         ended = time.monotonic()
@@ -141,6 +155,7 @@ async def _row(
         "throughput": throughput,
         "share_429": throttled,
         "recovery_s": None,
+        "trace": trace,  # (seconds, adaptive limit, concurrent requests at the partner)
     }
     if adaptive:
         doubled = started + plan.double_at
@@ -156,10 +171,14 @@ async def _row(
     return row
 
 
-async def _measure(plan: AdaptivePlan, progress: Callable[[str], None]) -> dict[str, Any]:
+async def _measure(
+    plan: AdaptivePlan, progress: Callable[[str], None], fixed: bool = True
+) -> dict[str, Any]:
     n = plan.capacity
     rows = [("fixed 1", 1), ("fixed N/2", n // 2), ("fixed N", n), ("fixed 2N", 2 * n)]
     rows.append(("fixed 4N", 4 * n))
+    if not fixed:
+        rows = []
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="outbox-bench-"))
         url = stack.enter_context(EmbeddedPostgres(Path(tmp), delete_on_stop=True)).url()

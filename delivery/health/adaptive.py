@@ -2,8 +2,9 @@
 
 The limit grows by one per window while the endpoint answers without 429/503/timeouts
 and its latency stays near its unloaded latency (a decaying minimum), and shrinks
-multiplicatively on a 429, 503, timeout or a latency rise. Pure: the state is a value,
-the worker folds each outcome batch into the endpoint's health row (delivery/health/).
+multiplicatively on a 429, 503, timeout or a latency rise, at most once per window (the
+answers that arrive just after a decrease are to requests sent before it). Pure: the
+state is a value; the worker folds each outcome batch into the endpoint's health row.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Limiter:
 
     limit: int
     baseline_ms: float | None = None
+    # the last growth, or the end of the hold after a decrease (then in the future)
     window_at: dt.datetime | None = None
 
 
@@ -68,11 +70,17 @@ def next_limit(
         and signals.slowest_ms is not None
         and signals.slowest_ms > baseline * config.latency_tolerance
     )
+    window = dt.timedelta(seconds=config.window_seconds)
     if signals.overloaded or rose:
+        if state.window_at is not None and now < state.window_at:
+            # Shrunk less than a window ago: these answers are to requests sent at the old
+            # limit, so shrinking again would punish one overload several times.
+            return Limiter(limit, baseline, state.window_at)
         shrunk = min(limit - 1, math.floor(limit * config.decrease_factor))
-        return Limiter(max(1, shrunk), baseline, now)
+        # Hold for a window: no second decrease until then, no growth for one more.
+        return Limiter(max(1, shrunk), baseline, now + window)
     if not signals.answered:
         return Limiter(limit, baseline, state.window_at)
-    if state.window_at is None or (now - state.window_at).total_seconds() >= config.window_seconds:
+    if state.window_at is None or now - state.window_at >= window:
         return Limiter(min(maximum, limit + 1), baseline, now)
     return Limiter(limit, baseline, state.window_at)

@@ -60,13 +60,30 @@ def test_limit_stays_between_one_and_the_configured_maximum(
 
 
 @given(states, signals, maxima, later)
-def test_every_overload_shrinks_the_limit(
+def test_every_overload_shrinks_the_limit_unless_it_just_shrank(
     state: Limiter, signal: Signals, maximum: int, now: dt.datetime
 ) -> None:
     overloaded = Signals(signal.overloaded + 1, signal.answered, signal.fastest_ms)
     before = min(max(1, state.limit), max(1, maximum))
     after = next_limit(state, overloaded, maximum=maximum, now=now, config=CONFIG)
-    assert after.limit < before or after.limit == 1
+    holding = state.window_at is not None and now < state.window_at
+    if holding:
+        assert after.limit == before  # one decrease per window, never a growth
+    else:
+        assert after.limit < before or after.limit == 1
+        assert after.window_at is not None and after.window_at > now  # the hold starts
+
+
+def test_a_burst_of_429s_shrinks_once_per_window() -> None:
+    state = Limiter(20)
+    burst = Signals(overloaded=3)
+    for ms in (0, 100, 200, 400):
+        state = next_limit(
+            state, burst, maximum=32, now=T0 + dt.timedelta(milliseconds=ms), config=CONFIG
+        )
+    assert state.limit == 14
+    state = next_limit(state, burst, maximum=32, now=T0 + dt.timedelta(seconds=0.6), config=CONFIG)
+    assert state.limit == 9
 
 
 @given(st.lists(st.tuples(signals, st.integers(0, 2_000)), max_size=40), st.integers(1, 200))
@@ -84,6 +101,7 @@ def test_the_limit_grows_by_at_most_one_per_window(
         state = after
     window = dt.timedelta(seconds=CONFIG.window_seconds)
     assert all(b - a >= window for a, b in itertools.pairwise(grown_at))
+    assert len(grown_at) <= 1 + (now - T0) / window
 
 
 def test_it_grows_near_its_baseline_and_shrinks_when_latency_rises() -> None:
@@ -99,6 +117,11 @@ def test_it_grows_near_its_baseline_and_shrinks_when_latency_rises() -> None:
     slow = Signals(answered=5, fastest_ms=110, slowest_ms=400)  # 4x its unloaded latency
     state = next_limit(state, slow, maximum=10, now=T0 + dt.timedelta(seconds=2), config=CONFIG)
     assert state.limit == 4
+    # held: no growth one window on, growth again after two
+    state = next_limit(state, fast, maximum=10, now=T0 + dt.timedelta(seconds=2.5), config=CONFIG)
+    assert state.limit == 4
+    state = next_limit(state, fast, maximum=10, now=T0 + dt.timedelta(seconds=3), config=CONFIG)
+    assert state.limit == 5
 
 
 def observation(status: int | None, *, retry_after: float | None = None) -> Observation:
