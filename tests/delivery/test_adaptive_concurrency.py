@@ -9,16 +9,20 @@ import itertools
 import json
 from typing import Any
 
+import httpx
 import pytest
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.health import EndpointLimits, HealthConfig, set_endpoint_limits
 from delivery.health.adaptive import AdaptiveConfig, Limiter, Signals, next_limit
 from delivery.health.rules import Health, Observation, after_outcomes, summarize
 from delivery.http import build_http_client
+from delivery.operator.api import create_app
 from delivery.operator.cli import main
 from delivery.policy import Outcome
 from delivery.receiver import Behaviour, ReceivedRequest, Receiver
@@ -29,6 +33,7 @@ from outbox.db import make_async_engine
 from tests.delivery.test_health import run_until
 from tests.delivery.workers import relay_all, worker
 from tests.helpers import LOOPBACK, add_endpoint, scalar
+from tests.operator_helpers import token
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 CONFIG = AdaptiveConfig()
@@ -262,3 +267,25 @@ def test_the_cli_opts_in_needs_a_ceiling_and_shows_the_limit(
     assert "adaptive limit - of 16" in shown.output
     back = cli.invoke(main, ["endpoints", "limits", uid, "--concurrency", "fixed", "--json"])
     assert json.loads(back.output)["adaptive"] is False
+
+
+async def test_metrics_export_the_adaptive_limit_of_opted_in_endpoints_only(
+    engine: Engine, async_engine: AsyncEngine, box: SecretBox, clock: ManualClock
+) -> None:
+    adaptive = add_endpoint(engine, box, "http://127.0.0.1:9/a").endpoint.uid
+    fixed = add_endpoint(engine, box, "http://127.0.0.1:9/f").endpoint.uid
+    make_adaptive(engine, adaptive, 16, adaptive_limit=7)
+    with engine.begin() as conn:
+        set_endpoint_limits(conn, fixed, EndpointLimits(max_in_flight=5), actor="test")
+    app = create_app(async_engine, box, clock=clock)
+    transport = httpx.ASGITransport(app=app, client=("10.1.2.3", 4567))
+    async with httpx.AsyncClient(transport=transport, base_url="http://admin") as http:
+        answer = await http.get("/metrics", headers=token(engine, "viewer"))
+    assert answer.status_code == 200
+    limits = {
+        s.labels["endpoint"]: s.value
+        for family in text_string_to_metric_families(answer.text)
+        for s in family.samples
+        if s.name == "outbox_endpoint_concurrency_limit"
+    }
+    assert limits == {adaptive: 7.0}
