@@ -213,8 +213,15 @@ async def test_429s_bring_the_limit_down_to_one_without_a_pause(
             publish(conn, "order.created", {"i": i})
     engines = [make_async_engine(database_url) for _ in range(2)]
 
-    def limit_now() -> int:
-        return int(scalar(engine, "SELECT adaptive_limit FROM endpoint_health"))
+    seen: list[int] = []
+
+    def down_to_one() -> bool:
+        """Each look moves the clock past the limiter's hold (and the 429s' retry delay)."""
+        limit = int(scalar(engine, "SELECT adaptive_limit FROM endpoint_health"))
+        if not seen or seen[-1] != limit:
+            seen.append(limit)
+        clock.advance(1.5)
+        return limit == 1
 
     try:
         await relay_all(engines[0], clock)
@@ -225,10 +232,12 @@ async def test_429s_bring_the_limit_down_to_one_without_a_pause(
                 worker(e, http, box, clock, batch_size=4, max_in_flight=40, poll_interval=0.01)
                 for e in engines
             ]
-            await run_until(workers, lambda: limit_now() == 1)
+            await run_until(workers, down_to_one)
     finally:
         for e in engines:
             await e.dispose()
+    # 0.7x per window (a look may miss a step), never a growth, never a pause
+    assert seen == sorted(set(seen), reverse=True) and set(seen) <= {8, 5, 3, 2, 1}
     assert scalar(engine, "SELECT paused_until FROM endpoint_health") is None
 
 
