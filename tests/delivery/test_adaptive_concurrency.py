@@ -298,3 +298,19 @@ async def test_metrics_export_the_adaptive_limit_of_opted_in_endpoints_only(
         if s.name == "outbox_endpoint_concurrency_limit"
     }
     assert limits == {adaptive: 7.0}
+
+
+async def test_the_console_endpoint_page_shows_the_adaptive_limit(
+    engine: Engine, async_engine: AsyncEngine, box: SecretBox, clock: ManualClock
+) -> None:
+    uid = add_endpoint(engine, box, "http://127.0.0.1:9/a").endpoint.uid
+    make_adaptive(engine, uid, 16, adaptive_limit=7)
+    secret = token(engine, "viewer")["authorization"].removeprefix("Bearer ")
+    app = create_app(async_engine, box, clock=clock)
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 4567))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        signed_in = await http.post("/console/login", data={"token": secret})
+        assert signed_in.status_code == 303, signed_in.text
+        page = await http.get(f"/console/endpoints/{uid}")
+    assert page.status_code == 200
+    assert "adaptive: limit 7 of 16 in flight" in page.text
