@@ -328,14 +328,15 @@ def report(results: dict[str, Any]) -> str:
 @click.option("--repeat", type=click.IntRange(min=1), default=None, help="Repeat each run N times.")
 @click.option(
     "--only",
-    type=click.Choice(["core", "drain", "flat", "scale", "filters", "migration"]),
+    type=click.Choice(["core", "drain", "flat", "scale", "filters", "migration", "adaptive"]),
     multiple=True,
     help="Run only these sections (repeatable): core = end to end, relay, claim, scale, RSS; "
     "drain = backlog "
     "drains, flat = grown tables against empty ones, scale = issue 10's figures alone, "
     "filters = relay rate with 1,000 filtered endpoints against 1,000 unfiltered ones, "
     "migration = stalls while this release migrates the previous one's schema under load "
-    "(only with --only).",
+    "(only with --only), adaptive = adaptive concurrency against fixed in-flight limits "
+    "on a partner that slows down and answers 429 (only with --only).",
 )
 @click.option(
     "--event-loop",
@@ -366,6 +367,17 @@ def main(
     def progress(message: str) -> None:
         click.echo(f"[{time.monotonic() - started:6.1f}s] {message}", err=True)
 
+    if "adaptive" in only:
+        from bench import adaptive
+
+        if set(only) != {"adaptive"}:
+            raise click.UsageError("--only adaptive runs on its own server: run it alone")
+        plan_ = adaptive.AdaptivePlan.quick() if quick else adaptive.AdaptivePlan()
+        measured = adaptive.measure(plan_, progress)
+        out.write_text(json.dumps({"adaptive": measured}, indent=2))
+        click.echo("\n".join(adaptive.report(measured)))
+        click.echo(f"results written to {out}", err=True)
+        return
     if "migration" in only:
         from bench import migration_stall
 

@@ -273,7 +273,8 @@ _HEALTH_COLUMNS = """
     h.max_in_flight, h.max_per_second, h.breaker_state, h.consecutive_failures,
     h.window_started_at, h.window_attempts, h.window_failures, h.trips, h.opened_at,
     h.open_until, h.probe_until, h.ramp_started_at, h.ramp_until, h.paused_until, h.tokens,
-    h.tokens_at, h.failing_since, h.last_failure
+    h.tokens_at, h.failing_since, h.last_failure, h.adaptive, h.adaptive_limit,
+    h.latency_baseline_ms, h.adaptive_window_at
 """
 
 # Everything a claim needs to know before it claims, visiting only endpoints that have
@@ -530,7 +531,8 @@ SAVE_ENDPOINT_HEALTH = text(
     INSERT INTO endpoint_health AS h
         (endpoint_id, breaker_state, consecutive_failures, window_started_at, window_attempts,
          window_failures, trips, opened_at, open_until, probe_until, ramp_started_at,
-         ramp_until, paused_until, tokens, tokens_at, failing_since, last_failure, updated_at)
+         ramp_until, paused_until, tokens, tokens_at, failing_since, last_failure,
+         adaptive_limit, latency_baseline_ms, adaptive_window_at, updated_at)
     SELECT u.*, :now
     FROM unnest(
         CAST(:endpoint_id AS bigint[]), CAST(:breaker_state AS text[]),
@@ -541,7 +543,8 @@ SAVE_ENDPOINT_HEALTH = text(
         CAST(:ramp_started_at AS timestamptz[]), CAST(:ramp_until AS timestamptz[]),
         CAST(:paused_until AS timestamptz[]), CAST(:tokens AS float8[]),
         CAST(:tokens_at AS timestamptz[]), CAST(:failing_since AS timestamptz[]),
-        CAST(:last_failure AS text[])
+        CAST(:last_failure AS text[]), CAST(:adaptive_limit AS bigint[]),
+        CAST(:latency_baseline_ms AS float8[]), CAST(:adaptive_window_at AS timestamptz[])
     ) AS u
     ON CONFLICT (endpoint_id) DO UPDATE SET
         breaker_state = EXCLUDED.breaker_state,
@@ -560,6 +563,9 @@ SAVE_ENDPOINT_HEALTH = text(
         tokens_at = EXCLUDED.tokens_at,
         failing_since = EXCLUDED.failing_since,
         last_failure = EXCLUDED.last_failure,
+        adaptive_limit = EXCLUDED.adaptive_limit,
+        latency_baseline_ms = EXCLUDED.latency_baseline_ms,
+        adaptive_window_at = EXCLUDED.adaptive_window_at,
         updated_at = EXCLUDED.updated_at
     """
 )
@@ -577,12 +583,15 @@ AUTO_DISABLE_ENDPOINT = text(
 SET_ENDPOINT_LIMITS = text(
     """
     INSERT INTO endpoint_health AS h (endpoint_id, max_in_flight, max_per_second, ordered,
-                                      dead_head)
+                                      dead_head, adaptive)
     SELECT id, CAST(:max_in_flight AS int), CAST(:max_per_second AS float8),
-           CAST(:ordered AS boolean), CAST(:dead_head AS text)
+           CAST(:ordered AS boolean), CAST(:dead_head AS text), CAST(:adaptive AS boolean)
     FROM endpoints WHERE uid = :uid
     ON CONFLICT (endpoint_id) DO UPDATE SET
         max_in_flight = EXCLUDED.max_in_flight,
+        adaptive = EXCLUDED.adaptive,
+        -- a changed setting starts the limiter afresh
+        adaptive_limit = NULL, latency_baseline_ms = NULL, adaptive_window_at = NULL,
         max_per_second = EXCLUDED.max_per_second,
         ordered = EXCLUDED.ordered,
         dead_head = EXCLUDED.dead_head,
@@ -599,6 +608,7 @@ SELECT_ENDPOINT_HEALTH = text(
            COALESCE(h.trips, 0) AS trips, h.open_until, h.paused_until, h.ramp_until,
            h.failing_since, h.last_failure, h.max_in_flight, h.max_per_second,
            COALESCE(h.ordered, false) AS ordered, COALESCE(h.dead_head, 'block') AS dead_head,
+           COALESCE(h.adaptive, false) AS adaptive, h.adaptive_limit, h.latency_baseline_ms,
            (SELECT count(*) FROM deliveries d
             WHERE d.endpoint_id = e.id AND d.state = 'in_flight') AS in_flight,
            (SELECT count(*) FROM deliveries d
@@ -611,7 +621,7 @@ SELECT_ENDPOINT_HEALTH = text(
 SELECT_ENDPOINT_LIMITS = text(
     """
     SELECT e.id, h.max_in_flight, h.max_per_second, COALESCE(h.ordered, false) AS ordered,
-           COALESCE(h.dead_head, 'block') AS dead_head
+           COALESCE(h.dead_head, 'block') AS dead_head, COALESCE(h.adaptive, false) AS adaptive
     FROM endpoints e LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
     WHERE e.uid = :uid
     """

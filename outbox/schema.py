@@ -562,6 +562,12 @@ endpoint_health = Table(
     # Auto-disable: start of the current unbroken run of failures.
     Column("failing_since", DateTime(timezone=True)),
     Column("last_failure", Text),
+    # Adaptive concurrency (migration 0039; delivery/health/adaptive.py): opted in, the
+    # current in-flight limit, the unloaded latency it compares with, its window's start.
+    Column("adaptive", Boolean, nullable=False, server_default=text("false")),
+    Column("adaptive_limit", BigInteger),
+    Column("latency_baseline_ms", Float),
+    Column("adaptive_window_at", DateTime(timezone=True)),
     _now_column("updated_at"),
     CheckConstraint("breaker_state IN ('closed', 'open', 'half_open')", name="known_breaker_state"),
     CheckConstraint("dead_head IN ('block', 'skip')", name="known_dead_head"),

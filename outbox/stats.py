@@ -63,6 +63,9 @@ class Breaker:
     trips: int
     paused: bool
     cooldown_remaining_seconds: float | None
+    # adaptive concurrency (None unless opted in): the limit now and its ceiling
+    adaptive_limit: int | None = None
+    adaptive_max: int | None = None
 
     @classmethod
     def from_row(cls, row: Any, now: dt.datetime) -> Breaker:
@@ -81,6 +84,8 @@ class Breaker:
                 if row["breaker_state"] == "open" and open_until is not None
                 else None
             ),
+            adaptive_limit=row.get("adaptive_limit"),
+            adaptive_max=row.get("adaptive_max"),
         )
 
     def as_json(self) -> dict[str, Any]:

@@ -21,6 +21,7 @@ class EndpointLimits:
     max_per_second: float | None = None
     ordered: bool = False
     dead_head: str = "block"
+    adaptive: bool = False  # the in-flight limit adapts between 1 and max_in_flight
 
     def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -32,7 +33,9 @@ def get_endpoint_limits(conn: Connection, uid: str, *, scope: str | None = None)
     row = conn.execute(queries.SELECT_ENDPOINT_LIMITS, {"uid": uid}).first()
     if row is None:
         raise EndpointError(f"no endpoint {uid!r}; `outbox endpoints list` shows the ids")
-    return EndpointLimits(row.max_in_flight, row.max_per_second, row.ordered, row.dead_head)
+    return EndpointLimits(
+        row.max_in_flight, row.max_per_second, row.ordered, row.dead_head, row.adaptive
+    )
 
 
 def set_endpoint_limits(
@@ -45,6 +48,11 @@ def set_endpoint_limits(
         raise EndpointError("max in flight must be a positive number, or unset for no limit")
     if limits.max_per_second is not None and limits.max_per_second <= 0:
         raise EndpointError("max per second must be a positive number, or unset for no limit")
+    if limits.adaptive and limits.max_in_flight is None:
+        raise EndpointError(
+            "adaptive concurrency needs a ceiling: give --max-in-flight N with "
+            "--concurrency adaptive"
+        )
     if limits.dead_head not in ("block", "skip"):
         raise EndpointError("dead head behaviour must be 'block' or 'skip'")
     row = conn.execute(

@@ -9,6 +9,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from delivery.health.adaptive import (
+    OVERLOAD_STATUSES,
+    AdaptiveConfig,
+    Limiter,
+    Signals,
+    initial_limit,
+    next_limit,
+)
 from delivery.policy import Outcome
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
@@ -31,6 +39,7 @@ class HealthConfig:
     throttle_seconds: float = 5.0
     auto_disable_after_seconds: float = 5 * 86400.0
     probe_lease_seconds: float = 60.0
+    adaptive: AdaptiveConfig = dataclasses.field(default_factory=AdaptiveConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +65,10 @@ class Health:
     tokens_at: dt.datetime | None = None
     failing_since: dt.datetime | None = None
     last_failure: str | None = None
+    adaptive: bool = False  # opted in to adaptive concurrency (max_in_flight is its ceiling)
+    adaptive_limit: int | None = None  # the limiter's current in-flight limit
+    latency_baseline_ms: float | None = None  # its decaying minimum latency
+    adaptive_window_at: dt.datetime | None = None  # when its limit last moved
 
     @classmethod
     def from_row(cls, row: Any) -> Health:
@@ -64,8 +77,20 @@ class Health:
 
 
 STATE_FIELDS = tuple(
-    f.name for f in dataclasses.fields(Health) if f.name not in ("max_in_flight", "max_per_second")
+    f.name
+    for f in dataclasses.fields(Health)
+    if f.name not in ("max_in_flight", "max_per_second", "adaptive")
 )
+
+
+def in_flight_limit(health: Health) -> int | None:
+    """The in-flight limit the claim gate applies now: the configured maximum, or for an
+    adaptive endpoint the limiter's current limit under it."""
+    if health.max_in_flight is None or not health.adaptive:
+        return health.max_in_flight
+    if health.adaptive_limit is None:
+        return initial_limit(health.max_in_flight)
+    return max(1, min(health.max_in_flight, health.adaptive_limit))
 
 
 # -- the claim gate ---------------------------------------------------------------------
@@ -98,8 +123,9 @@ def claim_budget(
     if health.paused_until is not None and now < health.paused_until:
         return 0
     budget = math.inf
-    if health.max_in_flight is not None:
-        budget = max(0, health.max_in_flight - in_flight)
+    limit = in_flight_limit(health)
+    if limit is not None:
+        budget = max(0, limit - in_flight)
     if health.breaker_state == OPEN:
         if health.open_until is not None and now < health.open_until:
             return 0
@@ -148,6 +174,7 @@ class Observation:
     status_code: int | None
     retry_after: float | None
     error: str | None
+    latency_ms: float | None = None
 
 
 @dataclass(slots=True)
@@ -158,7 +185,11 @@ class Summary:
     failures: int = 0  # 5xx, 408/425, connect errors, timeouts
     trailing_failures: int = 0  # failures after the last answer
     throttled_for: float | None = None  # 429: seconds to pause
+    retry_after_given: bool = False  # a 429 said how long (adaptive endpoints pause only then)
     last_error: str | None = None
+    adaptive: Signals = dataclasses.field(
+        default_factory=Signals
+    )  # what the adaptive limiter learns from this batch
 
 
 def is_failure(observation: Observation) -> bool:
@@ -176,9 +207,11 @@ def summarize(observations: Iterable[Observation], config: HealthConfig) -> dict
     summaries: dict[int, Summary] = {}
     for item in observations:
         summary = summaries.setdefault(item.endpoint_id, Summary())
+        summary.adaptive = _signal(summary.adaptive, item)
         if item.status_code == THROTTLE_STATUS:
             pause = item.retry_after if item.retry_after is not None else config.throttle_seconds
             summary.throttled_for = max(summary.throttled_for or 0.0, pause)
+            summary.retry_after_given = summary.retry_after_given or item.retry_after is not None
         elif is_failure(item):
             summary.failures += 1
             summary.trailing_failures += 1
@@ -188,6 +221,47 @@ def summarize(observations: Iterable[Observation], config: HealthConfig) -> dict
             summary.trailing_failures = 0
         # A permanent refusal without a response (the SSRF guard) says nothing about health.
     return summaries
+
+
+def _signal(signals: Signals, item: Observation) -> Signals:
+    """Fold one attempt into the limiter's signals: overload (429, 503, no answer in time)
+    or an answer with its latency."""
+    if item.status_code in OVERLOAD_STATUSES or (is_failure(item) and item.status_code is None):
+        return dataclasses.replace(signals, overloaded=signals.overloaded + 1)
+    if item.status_code is None:
+        return signals
+    latency = item.latency_ms
+    return Signals(
+        signals.overloaded,
+        signals.answered + 1,
+        _extreme(min, signals.fastest_ms, latency),
+        _extreme(max, signals.slowest_ms, latency),
+    )
+
+
+def _extreme(pick: Any, current: float | None, value: float | None) -> float | None:
+    if value is None:
+        return current
+    return value if current is None else float(pick(current, value))
+
+
+def after_adaptive(
+    health: Health, signals: Signals, *, now: dt.datetime, config: HealthConfig
+) -> Health:
+    """The row's limiter after a batch (unchanged unless the endpoint opted in)."""
+    if not health.adaptive or health.max_in_flight is None:
+        return health
+    current = health.adaptive_limit or initial_limit(health.max_in_flight)
+    state = Limiter(current, health.latency_baseline_ms, health.adaptive_window_at)
+    after = next_limit(
+        state, signals, maximum=health.max_in_flight, now=now, config=config.adaptive
+    )
+    return dataclasses.replace(
+        health,
+        adaptive_limit=after.limit,
+        latency_baseline_ms=after.baseline_ms,
+        adaptive_window_at=after.window_at,
+    )
 
 
 def cooldown(trips: int, config: HealthConfig) -> float:
@@ -235,8 +309,8 @@ def after_outcomes(
     health: Health, summary: Summary, *, now: dt.datetime, config: HealthConfig
 ) -> Health:
     """The row after a batch of this endpoint's outcomes was recorded."""
-    h = health
-    if summary.throttled_for is not None:
+    h = after_adaptive(health, summary.adaptive, now=now, config=config)
+    if summary.throttled_for is not None and (not h.adaptive or summary.retry_after_given):
         # Slow down: pause, then ramp up again from the end of the pause.
         until = now + dt.timedelta(seconds=summary.throttled_for)
         if h.paused_until is not None:

@@ -97,7 +97,14 @@ class _Snapshot(Collector):
             "1 while the endpoint is paused by a 429 (Retry-After or the default pause).",
             labels=["endpoint"],
         )
+        concurrency = GaugeMetricFamily(
+            "outbox_endpoint_concurrency_limit",
+            "The adaptive in-flight limit of endpoints that opted in (absent for the others).",
+            labels=["endpoint"],
+        )
         for endpoint in stats.endpoints:
+            if endpoint.breaker.adaptive_limit is not None:
+                concurrency.add_metric([endpoint.uid], endpoint.breaker.adaptive_limit)
             enabled.add_metric([endpoint.uid], 1.0 if endpoint.enabled else 0.0)
             for state in BREAKER_STATES:
                 current = 1.0 if endpoint.breaker.state == state else 0.0
@@ -111,6 +118,7 @@ class _Snapshot(Collector):
         yield success
         yield breaker
         yield paused
+        yield concurrency
         yield GaugeMetricFamily(
             "outbox_endpoint_breaker_open",
             "Endpoints whose circuit breaker is open (cooling down before the next probe).",

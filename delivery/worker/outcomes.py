@@ -92,6 +92,7 @@ class Recording:
                 result.status_code,
                 result.retry_after,
                 result.error,
+                result.duration_ms,
             )
             for claimed, result in outcomes
         ]

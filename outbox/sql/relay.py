@@ -51,7 +51,7 @@ _EVENT_TYPE_MAX_ATTEMPTS = """
 # a concurrency or rate limit, a ramp or a 429 pause (`h`: its endpoint_health row). One
 # definition for the claim's gates, the claim's quick path and the relay's handoff, so
 # that what one of them treats as ungated the others do too.
-HEALTH_GATED = """(h.breaker_state <> 'closed' OR h.max_in_flight IS NOT NULL
+HEALTH_GATED = """(h.breaker_state <> 'closed' OR h.max_in_flight IS NOT NULL OR h.adaptive
                    OR h.max_per_second IS NOT NULL OR h.ramp_until > :now
                    OR h.paused_until > :now)"""
 
@@ -200,10 +200,12 @@ def claimed_columns(delivery: str) -> str:
         ev.message_id, ev.event_type, ev.payload::text AS payload_json,
         ev.created_at AS event_created_at, ev.traceparent,
         {delivery}.endpoint_id,
-        -- a spotless breaker: its successes need no health write (delivery/health/)
+        -- a spotless breaker: its successes need no health write (delivery/health/);
+        -- an adaptive endpoint's limiter learns from every answer, so it is never spotless
         COALESCE(h.breaker_state = 'closed' AND h.consecutive_failures = 0
                  AND h.window_failures = 0 AND h.failing_since IS NULL
-                 AND h.paused_until IS NULL AND h.trips = 0, true) AS endpoint_spotless
+                 AND h.paused_until IS NULL AND h.trips = 0
+                 AND NOT h.adaptive, true) AS endpoint_spotless
     """
 
 

@@ -107,7 +107,10 @@ STATS_ENDPOINTS = text(
            COALESCE(h.breaker_state, 'closed') AS breaker_state,
            h.opened_at, h.open_until, h.probe_until, h.paused_until,
            COALESCE(h.consecutive_failures, 0) AS consecutive_failures,
-           COALESCE(h.trips, 0) AS trips
+           COALESCE(h.trips, 0) AS trips,
+           CASE WHEN h.adaptive THEN COALESCE(h.adaptive_limit, LEAST(h.max_in_flight, 4))
+           END AS adaptive_limit,
+           CASE WHEN h.adaptive THEN h.max_in_flight END AS adaptive_max
     FROM endpoints e
     LEFT JOIN per ON per.endpoint_id = e.id
     LEFT JOIN backlog ON backlog.endpoint_id = e.id

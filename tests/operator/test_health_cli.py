@@ -36,6 +36,7 @@ def test_limits_change_only_what_is_given_and_are_audited(
         "max_per_second": None,
         "ordered": True,
         "dead_head": "block",
+        "adaptive": False,
     }
     changed = run_json(cli, "endpoints", "limits", uid, "--max-per-second", "2.5")
     assert changed == {**changed, "max_in_flight": 3, "max_per_second": 2.5, "ordered": True}

@@ -607,6 +607,13 @@ def endpoints_status(window: str, tenant: str | None, as_json: bool) -> None:
     default=None,
     help="When a key's oldest delivery dies: block the key until an operator acts, or skip it.",
 )
+@click.option(
+    "--concurrency",
+    type=click.Choice(["fixed", "adaptive"]),
+    default=None,
+    help="adaptive: the in-flight limit follows the endpoint's latency and 429/503 answers, "
+    "between 1 and --max-in-flight (required with it).",
+)
 @actor_option
 @json_option
 @friendly_errors
@@ -616,6 +623,7 @@ def endpoints_limits(
     max_per_second: float | None,
     ordered: bool | None,
     dead_head: str | None,
+    concurrency: str | None,
     actor: str | None,
     as_json: bool,
 ) -> None:
@@ -624,7 +632,8 @@ def endpoints_limits(
 
     with database() as (_, db), db.engine.begin() as conn:
         current = get_endpoint_limits(conn, endpoint_id)
-        if any(value is not None for value in (max_in_flight, max_per_second, ordered, dead_head)):
+        given = (max_in_flight, max_per_second, ordered, dead_head, concurrency)
+        if any(value is not None for value in given):
             current = set_endpoint_limits(
                 conn,
                 endpoint_id,
@@ -637,6 +646,7 @@ def endpoints_limits(
                     else (max_per_second or None),
                     ordered=current.ordered if ordered is None else ordered,
                     dead_head=current.dead_head if dead_head is None else dead_head,
+                    adaptive=current.adaptive if concurrency is None else concurrency == "adaptive",
                 ),
                 actor=actor or default_actor(),
             )
@@ -651,9 +661,10 @@ def endpoints_limits(
                     f"{current.max_per_second:g}" if current.max_per_second else "-",
                     "yes" if current.ordered else "no",
                     current.dead_head,
+                    "adaptive" if current.adaptive else "fixed",
                 ]
             ],
-            ["ID", "MAX IN FLIGHT", "MAX/S", "ORDERED", "DEAD HEAD"],
+            ["ID", "MAX IN FLIGHT", "MAX/S", "ORDERED", "DEAD HEAD", "CONCURRENCY"],
         )
 
 
@@ -676,11 +687,15 @@ def endpoints_health(as_json: bool) -> None:
             state += f" until {item['open_until']}"
         if not item["enabled"]:
             state = f"disabled ({item['disabled_reason']})"
+        in_flight = str(item["in_flight"])
+        if item["adaptive"]:
+            limit = item["adaptive_limit"] or "-"
+            in_flight += f" (adaptive limit {limit} of {item['max_in_flight']})"
         rows.append(
             [
                 item["endpoint"],
                 state,
-                item["in_flight"],
+                in_flight,
                 item["scheduled"],
                 item["last_failure"] or "",
             ]
