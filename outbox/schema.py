@@ -23,37 +23,44 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
-    MetaData,
     SmallInteger,
     Table,
     Text,
-    func,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB
 
-NAMING = {
-    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-metadata = MetaData(naming_convention=NAMING)
-
-DELIVERY_STATES = ("scheduled", "in_flight", "succeeded", "dead", "discarded", "held")
-# What an ambiguous outcome does (endpoints and event types, migration 0031; NULL: retry).
-ON_AMBIGUOUS = ("retry", "hold")
-# An owner is a team name: a short slug (migration 0031 checks the same).
-OWNER_FORMAT = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-TERMINAL_STATES = ("succeeded", "dead", "discarded")
-ATTEMPT_OUTCOMES = ("succeeded", "retryable", "permanent", "ambiguous")
-
-
-def _now_column(name: str) -> Column[object]:
-    return Column(name, DateTime(timezone=True), nullable=False, server_default=func.now())
-
+from outbox.schema_access import admin_tokens as admin_tokens
+from outbox.schema_access import audit_log as audit_log
+from outbox.schema_access import console_sessions as console_sessions
+from outbox.schema_access import portal_links as portal_links
+from outbox.schema_base import (
+    ATTEMPT_OUTCOMES as ATTEMPT_OUTCOMES,
+)
+from outbox.schema_base import (
+    DELIVERY_STATES as DELIVERY_STATES,
+)
+from outbox.schema_base import (
+    NAMING as NAMING,
+)
+from outbox.schema_base import (
+    ON_AMBIGUOUS as ON_AMBIGUOUS,
+)
+from outbox.schema_base import (
+    OWNER_FORMAT as OWNER_FORMAT,
+)
+from outbox.schema_base import (
+    TERMINAL_STATES as TERMINAL_STATES,
+)
+from outbox.schema_base import (
+    _now_column as _now_column,
+)
+from outbox.schema_base import (
+    metadata as metadata,
+)
+from outbox.schema_catalogue import EVENT_TYPE_STATUSES as EVENT_TYPE_STATUSES
+from outbox.schema_catalogue import event_type_versions as event_type_versions
+from outbox.schema_catalogue import event_types as event_types
 
 # The owners of endpoints: the application's customers. `uid` is the application's own
 # customer id. Every endpoint belongs to one tenant; an event is published for one tenant
@@ -445,64 +452,6 @@ delivery_attempts = Table(
     Index("ix_delivery_attempts_started_at", "started_at"),
 )
 
-audit_log = Table(
-    "audit_log",
-    metadata,
-    Column("id", BigInteger, Identity(always=False), primary_key=True),
-    _now_column("at"),
-    Column("actor", Text, nullable=False),
-    Column("action", Text, nullable=False),
-    Column("target_type", Text, nullable=False),
-    Column("target_id", Text),
-    Column("reason", Text),
-    Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    Column("request_id", Text),
-    # The tenant the action concerned, when it concerned one (a tenant-scoped caller reads
-    # only these rows). Text, not a key: the audit trail outlives a deleted tenant.
-    Column("tenant_uid", Text),
-    Index("ix_audit_log_at", "at"),
-    Index("ix_audit_log_tenant_uid_at", "tenant_uid", "at"),
-)
-
-# Bearer tokens of the admin HTTP API (migration 0005). A token is
-# `obx_<token_id>_<secret>`: token_id finds the row, and only a SHA-256 of the
-# secret is stored, compared in constant time.
-admin_tokens = Table(
-    "admin_tokens",
-    metadata,
-    Column("id", BigInteger, Identity(always=False), primary_key=True),
-    Column("token_id", Text, nullable=False, unique=True),
-    Column("name", Text, nullable=False),
-    Column("role", Text, nullable=False),
-    Column("secret_hash", Text, nullable=False),
-    Column("created_by", Text, nullable=False),
-    _now_column("created_at"),
-    Column("last_used_at", DateTime(timezone=True)),
-    Column("revoked_at", DateTime(timezone=True)),
-    # NULL: sees everything. Else the tenant uid the token is confined to. Text, not a key,
-    # so a token whose tenant was deleted is refused by name (deleting revokes it too).
-    Column("tenant_uid", Text),
-    # NULL: never expires. Past it the token is refused, and so are the console sessions
-    # it opened (migration 0022).
-    Column("expires_at", DateTime(timezone=True)),
-    CheckConstraint("role IN ('viewer', 'operator')", name="known_role"),
-    # Active names are unique among unscoped tokens, and per tenant among scoped ones, so
-    # a tenant's names reveal nothing of another tenant's tokens (migration 0013).
-    Index(
-        "uq_admin_tokens_active_name",
-        "name",
-        unique=True,
-        postgresql_where=text("revoked_at IS NULL AND tenant_uid IS NULL"),
-    ),
-    Index(
-        "uq_admin_tokens_active_tenant_uid_name",
-        "tenant_uid",
-        "name",
-        unique=True,
-        postgresql_where=text("revoked_at IS NULL AND tenant_uid IS NOT NULL"),
-    ),
-)
-
 # What retention (and endpoint or tenant deletion) removed, by tenant and metric name,
 # so the totals exported on /metrics, whole or scoped to a tenant, never go backwards
 # when history is pruned (migrations 0003, 0018). No foreign key: a deleted tenant's
@@ -624,63 +573,6 @@ tenant_buckets = Table(
     Column("tokens_at", DateTime(timezone=True), nullable=False),
 )
 
-# The event-type catalogue (migration 0009): which events exist and what is in them.
-# A type's schema is versioned: `update` adds a version, older ones stay readable.
-# `revision` changes with every change (new version, deprecate, archive), so publish()
-# can check in its own INSERT that the schema it validated against is still current.
-EVENT_TYPE_STATUSES = ("active", "deprecated", "archived")
-
-event_types = Table(
-    "event_types",
-    metadata,
-    Column("id", BigInteger, Identity(always=False), primary_key=True),
-    Column("name", Text, nullable=False, unique=True),
-    Column("description", Text, nullable=False, server_default=text("''")),
-    Column("status", Text, nullable=False, server_default=text("'active'")),
-    Column("current_version", Integer, nullable=False, server_default=text("1")),
-    # A fresh random token on every change (not a counter): a cached entry can never be
-    # mistaken for another database's catalogue that happens to have the same count.
-    Column("revision", Text, nullable=False, server_default=text("(gen_random_uuid())::text")),
-    # Migration 0031: what an ambiguous outcome does, the owning team, and the thresholds
-    # of this workflow's alert signals (NULL: no per-type signal).
-    Column("on_ambiguous", Text),
-    Column("owner", Text),
-    Column("alert_oldest_seconds", Float),
-    Column("alert_error_rate", Float),
-    Column("alert_processing_p95_seconds", Float),
-    _now_column("created_at"),
-    _now_column("updated_at"),
-    CheckConstraint("status IN ('active', 'deprecated', 'archived')", name="known_status"),
-    CheckConstraint("on_ambiguous IN ('retry', 'hold')", name="known_on_ambiguous"),
-    CheckConstraint(f"owner ~ '{OWNER_FORMAT}'", name="owner_format"),
-    CheckConstraint(
-        "(alert_oldest_seconds IS NULL OR alert_oldest_seconds > 0)"
-        " AND (alert_error_rate IS NULL OR (alert_error_rate > 0 AND alert_error_rate <= 1))"
-        " AND (alert_processing_p95_seconds IS NULL OR alert_processing_p95_seconds > 0)",
-        name="alert_thresholds",
-    ),
-    CheckConstraint(
-        "name ~ '^[A-Za-z0-9][A-Za-z0-9_-]*([.][A-Za-z0-9][A-Za-z0-9_-]*)*$'"
-        " AND length(name) <= 200",
-        name="name_format",
-    ),
-)
-
-event_type_versions = Table(
-    "event_type_versions",
-    metadata,
-    Column(
-        "event_type_id",
-        BigInteger,
-        ForeignKey("event_types.id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
-    Column("version", Integer, primary_key=True),
-    Column("schema", JSONB, nullable=False),
-    Column("example", JSONB),
-    _now_column("created_at"),
-)
-
 # Storm bounds of operational events (migration 0009): per endpoint and kind, when one
 # was last sent and how many were held back in the current window.
 operational_event_marks = Table(
@@ -701,46 +593,4 @@ operational_event_marks = Table(
         "window_start",
         postgresql_where=text("suppressed > 0"),
     ),
-)
-
-# Sessions of the web console and the tenant portal (migration 0011). The cookie holds a
-# random id; only its SHA-256 is stored. `tenant_uid` confines a session to one tenant
-# (every portal session, and console sessions opened with a tenant-scoped token).
-# Migration 0022 binds a session to what opened it: `token_row` (the console's token; a
-# revoked or expired token ends the session) and `tenant_id` (the tenant's internal id, so
-# a deleted tenant's sessions go with it and a re-created uid does not revive them). Rows
-# from before 0022 have neither and count as no session.
-console_sessions = Table(
-    "console_sessions",
-    metadata,
-    Column("id_hash", Text, primary_key=True),
-    Column("kind", Text, nullable=False),
-    Column("actor", Text, nullable=False),
-    Column("role", Text, nullable=False),
-    Column("tenant_uid", Text),
-    Column("csrf_token", Text, nullable=False),
-    Column("token_row", BigInteger, ForeignKey("admin_tokens.id", ondelete="CASCADE")),
-    Column("tenant_id", BigInteger, ForeignKey("tenants.id", ondelete="CASCADE")),
-    _now_column("created_at"),
-    Column("expires_at", DateTime(timezone=True), nullable=False),
-    CheckConstraint("kind IN ('console', 'portal')", name="known_kind"),
-    CheckConstraint("role IN ('viewer', 'operator')", name="known_role"),
-    CheckConstraint("kind <> 'portal' OR tenant_uid IS NOT NULL", name="portal_has_tenant"),
-    Index("ix_console_sessions_expires_at", "expires_at"),
-)
-
-# Single-use, short-lived links into the tenant portal, issued by an operator. Only the
-# SHA-256 of the link's secret is stored; `used_at` makes a second use fail. `tenant_id`
-# (migration 0022) ties a link to the tenant it was issued for, not to its uid.
-portal_links = Table(
-    "portal_links",
-    metadata,
-    Column("id_hash", Text, primary_key=True),
-    Column("tenant_uid", Text, nullable=False),
-    Column("tenant_id", BigInteger, ForeignKey("tenants.id", ondelete="CASCADE")),
-    Column("created_by", Text, nullable=False),
-    _now_column("created_at"),
-    Column("expires_at", DateTime(timezone=True), nullable=False),
-    Column("used_at", DateTime(timezone=True)),
-    Index("ix_portal_links_expires_at", "expires_at"),
 )
