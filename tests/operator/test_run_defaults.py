@@ -41,7 +41,9 @@ def test_run_starts_one_process_per_core_by_default(
 ) -> None:
     started: list[tuple[ProcessSpec, int]] = []
 
-    def fake_supervised(spec: ProcessSpec, processes: int, grace: float) -> int:
+    def fake_supervised(
+        spec: ProcessSpec, processes: int, grace: float, on_ready: object = None
+    ) -> int:
         started.append((spec, processes))
         return 0
 

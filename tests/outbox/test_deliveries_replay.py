@@ -339,8 +339,8 @@ async def test_discard_refusals_and_audit_rows_are_exact(
             delivery_ops.discard(conn, [dead, 998, 999], actor="c", reason="r", now=now)
         with refused(
             OperationError,
-            f"cannot discard: {flying} is in_flight, {done} is succeeded (only scheduled or"
-            " dead deliveries can be); nothing was discarded",
+            f"cannot discard: {flying} is in_flight, {done} is succeeded (only scheduled,"
+            " dead or held deliveries can be); nothing was discarded",
         ):
             delivery_ops.discard(conn, [dead, flying, done], actor="c", reason="r", now=now)
     assert scalar(engine, "SELECT count(*) FROM audit_log") == 0
