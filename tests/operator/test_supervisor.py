@@ -137,3 +137,26 @@ def test_a_stop_while_the_children_start_stops_them_all(database_url: str) -> No
     assert time.monotonic() - started < 15
     assert len(supervisor._children) == 1
     assert not any(child.is_alive() for child in supervisor._children.values())
+
+
+def test_a_ctrl_c_while_a_child_is_still_starting_does_not_kill_it(database_url: str) -> None:
+    """A terminal's Ctrl-C reaches the whole process group, a child still importing too:
+    the child starts with SIGINT ignored (the supervisor relays the stop), so it neither
+    dies with a KeyboardInterrupt traceback nor stops; SIGTERM then stops it cleanly."""
+    spec = ProcessSpec(
+        url=database_url,
+        secret_keys=generate_key("supervisor"),
+        relay=RelayConfig(),
+        worker=WorkerConfig(),
+        reaper=ReaperConfig(),
+    )
+    supervisor = Supervisor(spec, 1)
+    supervisor._start(0)
+    child = supervisor._children[0]
+    assert child.pid is not None
+    os.kill(child.pid, signal.SIGINT)  # at once: the spawned interpreter is importing
+    child.join(3)
+    assert child.is_alive(), f"the child died of the Ctrl-C (exit code {child.exitcode})"
+    os.kill(child.pid, signal.SIGTERM)
+    child.join(30)
+    assert child.exitcode in (0, -signal.SIGTERM)
