@@ -105,7 +105,12 @@ class Clones:
     def _create(self) -> str:
         name = f"outbox_test_{uuid.uuid4().hex[:12]}"
         with self._admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{self._template}"'))
+            # FILE_COPY: copying the template's files (and a checkpoint, cheap without
+            # fsync) measured 0.06 s a clone against WAL_LOG's 0.15 s, which writes every
+            # block of the template to the WAL; 1,600 clones a run.
+            conn.execute(
+                text(f'CREATE DATABASE "{name}" TEMPLATE "{self._template}" STRATEGY FILE_COPY')
+            )
         return name
 
     def _drop(self, name: str) -> None:
