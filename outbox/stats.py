@@ -383,6 +383,10 @@ def evaluate_alerts(stats: Stats, limits: AlertThresholds) -> list[Alert]:
         )
     else:
         dead_message = f"no delivery went dead in the last {window}"
+    if stats.dead_by_owner:  # whose they are: every dead delivery now, by its owner
+        dead_message += "; dead now by owner: " + ", ".join(
+            f"{owner}: {n}" for owner, n in stats.dead_by_owner.items()
+        )
     if top is None:
         error_message = "no failed attempts in the window"
     else:
