@@ -84,3 +84,12 @@ class Site:
         with self.engine.begin() as conn:
             create_tenant(conn, uid, name=uid.title())
         return uid
+
+
+def sign_in(page: Any, site: Site, token: str) -> None:
+    """Sign in to the console with `token` and land on its overview."""
+    page.goto(f"{site.base_url}/console/login")
+    page.fill("input[name=token]", token)
+    with page.expect_navigation():
+        page.click("button[type=submit]")
+    assert page.url == f"{site.base_url}/console/"

@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 
 from delivery.receiver import Behaviour
 from outbox import publish
-from tests.browser.site import Site
+from tests.browser.site import Site, sign_in
 from tests.helpers import add_endpoint, rows, scalar
 
 
@@ -23,19 +23,11 @@ def _dead_delivery(site: Site, payload: dict[str, Any] | None = None) -> int:
     return int(scalar(site.engine, "SELECT id FROM deliveries WHERE state = 'dead'"))
 
 
-def _sign_in(page: Any, site: Site, token: str) -> None:
-    page.goto(f"{site.base_url}/console/login")
-    page.fill("input[name=token]", token)
-    with page.expect_navigation():
-        page.click("button[type=submit]")
-    assert page.url == f"{site.base_url}/console/"
-
-
 def test_operator_finds_a_dead_delivery_reads_attempts_replays_and_sees_success(
     site: Site, page: Any
 ) -> None:
     dead = _dead_delivery(site)
-    _sign_in(page, site, site.token("operator", "alice"))
+    sign_in(page, site, site.token("operator", "alice"))
 
     page.goto(f"{site.base_url}/console/deliveries?state=dead")
     with page.expect_navigation():
@@ -73,7 +65,7 @@ def test_operator_finds_a_dead_delivery_reads_attempts_replays_and_sees_success(
 
 def test_a_viewer_sees_no_action_and_forged_posts_are_refused(site: Site, page: Any) -> None:
     dead = _dead_delivery(site)
-    _sign_in(page, site, site.token("viewer", "victor"))
+    sign_in(page, site, site.token("viewer", "victor"))
     page.goto(f"{site.base_url}/console/deliveries/{dead}")
     assert page.inner_text("#state") == "dead"
     assert page.locator("button[value=replay]").count() == 0
@@ -89,7 +81,7 @@ def test_a_viewer_sees_no_action_and_forged_posts_are_refused(site: Site, page: 
 
     # An operator's session without the CSRF token (a forged cross-site form): refused.
     page.context.clear_cookies()
-    _sign_in(page, site, site.token("operator", "olga"))
+    sign_in(page, site, site.token("operator", "olga"))
     forged = page.request.post(
         f"{site.base_url}/console/deliveries/{dead}/replay", form={"reason": "forged"}
     )
@@ -104,7 +96,7 @@ def test_a_viewer_sees_no_action_and_forged_posts_are_refused(site: Site, page: 
 
 def test_pages_escape_values_and_send_a_strict_policy(site: Site, page: Any) -> None:
     dead = _dead_delivery(site, {"note": "<script>window.hacked=1</script><img src=x>"})
-    _sign_in(page, site, site.token("operator", "alice"))
+    sign_in(page, site, site.token("operator", "alice"))
     dialogs: list[str] = []
     page.on("dialog", lambda d: dialogs.append(d.message))
     response = page.goto(f"{site.base_url}/console/deliveries/{dead}")
@@ -132,7 +124,7 @@ def test_the_overview_charts_render_with_data(site: Site, page: Any) -> None:
         for n in range(5):
             publish(conn, "invoice.paid", {"n": n})
     site.deliver()
-    _sign_in(page, site, site.token("viewer", "victor"))
+    sign_in(page, site, site.token("viewer", "victor"))
     # Each chart fetches its data on its own: wait for the fourth, not just the first.
     page.locator("[data-chart][data-rendered=true]").nth(3).wait_for()
     charts = page.locator("[data-chart][data-rendered=true]")

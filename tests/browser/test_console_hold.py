@@ -11,8 +11,7 @@ from delivery.worker import Worker, WorkerConfig
 from outbox import publish
 from outbox.endpoints import set_failure_policy
 from outbox.relay import Relay
-from tests.browser.site import Site
-from tests.browser.test_console import _sign_in
+from tests.browser.site import Site, sign_in
 from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
 
 
@@ -59,7 +58,7 @@ def _act(page: Any, site: Site, delivery_id: int, action: str, reason: str) -> N
 
 def test_each_held_action_works_from_the_delivery_page(site: Site, page: Any) -> None:
     confirm, retry, discard = _held(site, 3)
-    _sign_in(page, site, site.token("operator", "alice"))
+    sign_in(page, site, site.token("operator", "alice"))
 
     # The overview groups what needs attention by owner, with a link to the list.
     page.goto(f"{site.base_url}/console/")
@@ -97,7 +96,7 @@ def test_a_viewer_sees_no_held_action_and_a_bad_owner_filter_is_escaped(
     site: Site, page: Any
 ) -> None:
     [held] = _held(site, 1)
-    _sign_in(page, site, site.token("viewer", "victor"))
+    sign_in(page, site, site.token("viewer", "victor"))
     page.goto(f"{site.base_url}/console/deliveries/{held}")
     assert page.locator("button[value=confirm]").count() == 0
     csrf = page.get_attribute("meta[name=csrf-token]", "content")
@@ -120,7 +119,7 @@ def test_a_viewer_sees_no_held_action_and_a_bad_owner_filter_is_escaped(
 def test_another_tenants_held_delivery_is_not_found(site: Site, page: Any) -> None:
     [theirs] = _held(site, 1, tenant=site.tenant("seller-b"))
     site.tenant("seller-a")
-    _sign_in(page, site, site.token("operator", "amy", tenant="seller-a"))
+    sign_in(page, site, site.token("operator", "amy", tenant="seller-a"))
     assert page.goto(f"{site.base_url}/console/deliveries/{theirs}").status == 404
     page.goto(f"{site.base_url}/console/")
     csrf = page.get_attribute("meta[name=csrf-token]", "content")

@@ -10,15 +10,8 @@ import httpx
 
 from delivery.receiver import Behaviour
 from outbox import publish
-from tests.browser.site import Site
+from tests.browser.site import Site, sign_in
 from tests.helpers import add_endpoint, rows, scalar
-
-
-def _sign_in(page: Any, site: Site, token: str) -> None:
-    page.goto(f"{site.base_url}/console/login")
-    page.fill("input[name=token]", token)
-    with page.expect_navigation():
-        page.click("button[type=submit]")
 
 
 def _superseded(site: Site, tenant: str = "default") -> tuple[int, str]:
@@ -44,7 +37,7 @@ def _superseded(site: Site, tenant: str = "default") -> tuple[int, str]:
 
 def test_the_delivery_page_warns_before_replaying_a_superseded_event(site: Site, page: Any) -> None:
     dead, newer = _superseded(site)
-    _sign_in(page, site, site.token("operator", "alice"))
+    sign_in(page, site, site.token("operator", "alice"))
 
     page.goto(f"{site.base_url}/console/deliveries?subject=order/1")
     listed = page.inner_text("#deliveries")
@@ -73,7 +66,7 @@ def test_the_delivery_page_warns_before_replaying_a_superseded_event(site: Site,
 
 def test_the_bulk_preview_counts_the_superseded(site: Site, page: Any) -> None:
     _superseded(site)
-    _sign_in(page, site, site.token("operator", "alice"))
+    sign_in(page, site, site.token("operator", "alice"))
     page.goto(f"{site.base_url}/console/deliveries?state=dead&subject=order/1")
     page.fill("input[name=reason]", "retry")
     with page.expect_navigation():
@@ -90,7 +83,7 @@ def test_a_scoped_session_filters_its_own_subjects_only(site: Site, page: Any) -
     site.tenant("globex")
     _superseded(site, "acme")
     globex_dead, _ = _superseded(site, "globex")
-    _sign_in(page, site, site.token("operator", "acme-ops", tenant="acme"))
+    sign_in(page, site, site.token("operator", "acme-ops", tenant="acme"))
     page.goto(f"{site.base_url}/console/deliveries?subject=order/1")
     listed = page.inner_text("#deliveries")
     assert listed.count("order/1") == 2  # acme's two, not globex's
