@@ -30,6 +30,9 @@ def run_migrations_online() -> None:
         version_table=VERSION_TABLE,
         transactional_ddl=True,
         transaction_per_migration=True,
+        # Called inside each migration's transaction, before it commits: the lock test
+        # (tests/outbox/test_migration_locks.py) reads what the migration holds there.
+        on_version_apply=context.config.attributes.get("on_version_apply", ()),
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -1,8 +1,9 @@
-"""validate the delivery-mode CHECK that 0025 added NOT VALID
+"""validate the delivery-mode CHECK and the feed entries' foreign key that 0025 added NOT VALID
 
-Validating takes only a SHARE UPDATE EXCLUSIVE lock on `endpoints` (reads and writes go
-on) in a transaction of its own. Every row that existed before 0025 got the constant
-default 'push', so the scan finds nothing wrong.
+Validating takes only a SHARE UPDATE EXCLUSIVE lock on the table (reads and writes go
+on) in a transaction of its own; the foreign key's check reads outbox_events under ROW
+SHARE. Every row that existed before 0025 got the constant default 'push', and
+feed_entries was empty, so the scans find nothing wrong.
 
 Revision ID: 0026
 Revises: 0025
@@ -21,6 +22,9 @@ depends_on = None
 
 def upgrade() -> None:
     op.execute("ALTER TABLE endpoints VALIDATE CONSTRAINT ck_endpoints_known_delivery_mode")
+    op.execute(
+        "ALTER TABLE feed_entries VALIDATE CONSTRAINT fk_feed_entries_event_id_outbox_events"
+    )
 
 
 def downgrade() -> None:

@@ -26,7 +26,6 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-import sqlalchemy as sa
 from alembic import op
 
 revision = "0031"
@@ -91,30 +90,39 @@ def _dead_function(*, with_owner: bool) -> str:
     return source.replace(_ONE_BY_ONE, _WITH_OWNER)
 
 
+# The new columns, per table (all text or float, nullable, no default).
+COLUMNS = {
+    "deliveries": (),
+    "endpoints": (("on_ambiguous", "text"), ("owner", "text"), ("operational_owner", "text")),
+    "event_types": (
+        ("on_ambiguous", "text"),
+        ("owner", "text"),
+        ("alert_oldest_seconds", "double precision"),
+        ("alert_error_rate", "double precision"),
+        ("alert_processing_p95_seconds", "double precision"),
+    ),
+}
+
+
 def upgrade() -> None:
-    # ADD COLUMN takes a brief ACCESS EXCLUSIVE lock: outbox.migrate runs it under a
-    # short lock_timeout and retries, so it never queues every claim behind it.
-    # Tables are locked in the order a claim or the relay locks them, deliveries first,
-    # then endpoints: in the other order a running worker's claim (holding deliveries,
-    # waiting for endpoints) and this transaction (the reverse) deadlock, and PostgreSQL
-    # cancels the claim (seen in tests/project/test_upgrade.py with 0.1.0's workers).
-    first = [check for check in CHECKS if check[0] == "deliveries"]
-    for table, name, condition in first:
-        op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} CHECK ({condition}) NOT VALID")
-    op.add_column("endpoints", sa.Column("on_ambiguous", sa.Text(), nullable=True))
-    op.add_column("endpoints", sa.Column("owner", sa.Text(), nullable=True))
-    op.add_column("endpoints", sa.Column("operational_owner", sa.Text(), nullable=True))
-    op.add_column("event_types", sa.Column("on_ambiguous", sa.Text(), nullable=True))
-    op.add_column("event_types", sa.Column("owner", sa.Text(), nullable=True))
-    op.add_column("event_types", sa.Column("alert_oldest_seconds", sa.Float(), nullable=True))
-    op.add_column("event_types", sa.Column("alert_error_rate", sa.Float(), nullable=True))
-    op.add_column(
-        "event_types", sa.Column("alert_processing_p95_seconds", sa.Float(), nullable=True)
-    )
-    for table, name, condition in CHECKS:
-        if table != "deliveries":
-            op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} CHECK ({condition}) NOT VALID")
+    # One statement per table, each its own transaction: the relay and the workers take
+    # deliveries, endpoints and event_types in different orders, so holding one of them
+    # while waiting for another could deadlock with them (tests/outbox/test_migration_locks.py).
+    # Each statement can run again: a retry starts the migration over.
+    with op.get_context().autocommit_block():
+        for table, columns in COLUMNS.items():
+            op.execute(_alter(table, columns))
     op.execute(_dead_function(with_owner=True))
+
+
+def _alter(table: str, columns: tuple[tuple[str, str], ...]) -> str:
+    """ALTER TABLE adding `columns` and (re)adding the table's checks NOT VALID."""
+    actions = [f"ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in columns]
+    for owner, name, condition in CHECKS:
+        if owner == table:
+            actions.append(f"DROP CONSTRAINT IF EXISTS {name}")
+            actions.append(f"ADD CONSTRAINT {name} CHECK ({condition}) NOT VALID")
+    return f"ALTER TABLE {table} " + ", ".join(actions)
 
 
 def downgrade() -> None:
