@@ -38,8 +38,7 @@ class AdaptiveConfig:
     latency_tolerance: float = 1.5  # AIMD: latency above baseline * this counts as a rise
     baseline_drift: float = 0.02  # AIMD: share of the gap the baseline climbs per batch
     # gradient: latency up to tolerance * unloaded counts as no queue at all
-    gradient_tolerance: float = 1.0
-    gradient_latency: str = "mean"
+    gradient_tolerance: float = 1.25
     gradient_floor: float = 0.5  # one update never more than halves the target
     smoothing_seconds: float = 1.0  # time constant of the move towards the target
     # the unloaded latency climbs towards a higher fastest answer with this time constant:
@@ -171,8 +170,6 @@ def _gradient(
     if state.window_at is not None and now < state.window_at:
         return Limiter(limit, baseline, state.window_at, estimate)  # holding after a decrease
     mean_ms = signals.total_ms / signals.timed
-    if config.gradient_latency == "slowest" and signals.slowest_ms is not None:
-        mean_ms = signals.slowest_ms
     ratio = 1.0 if mean_ms <= 0 else config.gradient_tolerance * baseline / mean_ms
     gradient = max(config.gradient_floor, min(1.0, ratio))
     target = estimate * gradient + math.sqrt(estimate)

@@ -1,19 +1,32 @@
 """The gradient limiter (delivery/health/adaptive.py) as pure logic on a manual clock:
 against a modelled partner whose latency grows past N concurrent requests it settles
 between N and 2N, climbs again when the partner's capacity doubles, and shrinks on
-overload like AIMD."""
+overload like AIMD; then once through a real worker, for the state it keeps."""
 
 from __future__ import annotations
 
 import datetime as dt
 
+import httpx
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from delivery.health import EndpointLimits, set_endpoint_limits
 from delivery.health.adaptive import AdaptiveConfig, Limiter, Signals, next_limit
 from delivery.health.rules import Health, HealthConfig, Observation, after_outcomes, summarize
+from delivery.operator.app import health_config
 from delivery.policy import Outcome
+from delivery.receiver import Behaviour, Receiver
+from outbox import publish
 from outbox.clock import ManualClock
+from outbox.crypto import SecretBox
+from outbox.errors import ConfigurationError
+from outbox.settings import load_settings
+from tests.delivery.workers import relay_all, worker
+from tests.helpers import add_endpoint, rows
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 GRADIENT = AdaptiveConfig(algorithm="gradient")
@@ -72,7 +85,7 @@ def test_small_steps_add_up_through_the_estimate() -> None:
 
 def test_a_rising_latency_pulls_it_down_by_at_most_half_per_update() -> None:
     state = Limiter(20, BASE_MS, T0, 20.0)
-    later = T0 + dt.timedelta(seconds=10)  # all the way to the target (1 s time constant)
+    later = T0 + dt.timedelta(seconds=5)  # nearly all the way to the target (1 s constant)
     after = next_limit(state, answers(10 * BASE_MS), maximum=64, now=later, config=GRADIENT)
     # the floor of 0.5 holds the target at 20 * 0.5 + sqrt(20)
     assert after.limit == 14
@@ -146,3 +159,43 @@ def test_the_limit_stays_between_one_and_the_maximum(
         state = next_limit(state, signal, maximum=maximum, now=now, config=GRADIENT)
         assert 1 <= state.limit <= max(1, maximum)
         assert state.estimate is None or 1 <= state.estimate < state.limit + 1
+
+
+async def test_the_worker_keeps_the_unrounded_limit_in_the_health_row(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+    http: httpx.AsyncClient,
+) -> None:
+    """Real worker, real receiver: the gradient's fraction survives the round trip."""
+    uid = add_endpoint(engine, box, receiver.route("/ok", lambda _: Behaviour())).endpoint.uid
+    with engine.begin() as conn:
+        set_endpoint_limits(
+            conn, uid, EndpointLimits(max_in_flight=20, adaptive=True), actor="test"
+        )
+        for i in range(3):
+            publish(conn, "order.created", {"i": i})
+    await relay_all(async_engine, clock)
+    sender = worker(async_engine, http, box, clock, HealthConfig(adaptive=GRADIENT))
+    for _ in range(3):
+        clock.advance(0.3)
+        await sender.run_once()
+    limit, estimate = rows(
+        engine, "SELECT adaptive_limit, adaptive_estimate FROM endpoint_health"
+    )[0].values()
+    assert estimate is not None and estimate > 4 and limit == int(estimate)
+
+
+@pytest.mark.parametrize("hostile", ["GRADIENT", "vegas", "", "aimd "])
+def test_the_setting_chooses_the_limiter_and_refuses_others(
+    monkeypatch: pytest.MonkeyPatch, hostile: str
+) -> None:
+    monkeypatch.delenv("OUTBOX_ENV_FILE", raising=False)
+    assert health_config(load_settings()).adaptive.algorithm == "aimd"
+    monkeypatch.setenv("OUTBOX_ADAPTIVE_ALGORITHM", "gradient")
+    assert health_config(load_settings()).adaptive.algorithm == "gradient"
+    monkeypatch.setenv("OUTBOX_ADAPTIVE_ALGORITHM", hostile)
+    with pytest.raises(ConfigurationError, match="OUTBOX_ADAPTIVE_ALGORITHM"):
+        load_settings()
