@@ -216,8 +216,8 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="Disable an endpoint whose attempts all failed this long."
     )
     adaptive_algorithm: Literal["aimd", "gradient"] = Field(
-        default="aimd",
-        description="The limiter of endpoints with adaptive concurrency: 'aimd' or 'gradient' "
+        default="gradient",
+        description="The limiter of endpoints with adaptive concurrency: 'gradient' or 'aimd' "
         "(docs/performance.md has both measured).",
     )
     http_transport: Literal["wire", "httpx"] = Field(

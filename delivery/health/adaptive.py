@@ -32,7 +32,7 @@ Algorithm = Literal["aimd", "gradient"]
 class AdaptiveConfig:
     """The limiter's tuning, shared by all adaptive endpoints."""
 
-    algorithm: Algorithm = "aimd"
+    algorithm: Algorithm = "gradient"  # kept over AIMD: docs/performance.md says why
     window_seconds: float = 0.5  # AIMD grows by at most one per window; one decrease per window
     decrease_factor: float = 0.7  # multiplied into the limit on overload
     latency_tolerance: float = 1.5  # AIMD: latency above baseline * this counts as a rise

@@ -193,9 +193,9 @@ def test_the_setting_chooses_the_limiter_and_refuses_others(
     monkeypatch: pytest.MonkeyPatch, hostile: str
 ) -> None:
     monkeypatch.delenv("OUTBOX_ENV_FILE", raising=False)
-    assert health_config(load_settings()).adaptive.algorithm == "aimd"
-    monkeypatch.setenv("OUTBOX_ADAPTIVE_ALGORITHM", "gradient")
     assert health_config(load_settings()).adaptive.algorithm == "gradient"
+    monkeypatch.setenv("OUTBOX_ADAPTIVE_ALGORITHM", "aimd")
+    assert health_config(load_settings()).adaptive.algorithm == "aimd"
     monkeypatch.setenv("OUTBOX_ADAPTIVE_ALGORITHM", hostile)
     with pytest.raises(ConfigurationError, match="OUTBOX_ADAPTIVE_ALGORITHM"):
         load_settings()
