@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 from delivery.health import EndpointLimits, HealthConfig, set_endpoint_limits
-from delivery.health.adaptive import ALGORITHMS, AdaptiveConfig
+from delivery.health.adaptive import ALGORITHMS, AdaptiveConfig, Algorithm
 from delivery.operator.app import Service
 from delivery.reaper import ReaperConfig
 from delivery.receiver import Behaviour, ReceivedRequest, Receiver
@@ -97,7 +97,12 @@ async def _sample(
 
 
 async def _row(
-    url: str, engine: Engine, plan: AdaptivePlan, name: str, limit: int, algorithm: str | None
+    url: str,
+    engine: Engine,
+    plan: AdaptivePlan,
+    name: str,
+    limit: int,
+    algorithm: Algorithm | None,
 ) -> dict[str, Any]:
     """One row: a fixed limit (algorithm None) or adaptive with that limiter."""
     adaptive = algorithm is not None
@@ -132,7 +137,8 @@ async def _row(
                 request_timeout=5.0,
                 retry_schedule=(1.0,),
                 health=HealthConfig(
-                    adaptive=AdaptiveConfig(algorithm=algorithm or "aimd")  # type: ignore[arg-type]
+                    # a fixed row never consults the limiter: any algorithm will do
+                    adaptive=AdaptiveConfig(algorithm=algorithm or "gradient")
                 ),
             ),
             reaper=ReaperConfig(interval=1.0),

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 OVERLOAD_STATUSES = (429, 503)
-ALGORITHMS = ("aimd", "gradient")
 Algorithm = Literal["aimd", "gradient"]
+ALGORITHMS: tuple[Algorithm, ...] = ("aimd", "gradient")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ import datetime as dt
 
 import httpx
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -123,9 +123,9 @@ def test_the_worker_folds_mean_latency_into_the_row() -> None:
         adaptive_window_at=T0,
     )
     after = after_outcomes(health, summary, now=T0 + dt.timedelta(seconds=60), config=config)
-    # target 10.5 * 0.5 + sqrt(10.5), reached after a minute
-    assert after.adaptive_estimate is not None and abs(after.adaptive_estimate - 8.49) < 0.01
-    assert after.adaptive_limit == 8
+    # target 10.5 * (1.25 * 200 / 400) + sqrt(10.5), reached after a minute
+    assert after.adaptive_estimate is not None and abs(after.adaptive_estimate - 9.80) < 0.01
+    assert after.adaptive_limit == 9
 
 
 signals = st.builds(
@@ -139,6 +139,7 @@ signals = st.builds(
 )
 
 
+@settings(max_examples=50)  # suite budget: each example runs up to 30 updates
 @given(
     st.integers(-5, 10_000),
     st.none() | st.floats(-10, 1e6),
@@ -182,9 +183,9 @@ async def test_the_worker_keeps_the_unrounded_limit_in_the_health_row(
     for _ in range(3):
         clock.advance(0.3)
         await sender.run_once()
-    limit, estimate = rows(
-        engine, "SELECT adaptive_limit, adaptive_estimate FROM endpoint_health"
-    )[0].values()
+    limit, estimate = rows(engine, "SELECT adaptive_limit, adaptive_estimate FROM endpoint_health")[
+        0
+    ].values()
     assert estimate is not None and estimate > 4 and limit == int(estimate)
 
 
