@@ -274,7 +274,7 @@ _HEALTH_COLUMNS = """
     h.window_started_at, h.window_attempts, h.window_failures, h.trips, h.opened_at,
     h.open_until, h.probe_until, h.ramp_started_at, h.ramp_until, h.paused_until, h.tokens,
     h.tokens_at, h.failing_since, h.last_failure, h.adaptive, h.adaptive_limit,
-    h.latency_baseline_ms, h.adaptive_window_at
+    h.latency_baseline_ms, h.adaptive_window_at, h.adaptive_estimate
 """
 
 # Everything a claim needs to know before it claims, visiting only endpoints that have
@@ -532,7 +532,8 @@ SAVE_ENDPOINT_HEALTH = text(
         (endpoint_id, breaker_state, consecutive_failures, window_started_at, window_attempts,
          window_failures, trips, opened_at, open_until, probe_until, ramp_started_at,
          ramp_until, paused_until, tokens, tokens_at, failing_since, last_failure,
-         adaptive_limit, latency_baseline_ms, adaptive_window_at, updated_at)
+         adaptive_limit, latency_baseline_ms, adaptive_window_at, adaptive_estimate,
+         updated_at)
     SELECT u.*, :now
     FROM unnest(
         CAST(:endpoint_id AS bigint[]), CAST(:breaker_state AS text[]),
@@ -544,7 +545,8 @@ SAVE_ENDPOINT_HEALTH = text(
         CAST(:paused_until AS timestamptz[]), CAST(:tokens AS float8[]),
         CAST(:tokens_at AS timestamptz[]), CAST(:failing_since AS timestamptz[]),
         CAST(:last_failure AS text[]), CAST(:adaptive_limit AS bigint[]),
-        CAST(:latency_baseline_ms AS float8[]), CAST(:adaptive_window_at AS timestamptz[])
+        CAST(:latency_baseline_ms AS float8[]), CAST(:adaptive_window_at AS timestamptz[]),
+        CAST(:adaptive_estimate AS float8[])
     ) AS u
     ON CONFLICT (endpoint_id) DO UPDATE SET
         breaker_state = EXCLUDED.breaker_state,
@@ -566,6 +568,7 @@ SAVE_ENDPOINT_HEALTH = text(
         adaptive_limit = EXCLUDED.adaptive_limit,
         latency_baseline_ms = EXCLUDED.latency_baseline_ms,
         adaptive_window_at = EXCLUDED.adaptive_window_at,
+        adaptive_estimate = EXCLUDED.adaptive_estimate,
         updated_at = EXCLUDED.updated_at
     """
 )
@@ -592,6 +595,7 @@ SET_ENDPOINT_LIMITS = text(
         adaptive = EXCLUDED.adaptive,
         -- a changed setting starts the limiter afresh
         adaptive_limit = NULL, latency_baseline_ms = NULL, adaptive_window_at = NULL,
+        adaptive_estimate = NULL,
         max_per_second = EXCLUDED.max_per_second,
         ordered = EXCLUDED.ordered,
         dead_head = EXCLUDED.dead_head,
@@ -615,6 +619,19 @@ SELECT_ENDPOINT_HEALTH = text(
             WHERE d.endpoint_id = e.id AND d.state = 'scheduled') AS scheduled
     FROM endpoints e LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
     ORDER BY e.id
+    """
+)
+
+# One endpoint's concurrency for the admin API: its limits, its limiter and what is in
+# flight (an index probe of the endpoint's in-flight deliveries).
+SELECT_ENDPOINT_CONCURRENCY = text(
+    """
+    SELECT e.id, h.max_in_flight, COALESCE(h.adaptive, false) AS adaptive, h.adaptive_limit,
+           h.latency_baseline_ms,
+           (SELECT count(*) FROM deliveries d
+            WHERE d.endpoint_id = e.id AND d.state = 'in_flight') AS in_flight
+    FROM endpoints e LEFT JOIN endpoint_health h ON h.endpoint_id = e.id
+    WHERE e.uid = :uid
     """
 )
 

@@ -517,6 +517,8 @@ endpoint_health = Table(
     Column("adaptive_limit", BigInteger),
     Column("latency_baseline_ms", Float),
     Column("adaptive_window_at", DateTime(timezone=True)),
+    # The gradient limiter's unrounded limit (migration 0046).
+    Column("adaptive_estimate", Float),
     _now_column("updated_at"),
     CheckConstraint("breaker_state IN ('closed', 'open', 'half_open')", name="known_breaker_state"),
     CheckConstraint("dead_head IN ('block', 'skip')", name="known_dead_head"),

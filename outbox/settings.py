@@ -215,6 +215,11 @@ class Settings(BaseSettings):
     auto_disable_after_days: float = Field(
         default=5.0, gt=0, description="Disable an endpoint whose attempts all failed this long."
     )
+    adaptive_algorithm: Literal["aimd", "gradient"] = Field(
+        default="gradient",
+        description="The limiter of endpoints with adaptive concurrency: 'gradient' or 'aimd' "
+        "(docs/performance.md has both measured).",
+    )
     http_transport: Literal["wire", "httpx"] = Field(
         default="wire",
         description=(

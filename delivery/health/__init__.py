@@ -43,8 +43,11 @@ from delivery.health.claims import (
     tenant_next_opening,
 )
 from delivery.health.limits import (
+    MAX_IN_FLIGHT,
+    EndpointConcurrency,
     EndpointLimits,
     endpoint_health_report,
+    get_endpoint_concurrency,
     get_endpoint_limits,
     set_endpoint_limits,
 )
@@ -81,10 +84,12 @@ from delivery.health.store import (
 __all__ = [
     "CLOSED",
     "HALF_OPEN",
+    "MAX_IN_FLIGHT",
     "OPEN",
     "QUICK_WALK",
     "STATE_FIELDS",
     "THROTTLE_STATUS",
+    "EndpointConcurrency",
     "EndpointLimits",
     "Gates",
     "Head",
@@ -106,6 +111,7 @@ __all__ = [
     "effective_rate",
     "endpoint_health_report",
     "ensure_health_rows",
+    "get_endpoint_concurrency",
     "get_endpoint_limits",
     "is_failure",
     "is_good_news",

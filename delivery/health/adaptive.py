@@ -1,10 +1,19 @@
-"""Adaptive concurrency (AIMD): an endpoint's in-flight limit, decided from its outcomes.
+"""Adaptive concurrency: an endpoint's in-flight limit, decided from its outcomes.
 
-The limit grows by one per window while the endpoint answers without 429/503/timeouts
-and its latency stays near its unloaded latency (a decaying minimum), and shrinks
-multiplicatively on a 429, 503, timeout or a latency rise, at most once per window (the
+Two limiters behind one function (`next_limit`), chosen by `AdaptiveConfig.algorithm`:
+
+- **AIMD**: the limit grows by one per window while the endpoint answers without
+  429/503/timeouts and its latency stays near its unloaded latency (a decaying minimum),
+  and shrinks multiplicatively on a latency rise.
+- **gradient** (Netflix concurrency-limits' Gradient, Vegas-like): the limit moves
+  towards `limit * min(1, tolerance * unloaded / latency) + sqrt(limit)`, smoothed in
+  time; below the knee the latency ratio is 1 and the queue allowance makes it grow,
+  past it the ratio pulls it back to where the partner's queue stays short.
+
+Both shrink multiplicatively on a 429, 503 or timeout, at most once per window (the
 answers that arrive just after a decrease are to requests sent before it). Pure: the
 state is a value; the worker folds each outcome batch into the endpoint's health row.
+docs/performance.md says which one is the default and why (measured by bench/adaptive.py).
 """
 
 from __future__ import annotations
@@ -12,18 +21,29 @@ from __future__ import annotations
 import datetime as dt
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 OVERLOAD_STATUSES = (429, 503)
+Algorithm = Literal["aimd", "gradient"]
+ALGORITHMS: tuple[Algorithm, ...] = ("aimd", "gradient")
 
 
 @dataclass(frozen=True, slots=True)
 class AdaptiveConfig:
     """The limiter's tuning, shared by all adaptive endpoints."""
 
-    window_seconds: float = 0.5  # the limit grows by at most one per window
+    algorithm: Algorithm = "gradient"  # kept over AIMD: docs/performance.md says why
+    window_seconds: float = 0.5  # AIMD grows by at most one per window; one decrease per window
     decrease_factor: float = 0.7  # multiplied into the limit on overload
-    latency_tolerance: float = 1.5  # latency above baseline * this counts as a rise
-    baseline_drift: float = 0.02  # share of the gap the baseline climbs per batch
+    latency_tolerance: float = 1.5  # AIMD: latency above baseline * this counts as a rise
+    baseline_drift: float = 0.02  # AIMD: share of the gap the baseline climbs per batch
+    # gradient: latency up to tolerance * unloaded counts as no queue at all
+    gradient_tolerance: float = 1.25
+    gradient_floor: float = 0.5  # one update never more than halves the target
+    smoothing_seconds: float = 1.0  # time constant of the move towards the target
+    # the unloaded latency climbs towards a higher fastest answer with this time constant:
+    # slow, so a partner that stays loaded does not become its own "unloaded" reference
+    baseline_seconds: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +54,8 @@ class Signals:
     answered: int = 0  # other answers (the ones that measure latency)
     fastest_ms: float | None = None  # the batch's lowest latency among answers
     slowest_ms: float | None = None  # the batch's highest latency among answers
+    total_ms: float = 0.0  # the sum of the answers' latencies (their mean for the gradient)
+    timed: int = 0  # how many answers carried a latency (the mean's divisor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +64,10 @@ class Limiter:
 
     limit: int
     baseline_ms: float | None = None
-    # the last growth, or the end of the hold after a decrease (then in the future)
+    # the last growth (AIMD) or update (gradient), or the end of the hold after a
+    # decrease (then in the future)
     window_at: dt.datetime | None = None
+    estimate: float | None = None  # gradient: the limit before rounding down
 
 
 def initial_limit(maximum: int) -> int:
@@ -57,30 +81,103 @@ def next_limit(
     """The limiter after one outcome batch: always within [1, maximum]."""
     maximum = max(1, maximum)
     limit = min(max(1, state.limit), maximum)
-    baseline = state.baseline_ms
-    if signals.fastest_ms is not None:
-        if baseline is None or signals.fastest_ms <= baseline:
-            baseline = signals.fastest_ms
-        else:
-            # Decay towards what the endpoint answers now, so a lasting change of its
-            # unloaded latency is accepted instead of shrinking the limit forever.
-            baseline += config.baseline_drift * (signals.fastest_ms - baseline)
+    if config.algorithm == "gradient":
+        elapsed = _since(state.window_at, now)
+        drift = 1.0 - math.exp(-elapsed / max(config.baseline_seconds, 1e-9))
+    else:
+        drift = config.baseline_drift
+    baseline = _baseline(state.baseline_ms, signals, drift)
+    if signals.overloaded:
+        if state.window_at is not None and now < state.window_at:
+            # Shrunk less than a window ago: these answers are to requests sent at the old
+            # limit, so shrinking again would punish one overload several times.
+            return Limiter(limit, baseline, state.window_at, _kept(state.estimate, limit))
+        return _shrink(limit, baseline, now, config)
+    if config.algorithm == "gradient":
+        return _gradient(state, signals, limit, baseline, maximum=maximum, now=now, config=config)
+    return _aimd(state, signals, limit, baseline, maximum=maximum, now=now, config=config)
+
+
+def _since(then: dt.datetime | None, now: dt.datetime) -> float:
+    return 0.0 if then is None else max(0.0, (now - then).total_seconds())
+
+
+def _baseline(baseline: float | None, signals: Signals, drift: float) -> float | None:
+    """The unloaded latency: the lowest seen, climbing slowly towards the fastest answer now
+    (by `drift`, the share of the gap)."""
+    if signals.fastest_ms is None:
+        return baseline
+    if baseline is None or signals.fastest_ms <= baseline:
+        return signals.fastest_ms
+    # Decay towards what the endpoint answers now, so a lasting change of its unloaded
+    # latency is accepted instead of shrinking the limit forever.
+    return baseline + drift * (signals.fastest_ms - baseline)
+
+
+def _shrink(
+    limit: int, baseline: float | None, now: dt.datetime, config: AdaptiveConfig
+) -> Limiter:
+    """Multiplicative decrease, then a hold of one window (no second decrease, no growth)."""
+    shrunk = max(1, min(limit - 1, math.floor(limit * config.decrease_factor)))
+    return Limiter(shrunk, baseline, now + dt.timedelta(seconds=config.window_seconds))
+
+
+def _kept(estimate: float | None, limit: int) -> float | None:
+    return None if estimate is None else min(max(1.0, estimate), float(limit) + 0.999)
+
+
+def _aimd(
+    state: Limiter,
+    signals: Signals,
+    limit: int,
+    baseline: float | None,
+    *,
+    maximum: int,
+    now: dt.datetime,
+    config: AdaptiveConfig,
+) -> Limiter:
     rose = (
         baseline is not None
         and signals.slowest_ms is not None
         and signals.slowest_ms > baseline * config.latency_tolerance
     )
-    window = dt.timedelta(seconds=config.window_seconds)
-    if signals.overloaded or rose:
+    if rose:
         if state.window_at is not None and now < state.window_at:
-            # Shrunk less than a window ago: these answers are to requests sent at the old
-            # limit, so shrinking again would punish one overload several times.
             return Limiter(limit, baseline, state.window_at)
-        shrunk = min(limit - 1, math.floor(limit * config.decrease_factor))
-        # Hold for a window: no second decrease until then, no growth for one more.
-        return Limiter(max(1, shrunk), baseline, now + window)
-    if not signals.answered:
-        return Limiter(limit, baseline, state.window_at)
-    if state.window_at is None or now - state.window_at >= window:
+        return _shrink(limit, baseline, now, config)
+    window = dt.timedelta(seconds=config.window_seconds)
+    if signals.answered and (state.window_at is None or now - state.window_at >= window):
         return Limiter(min(maximum, limit + 1), baseline, now)
     return Limiter(limit, baseline, state.window_at)
+
+
+def _gradient(
+    state: Limiter,
+    signals: Signals,
+    limit: int,
+    baseline: float | None,
+    *,
+    maximum: int,
+    now: dt.datetime,
+    config: AdaptiveConfig,
+) -> Limiter:
+    """Move the estimate towards `limit * gradient + sqrt(limit)` by the time elapsed."""
+    estimate = _kept(state.estimate, limit)
+    if estimate is None:
+        estimate = float(limit)
+    if not signals.timed or baseline is None or signals.total_ms < 0:
+        return Limiter(limit, baseline, state.window_at, estimate)
+    if state.window_at is not None and now < state.window_at:
+        return Limiter(limit, baseline, state.window_at, estimate)  # holding after a decrease
+    mean_ms = signals.total_ms / signals.timed
+    ratio = 1.0 if mean_ms <= 0 else config.gradient_tolerance * baseline / mean_ms
+    gradient = max(config.gradient_floor, min(1.0, ratio))
+    target = estimate * gradient + math.sqrt(estimate)
+    # A new limiter's first update moves as if a whole window had passed.
+    elapsed = config.window_seconds if state.window_at is None else _since(state.window_at, now)
+    weight = 1.0 - math.exp(-elapsed / max(config.smoothing_seconds, 1e-9))
+    estimate += weight * (target - estimate)
+    if not math.isfinite(estimate):
+        estimate = float(limit)
+    estimate = min(float(maximum), max(1.0, estimate))
+    return Limiter(max(1, min(maximum, math.floor(estimate))), baseline, now, estimate)

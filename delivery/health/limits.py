@@ -10,9 +10,14 @@ from typing import Any
 from sqlalchemy import Connection
 
 from delivery import queries
+from delivery.health.rules import Health, in_flight_limit
 from outbox.audit import record_audit
 from outbox.endpoints import get_endpoint
 from outbox.errors import EndpointError
+
+# The largest in-flight limit or ceiling an endpoint may have: far above what one worker
+# fleet sends one partner, and far below what the column holds.
+MAX_IN_FLIGHT = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,19 +44,31 @@ def get_endpoint_limits(conn: Connection, uid: str, *, scope: str | None = None)
 
 
 def set_endpoint_limits(
-    conn: Connection, uid: str, limits: EndpointLimits, *, actor: str, scope: str | None = None
+    conn: Connection,
+    uid: str,
+    limits: EndpointLimits,
+    *,
+    actor: str,
+    scope: str | None = None,
+    reason: str | None = None,
+    request_id: str | None = None,
 ) -> EndpointLimits:
     """Set an endpoint's limits and ordering (replacing the previous ones), with an audit row."""
     if scope is not None:
         get_endpoint(conn, uid, scope=scope)  # another tenant's endpoint: not found
     if limits.max_in_flight is not None and limits.max_in_flight <= 0:
         raise EndpointError("max in flight must be a positive number, or unset for no limit")
+    if limits.max_in_flight is not None and limits.max_in_flight > MAX_IN_FLIGHT:
+        raise EndpointError(
+            f"max in flight {limits.max_in_flight} is more than {MAX_IN_FLIGHT:,}: give a "
+            "smaller number, or unset it for no limit"
+        )
     if limits.max_per_second is not None and limits.max_per_second <= 0:
         raise EndpointError("max per second must be a positive number, or unset for no limit")
     if limits.adaptive and limits.max_in_flight is None:
         raise EndpointError(
-            "adaptive concurrency needs a ceiling: give --max-in-flight N with "
-            "--concurrency adaptive"
+            "adaptive concurrency needs a ceiling: give a maximum in flight with it "
+            "(--max-in-flight N with --concurrency adaptive; max_in_flight in the API)"
         )
     if limits.dead_head not in ("block", "skip"):
         raise EndpointError("dead head behaviour must be 'block' or 'skip'")
@@ -67,8 +84,47 @@ def set_endpoint_limits(
         target_type="endpoint",
         target_id=uid,
         details=limits.as_json(),
+        reason=reason,
+        request_id=request_id,
     )
     return limits
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointConcurrency:
+    """How many deliveries of one endpoint may be in flight, and why (the admin API)."""
+
+    endpoint: str
+    mode: str  # "adaptive" or "fixed"
+    max_in_flight: int | None  # the fixed limit, or the adaptive limit's ceiling
+    limit: int | None  # what the claim gate applies now (None: no limit)
+    in_flight: int
+    latency_baseline_ms: float | None  # adaptive: the unloaded latency it compares with
+
+    def as_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def get_endpoint_concurrency(
+    conn: Connection, uid: str, *, scope: str | None = None
+) -> EndpointConcurrency:
+    """One endpoint's concurrency: its mode, ceiling, current limit and what is in flight."""
+    get_endpoint(conn, uid, scope=scope)  # unknown, or another tenant's: not found
+    row = conn.execute(queries.SELECT_ENDPOINT_CONCURRENCY, {"uid": uid}).one()
+    health = Health(
+        row.id,
+        max_in_flight=row.max_in_flight,
+        adaptive=row.adaptive,
+        adaptive_limit=row.adaptive_limit,
+    )
+    return EndpointConcurrency(
+        endpoint=uid,
+        mode="adaptive" if row.adaptive else "fixed",
+        max_in_flight=row.max_in_flight,
+        limit=in_flight_limit(health),
+        in_flight=row.in_flight,
+        latency_baseline_ms=row.latency_baseline_ms if row.adaptive else None,
+    )
 
 
 def endpoint_health_report(conn: Connection) -> list[dict[str, Any]]:

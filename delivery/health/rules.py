@@ -69,6 +69,7 @@ class Health:
     adaptive_limit: int | None = None  # the limiter's current in-flight limit
     latency_baseline_ms: float | None = None  # its decaying minimum latency
     adaptive_window_at: dt.datetime | None = None  # when its limit last moved
+    adaptive_estimate: float | None = None  # the gradient limiter's unrounded limit
 
     @classmethod
     def from_row(cls, row: Any) -> Health:
@@ -236,6 +237,8 @@ def _signal(signals: Signals, item: Observation) -> Signals:
         signals.answered + 1,
         _extreme(min, signals.fastest_ms, latency),
         _extreme(max, signals.slowest_ms, latency),
+        signals.total_ms + (latency or 0.0),
+        signals.timed + (latency is not None),
     )
 
 
@@ -252,7 +255,9 @@ def after_adaptive(
     if not health.adaptive or health.max_in_flight is None:
         return health
     current = health.adaptive_limit or initial_limit(health.max_in_flight)
-    state = Limiter(current, health.latency_baseline_ms, health.adaptive_window_at)
+    state = Limiter(
+        current, health.latency_baseline_ms, health.adaptive_window_at, health.adaptive_estimate
+    )
     after = next_limit(
         state, signals, maximum=health.max_in_flight, now=now, config=config.adaptive
     )
@@ -261,6 +266,7 @@ def after_adaptive(
         adaptive_limit=after.limit,
         latency_baseline_ms=after.baseline_ms,
         adaptive_window_at=after.window_at,
+        adaptive_estimate=after.estimate,
     )
 
 

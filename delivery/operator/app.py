@@ -15,6 +15,7 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.health import HealthConfig
+from delivery.health.adaptive import AdaptiveConfig
 from delivery.http import DEFAULT_TRANSPORT, build_http_client
 from delivery.reaper import Reaper, ReaperConfig
 from delivery.retention import Retention, RetentionConfig
@@ -171,6 +172,7 @@ def health_config(settings: Settings) -> HealthConfig:
         auto_disable_after_seconds=settings.auto_disable_after_days * 86400.0,
         # A probe whose worker died may be retried once its lease could have expired.
         probe_lease_seconds=settings.lease_seconds,
+        adaptive=AdaptiveConfig(algorithm=settings.adaptive_algorithm),
     )
 
 

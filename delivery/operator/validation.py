@@ -36,6 +36,7 @@ from pydantic import (
     ValidationError,
 )
 
+from delivery.health.limits import MAX_IN_FLIGHT
 from outbox import deliveries as delivery_ops
 from outbox.endpoint_auth import MAX_PEM_BYTES
 from outbox.endpoint_rules import MAX_ENDPOINT_TIMEOUT_SECONDS
@@ -193,6 +194,7 @@ Attempts = Annotated[int, BeforeValidator(_integer), Field(ge=1, le=100)]
 PayloadFilter = Annotated[str, BeforeValidator(_text), Field(max_length=MAX_FILTER_LENGTH)]
 DeliveryMode = Literal["push", "pull", "both"]
 BulkCount = Annotated[int, BeforeValidator(_integer), Field(ge=1, le=MAX_BULK)]
+MaxInFlight = Annotated[int, BeforeValidator(_integer), Field(ge=1, le=MAX_IN_FLIGHT)]
 
 
 class _Input(BaseModel):
@@ -436,6 +438,21 @@ class EndpointAuthUpdate(_Input):
     client_certificate: Pem | None = None  # the certificate chain, leaf first
     client_key: Pem | None = None  # its unencrypted private key
     oauth: OAuthClientInput | None = None
+    reason: Reason | None = None
+
+
+class ConcurrencyUpdate(_Input):
+    """An endpoint's concurrency (PATCH /v1/endpoints/{uid}/concurrency); fields not
+    given stay as they are."""
+
+    mode: Literal["fixed", "adaptive"] | None = Field(
+        None,
+        description="adaptive: the in-flight limit follows the endpoint's latency and "
+        "429/503 answers, between 1 and max_in_flight; fixed: max_in_flight is the limit.",
+    )
+    max_in_flight: MaxInFlight | None = Field(
+        None, description="The fixed limit, or the adaptive limit's ceiling; null: no limit."
+    )
     reason: Reason | None = None
 
 

@@ -36,7 +36,7 @@ from tests.helpers import LOOPBACK, add_endpoint, scalar
 from tests.operator_helpers import token
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-CONFIG = AdaptiveConfig()
+CONFIG = AdaptiveConfig(algorithm="aimd")  # the gradient: test_adaptive_gradient.py
 
 signals = st.builds(
     Signals,
@@ -257,6 +257,8 @@ def test_the_cli_opts_in_needs_a_ceiling_and_shows_the_limit(
     for hostile in ("adaptiv", "ADAPTIVE", ""):
         wrong = cli.invoke(main, ["endpoints", "limits", uid, "--concurrency", hostile])
         assert wrong.exit_code != 0
+    huge = cli.invoke(main, ["endpoints", "limits", uid, "--max-in-flight", str(10**12)])
+    assert huge.exit_code == 1 and "more than 100,000" in huge.output, huge.output
     opted = cli.invoke(
         main,
         [

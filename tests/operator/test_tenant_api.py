@@ -255,6 +255,23 @@ async def _set_failure_policy(w: World) -> None:
     assert bad.status_code == 400 and "team name" in bad.text
 
 
+async def _show_concurrency(w: World) -> None:
+    for theirs in (w.b_endpoint, w.warehouse):
+        not_found(await w.get(f"/v1/endpoints/{theirs}/concurrency"))
+    mine = (await w.get(f"/v1/endpoints/{w.a_endpoint}/concurrency")).json()
+    assert (mine["endpoint"], mine["mode"]) == (w.a_endpoint, "fixed")
+
+
+async def _set_concurrency(w: World) -> None:
+    body = {"mode": "adaptive", "max_in_flight": 8}
+    for theirs in (w.b_endpoint, w.warehouse):
+        not_found(await w.patch(f"/v1/endpoints/{theirs}/concurrency", body))
+    # Its own endpoint is reached (the change itself: tests/operator/test_concurrency_api.py);
+    # refused here because adaptive needs a ceiling, so the health rows stay as they were.
+    mine = await w.patch(f"/v1/endpoints/{w.a_endpoint}/concurrency", {"mode": "adaptive"})
+    assert mine.status_code == 400 and "ceiling" in mine.text
+
+
 async def _set_workflow(w: World) -> None:
     await _with_type(w)
     refused = await w.patch("/v1/event-types/order.created/workflow", {"owner": "ops"})
@@ -541,6 +558,8 @@ CASES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/endpoints"): _create_endpoint,
     ("PATCH", "/v1/endpoints/{uid}"): _update_endpoint,
     ("PATCH", "/v1/endpoints/{uid}/auth"): _set_endpoint_auth,
+    ("GET", "/v1/endpoints/{uid}/concurrency"): _show_concurrency,
+    ("PATCH", "/v1/endpoints/{uid}/concurrency"): _set_concurrency,
     ("DELETE", "/v1/endpoints/{uid}"): _delete_endpoint,
     ("POST", "/v1/endpoints/{uid}/enable"): _enable_endpoint,
     ("POST", "/v1/endpoints/{uid}/disable"): _disable_endpoint,

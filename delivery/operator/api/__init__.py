@@ -3,8 +3,9 @@
 - `core`: the small framework (Call, Operation, the dispatcher, errors, the OpenAPI
   document generated from the validation models);
 - one module of routes per resource, each with its `routes = [...]`: `deliveries`,
-  `endpoints`, `tenants` (and portal links), `tokens`, `stats` (and /metrics), `audit`,
-  `contract` (event types, rejected events, test events), `health`;
+  `endpoints`, `concurrency` (an endpoint's in-flight limit, fixed or adaptive),
+  `tenants` (and portal links), `tokens`, `stats` (and /metrics), `audit`, `contract`
+  (event types, rejected events, test events), `health`;
 - `server`: the app assembled from them and the console, and uvicorn around it.
 """
 

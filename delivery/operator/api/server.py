@@ -21,6 +21,7 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
 from delivery.operator.api.audit import routes as audit_routes
+from delivery.operator.api.concurrency import routes as concurrency_routes
 from delivery.operator.api.contract import routes as contract_routes
 from delivery.operator.api.core import Call, Dispatcher, Operation, build_openapi
 from delivery.operator.api.deliveries import routes as deliveries_routes
@@ -52,6 +53,7 @@ def all_routes() -> tuple[Operation, ...]:
         *stats_routes,
         *deliveries_routes,
         *endpoints_routes,
+        *concurrency_routes,
         *feed_routes,
         *tenants_routes,
         *audit_routes,
