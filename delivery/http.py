@@ -23,7 +23,7 @@ from delivery.errors import (
     DeliveryConfigurationError,
     InvalidEndpointURLError,
 )
-from delivery.oauth import TokenCache, TokenError
+from delivery.oauth import OAUTH_FAILURE_PREFIX, TokenCache, TokenError
 from delivery.policy import (
     RETRY_AFTER_MAX_SECONDS,
     RETRY_AFTER_STATUSES,
@@ -385,7 +385,9 @@ async def send_attempt(
                 "new one with `outbox endpoints set-auth`"
             ),
         )
-    if request.oauth is None:
+    if request.oauth is None or (request.proxy is not None and not _sends_through_wire(client)):
+        # No token to fetch, or an endpoint proxy this client cannot send through: then
+        # the token request must not go out directly either, and the POST fails clearly.
         return await _send_once(
             client,
             request,
@@ -401,7 +403,7 @@ async def send_attempt(
         began = time.perf_counter()
         try:
             token, fresh = await tokens.token(
-                client, request.oauth, within=request.timeout, stale=stale
+                client, request.oauth, within=request.timeout, stale=stale, proxy=request.proxy
             )
         except TokenError as exc:
             return AttemptResult(
@@ -409,7 +411,7 @@ async def send_attempt(
                 started_at=started_at,
                 duration_ms=int((time.perf_counter() - began) * 1000),
                 outcome=exc.outcome,
-                error=_one_line(f"no OAuth access token: {exc}"),
+                error=_one_line(f"{OAUTH_FAILURE_PREFIX}{exc}"),
             )
         authorized = dataclasses.replace(
             request, extra_headers={**request.extra_headers, "authorization": f"Bearer {token}"}

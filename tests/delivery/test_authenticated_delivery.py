@@ -568,6 +568,68 @@ async def test_worker_delivers_with_mtls_and_oauth_and_keeps_secrets_out_of_rows
     assert audit["details"]["client_certificate"]["subject"] == "CN=endpoint-a"
 
 
+async def test_a_refused_certificate_and_a_failing_token_endpoint_are_clear_errors_on_the_delivery(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    box: SecretBox,
+    serve: Callable[..., Any],
+    tmp_path: Path,
+    pki: tuple[Authority, Authority, Authority],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Through the worker: a certificate the receiver does not trust and a token endpoint
+    that refuses the client end the attempt, not the worker; each delivery waits for its
+    retry with an error that says what to fix (and the attempt row says it too)."""
+    server_ca, client_ca, rogue = pki
+    (tmp_path / "ca.pem").write_text(server_ca.pem)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    mtls = await serve(ok, mtls_server_context(tmp_path, server_ca, client_ca))
+    plain = await serve(ok)
+    tokens = await serve(TokenEndpoint(failure=(401, b'{"error": "invalid_client"}')))
+    untrusted = add_endpoint(engine, box, mtls.url("/hook", tls=True), "order.*").endpoint.uid
+    refused = add_endpoint(engine, box, plain.url("/hook", tls=False), "order.*").endpoint.uid
+    checked, summary = check_client_certificate(*rogue.issue("endpoint-r"), now=NOW)
+    client, shown = check_oauth_client(
+        tokens.url("/token", tls=False), "partner-app", CLIENT_SECRET, "webhooks"
+    )
+    clock = ManualClock(NOW)
+    with engine.begin() as conn:
+        set_endpoint_auth(
+            conn, box, untrusted, client_certificate=checked, certificate_summary=summary,
+            actor="t",
+        )  # fmt: skip
+        set_endpoint_auth(conn, box, refused, oauth=client, oauth_summary=shown, actor="t")
+        publish(conn, "order.created", {"id": 1})
+    async with build_http_client(max_connections=5, timeout=5, allowed_networks=LOOPBACK) as http:
+        await Relay(async_engine, clock).run_until_idle()
+        stats = await Worker(async_engine, http, box, clock).run_once()
+    assert stats.succeeded == 0 and stats.claimed == 2
+    found = {
+        r["uid"]: r
+        for r in rows(
+            engine,
+            "SELECT e.uid, d.state, d.last_error, a.error AS attempt_error FROM deliveries d "
+            "JOIN endpoints e ON e.id = d.endpoint_id "
+            "JOIN delivery_attempts a ON a.delivery_id = d.id",
+        )
+    }
+    assert {uid: r["state"] for uid, r in found.items()} == {
+        untrusted: "scheduled",
+        refused: "scheduled",
+    }
+    certificate_error = found[untrusted]["last_error"]
+    assert "client certificate" in certificate_error, certificate_error
+    assert "issued by the CA the receiver trusts" in certificate_error, certificate_error
+    token_error = found[refused]["last_error"]
+    assert token_error.startswith("no OAuth access token: the OAuth token endpoint http://")
+    assert "answered HTTP 401 (invalid_client)" in token_error
+    assert "check the endpoint's OAuth client id and secret" in token_error
+    for r in found.values():
+        assert r["attempt_error"] == r["last_error"]
+        assert CLIENT_SECRET not in r["last_error"]
+    assert mtls.seen == [] and plain.seen == []
+
+
 # -- the admin API and the CLI --------------------------------------------------------------
 
 
