@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from delivery.http import DeliveryClient, OutgoingRequest, build_http_client, send_attempt
 from delivery.oauth import TokenError, parse_token_response
 from delivery.policy import Outcome
+from delivery.receiver import Behaviour, Receiver
 from delivery.ssrf import AddressPolicy
 from delivery.wire import WireTransport
 from delivery.worker import Worker
@@ -232,10 +233,10 @@ def trusting(authority: Authority) -> Callable[[], ssl.SSLContext]:
     return lambda: ssl.create_default_context(cadata=authority.pem)
 
 
-def outgoing(url: str, **kw: Any) -> OutgoingRequest:
+def outgoing(url: str, timeout: float = 5.0, **kw: Any) -> OutgoingRequest:
     return OutgoingRequest(
         delivery_id=1, url=url, message_id="msg_1", body=b'{"a":1}', keys=[b"k" * 32],
-        timeout=5.0, **kw,
+        timeout=timeout, **kw,
     )  # fmt: skip
 
 
@@ -481,6 +482,29 @@ async def test_an_unreachable_token_endpoint_is_retryable(
     assert result.outcome is Outcome.RETRYABLE
     assert "unreachable" in (result.error or ""), result.error
     assert receiver.seen == []
+
+
+async def test_the_token_and_the_post_share_the_attempts_one_deadline(
+    receiver: Receiver, http: httpx.AsyncClient
+) -> None:
+    """An attempt's timeout covers its token fetch too: a slow token endpoint leaves the
+    POST only what is left (else an attempt could take several timeouts and outlive its
+    lease), and one that hangs is cut at the deadline with a clear, retryable error."""
+    token = json.dumps({"access_token": "tok-slow", "expires_in": 300}).encode()
+    slow_token = receiver.route("/slow-token", Behaviour(body=token, delay=0.3))
+    hanging = receiver.route("/hanging-token", Behaviour(body=token, delay=5))
+    slow_hook = receiver.route("/slow-hook", Behaviour(delay=0.3))
+    late = await send_attempt(
+        http, outgoing(slow_hook, oauth=oauth(slow_token), timeout=0.45), ManualClock(NOW)
+    )
+    assert late.outcome is Outcome.AMBIGUOUS, late.error  # sent, cut before its answer
+    assert "passed waiting for the response" in (late.error or ""), late.error
+    cut = await send_attempt(
+        http, outgoing(slow_hook, oauth=oauth(hanging), timeout=0.2), ManualClock(NOW)
+    )
+    assert cut.outcome is Outcome.RETRYABLE
+    assert "no OAuth access token:" in (cut.error or "") and "0.2s" in (cut.error or ""), cut.error
+    assert len(receiver.received("/slow-hook")) == 1  # the hanging token sent nothing
 
 
 async def test_the_ssrf_guard_applies_to_the_token_url(serve: Callable[..., Any]) -> None:
