@@ -107,7 +107,10 @@ def pages(module_site: Site, browser: Any) -> Iterator[Pages]:
     ).endpoint.uid
     refused = site.receiver.route(
         "/token-refused",
-        Behaviour(status=401, body=b'{"error": "invalid_client", "error_description": "who?"}'),
+        Behaviour(
+            status=401,
+            body=b'{"error": "invalid_client", "error_description": "<b>who</b>? `x`"}',
+        ),
     )
     issuing = site.receiver.route(
         "/token", Behaviour(status=200, body=json.dumps({"access_token": AUTH_TOKEN}).encode())
@@ -342,7 +345,9 @@ def test_endpoint_pages_show_authenticated_delivery_and_never_its_secrets(pages:
         assert page.inner_text("#auth-scope") == "webhooks"
         assert page.inner_text("#auth-token-used") == "not in the last day"
         error = page.inner_text("#auth-token-error")
-        assert "answered HTTP 401 (invalid_client: who?)" in error, error
+        # The token endpoint's words are text, never markup.
+        assert "answered HTTP 401 (invalid_client: <b>who</b>? x)" in error, error
+        assert page.locator("#auth-token-error b").count() == 0
         assert "check the endpoint's OAuth client id and secret" in error
     page, _ = visit("console", f"/console/endpoints/{ids['globex']}")
     assert page.inner_text("#auth-mtls") == "not configured"
