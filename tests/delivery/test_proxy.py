@@ -268,6 +268,34 @@ async def test_https_tunnels_to_the_checked_address_and_verifies_the_urls_host(
     assert len(receiver.requests) == 1
 
 
+async def test_a_client_certificate_is_presented_end_to_end_through_the_tunnel(
+    start_receiver: StartReceiver, tmp_path: Path, tinyproxy: StartProxy
+) -> None:
+    """Mutual TLS through an egress proxy: the TLS session, client certificate included,
+    runs inside the CONNECT tunnel to the receiver; without one the receiver refuses."""
+    from tests.delivery.pki import NOW, Authority, identity, mtls_server_context, trusting
+
+    server_ca, client_ca = Authority("server CA"), Authority("partner client CA")
+    receiver = await start_receiver(tls=mtls_server_context(tmp_path, server_ca, client_ca))
+    proxy = tinyproxy(connect_ports=(receiver.port,))
+    wire = WireTransport(
+        policy=AddressPolicy(LOOPBACK), tls_factory=trusting(server_ca), proxy=proxy.url()
+    )
+    url = f"https://127.0.0.1:{receiver.port}/hook"
+    async with DeliveryClient(transport=wire, proxy=wire.proxy) as client:
+        presented = await send_attempt(
+            client,
+            dataclasses.replace(outgoing(url), client_certificate=identity(client_ca, "ep-a")),
+            ManualClock(NOW),
+        )
+        without = await send_attempt(client, outgoing(url), ManualClock(NOW))
+    assert presented.outcome is Outcome.SUCCEEDED, presented.error
+    assert without.outcome is not Outcome.SUCCEEDED
+    assert "presents none" in (without.error or ""), without.error
+    assert len(receiver.requests) == 1
+    assert proxy.requests() == [f"CONNECT 127.0.0.1:{receiver.port} HTTP/1.1"] * 2
+
+
 async def test_a_blackholed_address_behind_the_proxy_costs_a_stagger(
     start_receiver: StartReceiver, tmp_path: Path, tinyproxy: StartProxy
 ) -> None:
