@@ -386,6 +386,7 @@ async def test_the_token_and_the_post_share_the_attempts_one_deadline(
     POST only what is left (else an attempt could take several timeouts and outlive its
     lease), and one that hangs is cut at the deadline with a clear, retryable error."""
     token = json.dumps({"access_token": "tok-slow", "expires_in": 300}).encode()
+    # The delays are the scenario: a slow token endpoint and partner, a hanging one.
     slow_token = receiver.route("/slow-token", Behaviour(body=token, delay=0.3))
     hanging = receiver.route("/hanging-token", Behaviour(body=token, delay=5))
     slow_hook = receiver.route("/slow-hook", Behaviour(delay=0.3))
