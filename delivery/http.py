@@ -23,7 +23,7 @@ from delivery.errors import (
     DeliveryConfigurationError,
     InvalidEndpointURLError,
 )
-from delivery.oauth import TokenCache, TokenError
+from delivery.oauth import OAUTH_FAILURE_PREFIX, TokenCache, TokenError
 from delivery.policy import (
     RETRY_AFTER_MAX_SECONDS,
     RETRY_AFTER_STATUSES,
@@ -385,7 +385,9 @@ async def send_attempt(
                 "new one with `outbox endpoints set-auth`"
             ),
         )
-    if request.oauth is None:
+    if request.oauth is None or (request.proxy is not None and not _sends_through_wire(client)):
+        # No token to fetch, or an endpoint proxy this client cannot send through: then
+        # the token request must not go out directly either, and the POST fails clearly.
         return await _send_once(
             client,
             request,
@@ -395,24 +397,47 @@ async def send_attempt(
             on_start=on_start,
         )
     tokens = token_cache(client, clock)
+    # One deadline for the whole attempt: the token (or the wait for another attempt's
+    # fetch of it), the POST, and on a 401 the new token and the POST again. Without it
+    # an attempt could take several times its timeout and outlive its lease.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + request.timeout
     stale: str | None = None
+    result: AttemptResult | None = None
     for _ in range(2):
         started_at = clock.now()
         began = time.perf_counter()
+        left = round(deadline - loop.time(), 3)  # to the ms: it shows in messages
+        if result is not None and left <= 0:
+            return result  # no time left to try a new token: the 401 stands
         try:
-            token, fresh = await tokens.token(
-                client, request.oauth, within=request.timeout, stale=stale
-            )
-        except TokenError as exc:
+            async with asyncio.timeout(left):
+                token, fresh = await tokens.token(
+                    client, request.oauth, within=left, stale=stale, proxy=request.proxy
+                )
+            left = round(deadline - loop.time(), 3)
+            if left <= 0:
+                raise TimeoutError
+        except (TokenError, TimeoutError) as exc:
+            if isinstance(exc, TokenError):
+                problem, outcome = f"{exc}", exc.outcome
+            else:
+                problem, outcome = (
+                    f"the OAuth token endpoint {request.oauth.token_url} did not answer "
+                    f"within the attempt's {request.timeout:g}s",
+                    Outcome.RETRYABLE,
+                )
             return AttemptResult(
                 delivery_id=request.delivery_id,
                 started_at=started_at,
                 duration_ms=int((time.perf_counter() - began) * 1000),
-                outcome=exc.outcome,
-                error=_one_line(f"no OAuth access token: {exc}"),
+                outcome=outcome,
+                error=_one_line(f"{OAUTH_FAILURE_PREFIX}{problem}"),
             )
         authorized = dataclasses.replace(
-            request, extra_headers={**request.extra_headers, "authorization": f"Bearer {token}"}
+            request,
+            timeout=left,
+            extra_headers={**request.extra_headers, "authorization": f"Bearer {token}"},
         )
         result = await _send_once(
             client,
@@ -425,6 +450,7 @@ async def send_attempt(
         if result.status_code != 401 or fresh:
             return result
         stale = token  # refused: the receiver may have revoked it before it expired
+    assert result is not None
     return result
 
 

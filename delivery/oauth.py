@@ -2,7 +2,9 @@
 
 The worker fetches an access token from the endpoint's token URL through the same
 guarded client as its deliveries (the SSRF guard applies, redirects are never followed,
-the answer is read up to a cap), keeps it in this process until shortly before its
+the answer is read up to a cap) and the same egress path (the endpoint's proxy, else
+OUTBOX_HTTP_PROXY: a network that lets out only its proxy lets the token request
+out too), keeps it in this process until shortly before its
 `expires_in`, and sends it as `Authorization: Bearer`. A failing token endpoint becomes
 a `TokenError` the attempt records (never a crash, never the secret).
 
@@ -26,6 +28,7 @@ import httpx
 
 from delivery.errors import AddressRefusedError, InvalidEndpointURLError
 from delivery.policy import Outcome
+from delivery.wire import PROXY_EXTENSION
 from outbox.clock import Clock
 from outbox.endpoint_auth import OAuthClient
 
@@ -38,6 +41,8 @@ DEFAULT_LIFETIME_SECONDS = 60.0
 MAX_LIFETIME_SECONDS = 86_400.0
 # The token request's own deadline, when the attempt's is longer.
 TOKEN_TIMEOUT_SECONDS = 10.0
+# How an attempt's error starts when it got no token (the console finds them by it).
+OAUTH_FAILURE_PREFIX = "no OAuth access token: "
 
 
 class TokenError(Exception):
@@ -71,9 +76,12 @@ class TokenCache:
         *,
         within: float,
         stale: str | None = None,
+        proxy: str | None = None,
     ) -> tuple[str, bool]:
         """(access token, whether it was fetched now). `stale`: a token the receiver
-        refused (401), replaced unless another attempt already did."""
+        refused (401), replaced unless another attempt already did. `proxy`: the
+        endpoint's own egress proxy, which the token request takes like the delivery
+        (without one, the client's default proxy, if any)."""
         key = oauth.cache_key
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
@@ -85,7 +93,7 @@ class TokenCache:
             ):
                 return cached.token, False
             self._tokens.pop(key, None)
-            token, lifetime = await self._fetch(client, oauth, within=within)
+            token, lifetime = await self._fetch(client, oauth, within=within, proxy=proxy)
             margin = min(EXPIRY_MARGIN_SECONDS, lifetime / 2)
             self._tokens[key] = _Cached(
                 token, self._clock.now() + dt.timedelta(seconds=lifetime - margin)
@@ -93,7 +101,7 @@ class TokenCache:
             return token, True
 
     async def _fetch(
-        self, client: httpx.AsyncClient, oauth: OAuthClient, *, within: float
+        self, client: httpx.AsyncClient, oauth: OAuthClient, *, within: float, proxy: str | None
     ) -> tuple[str, float]:
         self.fetches += 1
         within = min(within, TOKEN_TIMEOUT_SECONDS)
@@ -107,6 +115,7 @@ class TokenCache:
             data=form,
             headers={"accept": "application/json"},
             timeout=within,
+            extensions={} if proxy is None else {PROXY_EXTENSION: proxy},
         )
         # HTTP Basic with form-urlencoded id and secret (RFC 6749 section 2.3.1).
         pair = f"{quote_plus(oauth.client_id)}:{quote_plus(oauth.client_secret)}"

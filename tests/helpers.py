@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,3 +57,34 @@ async def until(
                 await asyncio.sleep(0.01)
     except TimeoutError:
         pytest.fail(f"waited {seconds:g} s for {what}")
+
+
+def self_signed_client_certificate(
+    common_name: str, *, valid_for: dt.timedelta = dt.timedelta(days=30)
+) -> tuple[str, str]:
+    """(certificate PEM, key PEM) of a self-signed client certificate valid from a day
+    ago, for tests that set an endpoint's mutual TLS without a receiver checking it."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=1))
+        .not_valid_after(now + valid_for)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    return cert.public_bytes(serialization.Encoding.PEM).decode(), key_pem

@@ -17,14 +17,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
 
 from delivery.operator.console.sessions import issue_portal_link
 from delivery.receiver import Behaviour
 from outbox import publish
 from outbox.deliveries import replay
+from outbox.endpoint_auth import check_client_certificate, check_oauth_client, set_endpoint_auth
 from outbox.tenants import create_tenant
 from tests.browser.site import Site
-from tests.helpers import add_endpoint, scalar
+from tests.helpers import add_endpoint, scalar, self_signed_client_certificate
+
+# Authenticated delivery's secrets: none of them may ever be in a page.
+AUTH_SECRET = "oauth-client-s3cret-never-shown"
+AUTH_TOKEN = "tok-issued-never-shown"
+AUTH_CERTIFICATE = self_signed_client_certificate("partner-client.acme.example")
 
 AXE_SOURCE = (Path(__file__).parent / "vendor" / "axe-core-4.14.1.min.js").read_text()
 WIDTHS = (390, 1280)
@@ -92,13 +99,39 @@ def pages(module_site: Site, browser: Any) -> Iterator[Pages]:
     )
     orders = add_endpoint(site.engine, site.box, ok, "order.*", tenant="acme").endpoint.uid
     add_endpoint(site.engine, site.box, bad, "invoice.*", tenant="acme")
-    add_endpoint(site.engine, site.box, ok, "*", tenant="globex")
+    globex = add_endpoint(site.engine, site.box, ok, "*", tenant="globex").endpoint.uid
+    # Authenticated delivery: acme's partner endpoint presents a client certificate and
+    # asks a token endpoint that refuses its client; globex's gets (and sends) a token.
+    partner = add_endpoint(
+        site.engine, site.box, "https://127.0.0.1:9/partner", "partner.*", tenant="acme"
+    ).endpoint.uid
+    refused = site.receiver.route(
+        "/token-refused",
+        Behaviour(
+            status=401,
+            body=b'{"error": "invalid_client", "error_description": "<b>who</b>? `x`"}',
+        ),
+    )
+    issuing = site.receiver.route(
+        "/token", Behaviour(status=200, body=json.dumps({"access_token": AUTH_TOKEN}).encode())
+    )
+    for uid, token_url in ((partner, refused), (globex, issuing)):
+        client, shown = check_oauth_client(token_url, f"{uid}-app", AUTH_SECRET, "webhooks")
+        with site.engine.begin() as conn:
+            set_endpoint_auth(conn, site.box, uid, oauth=client, oauth_summary=shown, actor="test")
+    checked, summary = check_client_certificate(*AUTH_CERTIFICATE, now=site.clock.now())
+    with site.engine.begin() as conn:
+        set_endpoint_auth(
+            conn, site.box, partner, client_certificate=checked, certificate_summary=summary,
+            actor="test",
+        )  # fmt: skip
     with site.engine.begin() as conn:
         for n in range(6):
             publish(conn, "order.created", {"order_id": n}, tenant="acme")
         for n in range(2):
             publish(conn, "invoice.paid", {"invoice": n, "lines": list(range(40))}, tenant="acme")
         publish(conn, "order.shipped", {"order_id": 99}, tenant="globex")
+        publish(conn, "partner.signed", {"contract": 7}, tenant="acme")
     site.deliver()
     dead = int(scalar(site.engine, "SELECT min(id) FROM deliveries WHERE state = 'dead'"))
     with site.engine.begin() as conn:
@@ -110,6 +143,8 @@ def pages(module_site: Site, browser: Any) -> Iterator[Pages]:
             scalar(site.engine, "SELECT min(id) FROM deliveries WHERE state = 'succeeded'")
         ),
         "endpoint": orders,
+        "partner": partner,
+        "globex": globex,
     }
     contexts = {kind: browser.new_context(viewport={"width": 1280, "height": 900}) for kind in
                 ("anonymous", "console", "portal")}  # fmt: skip
@@ -172,6 +207,7 @@ PAGES: list[tuple[str, str, Visit]] = [
     ("console-delivery-succeeded", "console", _go("/console/deliveries/{succeeded}")),
     ("console-endpoints", "console", _go("/console/endpoints")),
     ("console-endpoint", "console", _go("/console/endpoints/{endpoint}")),
+    ("console-endpoint-auth", "console", _go("/console/endpoints/{partner}")),
     ("console-tenants", "console", _go("/console/tenants")),
     ("console-tenants-link", "console", _issued_link),
     ("console-audit", "console", _go("/console/audit")),
@@ -179,6 +215,7 @@ PAGES: list[tuple[str, str, Visit]] = [
     ("console-error", "console", _go("/console/deliveries/999999999")),
     ("portal-endpoints", "portal", _go("/portal/endpoints")),
     ("portal-endpoint", "portal", _go("/portal/endpoints/{endpoint}")),
+    ("portal-endpoint-auth", "portal", _go("/portal/endpoints/{partner}")),
     ("portal-endpoint-secret", "portal", _revealed_secret),
     ("portal-deliveries", "portal", _go("/portal/deliveries")),
     ("portal-delivery", "portal", _go("/portal/deliveries/{dead}")),
@@ -280,6 +317,53 @@ def test_an_endpoint_without_attempts_shows_an_empty_chart(pages: Pages) -> None
     assert empty.count() == 4
     assert empty.first.inner_text() == "No attempts in the last hour."
     assert page.locator("[data-chart] canvas").count() == 0
+
+
+def test_endpoint_pages_show_authenticated_delivery_and_never_its_secrets(pages: Pages) -> None:
+    """The console and the tenant's portal show the certificate's subject and expiry, the
+    OAuth2 client and what its token did; the key, the client secret and the token are in
+    no page's HTML. Another tenant's endpoint is a 404 in the portal."""
+    site, ids = pages.site, pages.ids
+    key_lines = [line for line in AUTH_CERTIFICATE[1].splitlines() if "-----" not in line]
+    expiry = x509.load_pem_x509_certificate(AUTH_CERTIFICATE[0].encode()).not_valid_after_utc
+    html: dict[str, str] = {}
+
+    def visit(kind: str, path: str) -> Any:
+        page = _page(pages, kind)
+        page.set_viewport_size({"width": 1280, "height": 900})
+        answer = page.goto(site.base_url + path)
+        html[f"{kind} {path}"] = page.content()
+        return page, answer
+
+    for kind in ("console", "portal"):
+        page, _ = visit(kind, f"/{kind}/endpoints/{ids['partner']}")
+        assert page.inner_text("#auth-mtls") == "client certificate presented"
+        assert page.inner_text("#auth-cert-subject") == "CN=partner-client.acme.example"
+        assert page.inner_text("#auth-cert-expiry").startswith(f"{expiry:%Y-%m-%d %H:%M:%S}")
+        assert page.inner_text("#auth-token-url").endswith("/token-refused")
+        assert page.inner_text("#auth-client-id") == f"{ids['partner']}-app"
+        assert page.inner_text("#auth-scope") == "webhooks"
+        assert page.inner_text("#auth-token-used") == "not in the last day"
+        error = page.inner_text("#auth-token-error")
+        # The token endpoint's words are text, never markup.
+        assert "answered HTTP 401 (invalid_client: <b>who</b>? x)" in error, error
+        assert page.locator("#auth-token-error b").count() == 0
+        assert "check the endpoint's OAuth client id and secret" in error
+    page, _ = visit("console", f"/console/endpoints/{ids['globex']}")
+    assert page.inner_text("#auth-mtls") == "not configured"
+    assert page.inner_text("#auth-token-used") == site.clock.now().strftime("%Y-%m-%d %H:%M:%S")
+    assert page.inner_text("#auth-token-error") == "none in the last day"
+    page, _ = visit("console", f"/console/endpoints/{ids['endpoint']}")
+    assert page.inner_text("#auth-oauth") == "not configured"
+
+    # acme's portal: globex's endpoint does not exist, and nothing of its settings shows.
+    page, answer = visit("portal", f"/portal/endpoints/{ids['globex']}")
+    assert answer.status == 404
+    assert f"{ids['globex']}-app" not in html[f"portal /portal/endpoints/{ids['globex']}"]
+
+    for where, text in html.items():
+        for secret in (AUTH_SECRET, AUTH_TOKEN, "PRIVATE KEY", *key_lines):
+            assert secret not in text, f"{secret[:20]}... is in {where}"
 
 
 def test_the_portal_names_the_tenant_and_the_brand_never_internal_labels(pages: Pages) -> None:

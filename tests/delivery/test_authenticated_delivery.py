@@ -8,7 +8,6 @@ import asyncio
 import base64
 import contextlib
 import datetime as dt
-import ipaddress
 import json
 import ssl
 import tempfile
@@ -19,10 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
@@ -31,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from delivery.http import DeliveryClient, OutgoingRequest, build_http_client, send_attempt
 from delivery.oauth import TokenError, parse_token_response
 from delivery.policy import Outcome
+from delivery.receiver import Behaviour, Receiver
 from delivery.ssrf import AddressPolicy
 from delivery.wire import WireTransport
 from delivery.worker import Worker
@@ -38,7 +34,6 @@ from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.endpoint_auth import (
-    ClientCertificate,
     OAuthClient,
     check_client_certificate,
     check_oauth_client,
@@ -46,92 +41,10 @@ from outbox.endpoint_auth import (
 )
 from outbox.errors import EndpointError
 from outbox.relay import Relay
+from tests.delivery.pki import NOW, Authority, identity, mtls_server_context, trusting
 from tests.helpers import LOOPBACK, add_endpoint, rows
 
-NOW = dt.datetime.now(dt.UTC)
 CLIENT_SECRET = "oauth-client-s3cret"
-
-
-# -- a test PKI --------------------------------------------------------------------------
-
-
-@dataclass
-class Authority:
-    name: str
-    key: ec.EllipticCurvePrivateKey = field(
-        default_factory=lambda: ec.generate_private_key(ec.SECP256R1())
-    )
-    cert: x509.Certificate | None = None
-
-    def __post_init__(self) -> None:
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, self.name)])
-        self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(NOW - dt.timedelta(minutes=5))
-            .not_valid_after(NOW + dt.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(False, False, False, False, False, True, True, False, False),
-                critical=True,
-            )
-            .add_extension(
-                x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False
-            )
-            .sign(self.key, hashes.SHA256())
-        )
-
-    @property
-    def pem(self) -> str:
-        assert self.cert is not None
-        return self.cert.public_bytes(serialization.Encoding.PEM).decode()
-
-    def issue(
-        self, name: str, *, server: bool = False, expires: dt.datetime | None = None
-    ) -> tuple[str, str]:
-        """(certificate PEM, key PEM) for `name` (a client, or the server 127.0.0.1)."""
-        key = ec.generate_private_key(ec.SECP256R1())
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, self.name)]))
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(NOW - dt.timedelta(days=2))
-            .not_valid_after(expires or NOW + dt.timedelta(hours=6))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
-                critical=False,
-            )
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
-        )
-        if server:
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                critical=False,
-            )
-        cert = builder.sign(self.key, hashes.SHA256())
-        key_pem = key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ).decode()
-        return cert.public_bytes(serialization.Encoding.PEM).decode(), key_pem
-
-
-def identity(authority: Authority, name: str) -> ClientCertificate:
-    cert, key = authority.issue(name)
-    checked, _ = check_client_certificate(cert, key, now=NOW)
-    return checked
 
 
 # -- real servers on 127.0.0.1 --------------------------------------------------------------
@@ -215,27 +128,10 @@ def ok(_: Seen) -> tuple[int, bytes]:
     return 200, b"ok"
 
 
-def mtls_server_context(
-    tmp_path: Path, server_ca: Authority, client_ca: Authority
-) -> ssl.SSLContext:
-    """A server context for 127.0.0.1 that REQUIRES a client certificate from `client_ca`."""
-    cert, key = server_ca.issue("127.0.0.1", server=True)
-    (tmp_path / "server.pem").write_text(key + cert)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(tmp_path / "server.pem")
-    context.verify_mode = ssl.CERT_REQUIRED
-    context.load_verify_locations(cadata=client_ca.pem)
-    return context
-
-
-def trusting(authority: Authority) -> Callable[[], ssl.SSLContext]:
-    return lambda: ssl.create_default_context(cadata=authority.pem)
-
-
-def outgoing(url: str, **kw: Any) -> OutgoingRequest:
+def outgoing(url: str, timeout: float = 5.0, **kw: Any) -> OutgoingRequest:
     return OutgoingRequest(
         delivery_id=1, url=url, message_id="msg_1", body=b'{"a":1}', keys=[b"k" * 32],
-        timeout=5.0, **kw,
+        timeout=timeout, **kw,
     )  # fmt: skip
 
 
@@ -483,6 +379,30 @@ async def test_an_unreachable_token_endpoint_is_retryable(
     assert receiver.seen == []
 
 
+async def test_the_token_and_the_post_share_the_attempts_one_deadline(
+    receiver: Receiver, http: httpx.AsyncClient
+) -> None:
+    """An attempt's timeout covers its token fetch too: a slow token endpoint leaves the
+    POST only what is left (else an attempt could take several timeouts and outlive its
+    lease), and one that hangs is cut at the deadline with a clear, retryable error."""
+    token = json.dumps({"access_token": "tok-slow", "expires_in": 300}).encode()
+    # The delays are the scenario: a slow token endpoint and partner, a hanging one.
+    slow_token = receiver.route("/slow-token", Behaviour(body=token, delay=0.3))
+    hanging = receiver.route("/hanging-token", Behaviour(body=token, delay=5))
+    slow_hook = receiver.route("/slow-hook", Behaviour(delay=0.3))
+    late = await send_attempt(
+        http, outgoing(slow_hook, oauth=oauth(slow_token), timeout=0.45), ManualClock(NOW)
+    )
+    assert late.outcome is Outcome.AMBIGUOUS, late.error  # sent, cut before its answer
+    assert "passed waiting for the response" in (late.error or ""), late.error
+    cut = await send_attempt(
+        http, outgoing(slow_hook, oauth=oauth(hanging), timeout=0.2), ManualClock(NOW)
+    )
+    assert cut.outcome is Outcome.RETRYABLE
+    assert "no OAuth access token:" in (cut.error or "") and "0.2s" in (cut.error or ""), cut.error
+    assert len(receiver.received("/slow-hook")) == 1  # the hanging token sent nothing
+
+
 async def test_the_ssrf_guard_applies_to_the_token_url(serve: Callable[..., Any]) -> None:
     issuer = TokenEndpoint()
     tokens = await serve(issuer)
@@ -566,6 +486,68 @@ async def test_worker_delivers_with_mtls_and_oauth_and_keeps_secrets_out_of_rows
     [audit] = rows(engine, "SELECT details FROM audit_log WHERE action = 'endpoint.auth'")
     assert audit["details"]["oauth"]["client_id"] == "partner-app"
     assert audit["details"]["client_certificate"]["subject"] == "CN=endpoint-a"
+
+
+async def test_a_refused_certificate_and_a_failing_token_endpoint_are_clear_errors_on_the_delivery(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    box: SecretBox,
+    serve: Callable[..., Any],
+    tmp_path: Path,
+    pki: tuple[Authority, Authority, Authority],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Through the worker: a certificate the receiver does not trust and a token endpoint
+    that refuses the client end the attempt, not the worker; each delivery waits for its
+    retry with an error that says what to fix (and the attempt row says it too)."""
+    server_ca, client_ca, rogue = pki
+    (tmp_path / "ca.pem").write_text(server_ca.pem)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    mtls = await serve(ok, mtls_server_context(tmp_path, server_ca, client_ca))
+    plain = await serve(ok)
+    tokens = await serve(TokenEndpoint(failure=(401, b'{"error": "invalid_client"}')))
+    untrusted = add_endpoint(engine, box, mtls.url("/hook", tls=True), "order.*").endpoint.uid
+    refused = add_endpoint(engine, box, plain.url("/hook", tls=False), "order.*").endpoint.uid
+    checked, summary = check_client_certificate(*rogue.issue("endpoint-r"), now=NOW)
+    client, shown = check_oauth_client(
+        tokens.url("/token", tls=False), "partner-app", CLIENT_SECRET, "webhooks"
+    )
+    clock = ManualClock(NOW)
+    with engine.begin() as conn:
+        set_endpoint_auth(
+            conn, box, untrusted, client_certificate=checked, certificate_summary=summary,
+            actor="t",
+        )  # fmt: skip
+        set_endpoint_auth(conn, box, refused, oauth=client, oauth_summary=shown, actor="t")
+        publish(conn, "order.created", {"id": 1})
+    async with build_http_client(max_connections=5, timeout=5, allowed_networks=LOOPBACK) as http:
+        await Relay(async_engine, clock).run_until_idle()
+        stats = await Worker(async_engine, http, box, clock).run_once()
+    assert stats.succeeded == 0 and stats.claimed == 2
+    found = {
+        r["uid"]: r
+        for r in rows(
+            engine,
+            "SELECT e.uid, d.state, d.last_error, a.error AS attempt_error FROM deliveries d "
+            "JOIN endpoints e ON e.id = d.endpoint_id "
+            "JOIN delivery_attempts a ON a.delivery_id = d.id",
+        )
+    }
+    assert {uid: r["state"] for uid, r in found.items()} == {
+        untrusted: "scheduled",
+        refused: "scheduled",
+    }
+    certificate_error = found[untrusted]["last_error"]
+    assert "client certificate" in certificate_error, certificate_error
+    assert "issued by the CA the receiver trusts" in certificate_error, certificate_error
+    token_error = found[refused]["last_error"]
+    assert token_error.startswith("no OAuth access token: the OAuth token endpoint http://")
+    assert "answered HTTP 401 (invalid_client)" in token_error
+    assert "check the endpoint's OAuth client id and secret" in token_error
+    for r in found.values():
+        assert r["attempt_error"] == r["last_error"]
+        assert CLIENT_SECRET not in r["last_error"]
+    assert mtls.seen == [] and plain.seen == []
 
 
 # -- the admin API and the CLI --------------------------------------------------------------

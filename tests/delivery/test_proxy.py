@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -40,7 +41,7 @@ from delivery.http import (
 from delivery.operator.api import create_app
 from delivery.operator.cli import main
 from delivery.policy import Outcome
-from delivery.receiver import Receiver
+from delivery.receiver import Behaviour, Receiver
 from delivery.ssrf import AddressPolicy
 from delivery.wire import WireTransport
 from delivery.worker import Worker
@@ -267,6 +268,34 @@ async def test_https_tunnels_to_the_checked_address_and_verifies_the_urls_host(
     assert len(receiver.requests) == 1
 
 
+async def test_a_client_certificate_is_presented_end_to_end_through_the_tunnel(
+    start_receiver: StartReceiver, tmp_path: Path, tinyproxy: StartProxy
+) -> None:
+    """Mutual TLS through an egress proxy: the TLS session, client certificate included,
+    runs inside the CONNECT tunnel to the receiver; without one the receiver refuses."""
+    from tests.delivery.pki import NOW, Authority, identity, mtls_server_context, trusting
+
+    server_ca, client_ca = Authority("server CA"), Authority("partner client CA")
+    receiver = await start_receiver(tls=mtls_server_context(tmp_path, server_ca, client_ca))
+    proxy = tinyproxy(connect_ports=(receiver.port,))
+    wire = WireTransport(
+        policy=AddressPolicy(LOOPBACK), tls_factory=trusting(server_ca), proxy=proxy.url()
+    )
+    url = f"https://127.0.0.1:{receiver.port}/hook"
+    async with DeliveryClient(transport=wire, proxy=wire.proxy) as client:
+        presented = await send_attempt(
+            client,
+            dataclasses.replace(outgoing(url), client_certificate=identity(client_ca, "ep-a")),
+            ManualClock(NOW),
+        )
+        without = await send_attempt(client, outgoing(url), ManualClock(NOW))
+    assert presented.outcome is Outcome.SUCCEEDED, presented.error
+    assert without.outcome is not Outcome.SUCCEEDED
+    assert "presents none" in (without.error or ""), without.error
+    assert len(receiver.requests) == 1
+    assert proxy.requests() == [f"CONNECT 127.0.0.1:{receiver.port} HTTP/1.1"] * 2
+
+
 async def test_a_blackholed_address_behind_the_proxy_costs_a_stagger(
     start_receiver: StartReceiver, tmp_path: Path, tinyproxy: StartProxy
 ) -> None:
@@ -460,6 +489,72 @@ async def test_proxy_credentials_required_wrong_and_right(
         right = await attempt(http, f"http://127.0.0.1:{receiver.port}/hook", proxy.url())
     assert right.outcome is Outcome.SUCCEEDED, right.error
     assert len(receiver.requests) == 1
+
+
+async def test_the_oauth_token_request_takes_the_same_egress_path_as_the_delivery(
+    receiver: Receiver, tinyproxy: StartProxy
+) -> None:
+    """A network that lets out only its proxy: the token request goes through the default
+    proxy (OUTBOX_HTTP_PROXY) or the endpoint's own, like the POST; the SSRF guard still
+    refuses a private token URL before the proxy hears of it."""
+    from outbox.endpoint_auth import check_oauth_client
+
+    default, own = tinyproxy(), tinyproxy(user="partner", password=PASSWORD)
+    issuer = await Receiver().start()  # the token endpoint: another host than the receiver
+    try:
+        token = b'{"access_token": "tok-via-proxy", "expires_in": 300}'
+        token_url = issuer.route("/token", Behaviour(status=200, body=token))
+        oauth, _ = check_oauth_client(token_url, "partner-app", "client-s3cret", None)
+        request = dataclasses.replace(outgoing(receiver.route("/hook")), oauth=oauth)
+        sent = [
+            f"POST http://127.0.0.1:{issuer.port}/token HTTP/1.1",
+            f"POST http://127.0.0.1:{receiver.port}/hook HTTP/1.1",
+        ]
+        # (the client's default proxy, the endpoint's own, the one both requests take)
+        for default_url, proxy, via in (
+            (default.url(), None, default),
+            (default.url(), own.url(), own),
+            (None, own.url(), own),
+        ):
+            async with build_http_client(
+                max_connections=2, timeout=5, allowed_networks=LOOPBACK, proxy=default_url
+            ) as http:  # a new client: a new token cache, so the token is fetched again
+                result = await send_attempt(
+                    http, dataclasses.replace(request, proxy=proxy), ManualClock()
+                )
+            assert result.outcome is Outcome.SUCCEEDED, result.error
+            assert via.requests()[-2:] == sent
+        assert len(default.requests()) == 2 and len(own.requests()) == 4
+        assert [r.headers["authorization"] for r in receiver.received("/hook")] == [
+            "Bearer tok-via-proxy"
+        ] * 3
+
+        # The httpx transport cannot send through a proxy: no token request goes direct.
+        async with build_http_client(
+            max_connections=2, timeout=5, allowed_networks=LOOPBACK, transport="httpx"
+        ) as http:
+            direct = await send_attempt(
+                http, dataclasses.replace(request, proxy=own.url()), ManualClock()
+            )
+        assert direct.outcome is Outcome.RETRYABLE
+        assert "only the wire transport" in (direct.error or ""), direct.error
+        assert len(issuer.received("/token")) == 3
+
+        # Loopback not allowed: the private token URL is refused here, proxy or not.
+        for proxy in (None, own.url()):
+            async with build_http_client(max_connections=2, timeout=5, proxy=default.url()) as http:
+                refused = await send_attempt(
+                    http,
+                    dataclasses.replace(request, url="https://partner.example/hook", proxy=proxy),
+                    ManualClock(),
+                )
+            assert refused.outcome is Outcome.PERMANENT, refused.error
+            assert "token endpoint" in (refused.error or "")
+            assert "is refused" in (refused.error or ""), refused.error
+        assert (len(default.requests()), len(own.requests())) == (2, 4)  # nothing more came
+        assert len(issuer.received("/token")) == 3
+    finally:
+        await issuer.stop()
 
 
 async def test_a_refused_tunnel_and_an_unreachable_proxy_are_retryable(

@@ -170,3 +170,29 @@ ENDPOINT_ATTEMPT_SERIES = text(
     ORDER BY 1
     """
 )
+
+# What an endpoint's OAuth2 token did lately (its page): the last attempt that went out
+# with a bearer token, and the last one that got none (the token endpoint failed). The
+# tokens live in each worker's memory; the attempts are what the database knows. Bounded
+# by `since` like ENDPOINT_ATTEMPT_SERIES (the attempts' started_at index).
+SELECT_ENDPOINT_TOKEN_ACTIVITY = text(
+    """
+    SELECT used.started_at AS token_used_at, failed.started_at AS token_error_at,
+           failed.error AS token_error
+    FROM endpoints e
+    LEFT JOIN LATERAL (
+        SELECT a.started_at FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id
+        WHERE d.endpoint_id = e.id AND a.started_at >= :since
+          AND a.request_headers ->> 'authorization' IS NOT NULL
+        ORDER BY a.started_at DESC LIMIT 1
+    ) used ON true
+    LEFT JOIN LATERAL (
+        SELECT a.started_at, a.error
+        FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id
+        WHERE d.endpoint_id = e.id AND a.started_at >= :since
+          AND starts_with(a.error, :oauth_failure)
+        ORDER BY a.started_at DESC LIMIT 1
+    ) failed ON true
+    WHERE e.uid = :uid
+    """
+)

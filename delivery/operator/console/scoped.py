@@ -15,12 +15,14 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from delivery.oauth import OAUTH_FAILURE_PREFIX
 from delivery.operator.console import queries
 from outbox import audit as audit_log
 from outbox import deliveries as delivery_ops
 from outbox import endpoints as endpoint_ops
 from outbox import feeds
 from outbox.crypto import SecretBox
+from outbox.endpoint_auth import get_endpoint_auth
 from outbox.endpoints import CreatedEndpoint, Endpoint, get_endpoint, reveal_secret, set_enabled
 from outbox.endpoints import list_endpoints as list_all_endpoints
 from outbox.errors import NotFoundError
@@ -65,11 +67,60 @@ def list_endpoints(conn: Connection, tenant: str | None) -> list[Endpoint]:
     return list_all_endpoints(conn, scope=tenant)
 
 
-def endpoint_page(conn: Connection, uid: str, tenant: str | None) -> dict[str, Any]:
-    """An endpoint with its limits, retry policy and rules."""
+# How far back the endpoint page looks for what its OAuth2 token did (its charts' day).
+TOKEN_ACTIVITY_WINDOW = dt.timedelta(days=1)
+
+
+def endpoint_page(
+    conn: Connection, uid: str, tenant: str | None, *, now: dt.datetime
+) -> dict[str, Any]:
+    """An endpoint with its limits, retry policy, rules and authenticated delivery."""
     endpoint = require_endpoint(conn, uid, tenant)
     settings = conn.execute(queries.SELECT_ENDPOINT_SETTINGS, {"uid": uid}).mappings().one()
-    return {"endpoint": endpoint, "settings": dict(settings)}
+    return {
+        "endpoint": endpoint,
+        "settings": dict(settings),
+        "auth": endpoint_auth_view(conn, uid, tenant, now=now),
+    }
+
+
+def endpoint_auth_view(
+    conn: Connection, uid: str, tenant: str | None, *, now: dt.datetime
+) -> dict[str, Any]:
+    """What the page shows of mutual TLS and OAuth2: the stored summaries (never the key,
+    the client secret or a token) and what the token did lately, from the attempts."""
+    auth = get_endpoint_auth(conn, uid, scope=tenant)
+    certificate = None
+    if auth.client_certificate is not None:
+        expires = dt.datetime.fromisoformat(auth.client_certificate["not_after"])
+        certificate = {
+            **auth.client_certificate,
+            "not_after": expires,
+            "expired": expires <= now,
+            "days_left": (expires - now).days,
+        }
+    oauth = None
+    if auth.oauth is not None:
+        activity = (
+            conn.execute(
+                queries.SELECT_ENDPOINT_TOKEN_ACTIVITY,
+                {
+                    "uid": uid,
+                    "since": now - TOKEN_ACTIVITY_WINDOW,
+                    "oauth_failure": OAUTH_FAILURE_PREFIX,
+                },
+            )
+            .mappings()
+            .one()
+        )
+        error = activity["token_error"]
+        oauth = {
+            **auth.oauth,
+            "token_used_at": activity["token_used_at"],
+            "token_error_at": activity["token_error_at"],
+            "token_error": error.removeprefix(OAUTH_FAILURE_PREFIX) if error else None,
+        }
+    return {"client_certificate": certificate, "oauth": oauth}
 
 
 def event_types(conn: Connection, tenant: str) -> list[str]:

@@ -239,7 +239,7 @@ class Console(DeliveryPages):
         tenant = session.tenant_uid
 
         def read(conn: Connection) -> tuple[dict[str, Any], list[Any], list[str]]:
-            page = scoped.endpoint_page(conn, uid, tenant)
+            page = scoped.endpoint_page(conn, uid, tenant, now=self.context.clock.now())
             recent = scoped.search_deliveries(
                 conn,
                 delivery_ops.DeliveryFilter(endpoint=uid, limit=20),
@@ -258,6 +258,7 @@ class Console(DeliveryPages):
             session=session,
             endpoint=page["endpoint"],
             settings=page["settings"],
+            auth=page["auth"],
             health=health,
             recent=recent,
             event_types=types,
