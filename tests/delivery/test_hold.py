@@ -187,6 +187,25 @@ async def test_the_event_type_can_ask_for_hold_when_the_endpoint_does_not(
     assert [e["owner"] for e in held_events(engine)] == ["billing"]
 
 
+async def test_a_held_delivery_nobody_owns_says_so(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    http: httpx.AsyncClient,
+    hold_box: SecretBox,
+    clock: ManualClock,
+    receiver: Receiver,
+) -> None:
+    """Neither the endpoint nor the event type names an owner: the event says so (null),
+    rather than leaving the field out."""
+    uid = add_endpoint(engine, hold_box, receiver.route("/silent", SILENT), "invoice.*")
+    with engine.begin() as conn:
+        set_failure_policy(conn, uid.endpoint.uid, actor="t", on_ambiguous="hold")
+        publish(conn, "invoice.paid", {"id": "inv_7"})
+    await passes(async_engine, http, hold_box, clock)
+    [event] = held_events(engine)
+    assert "owner" in event and event["owner"] is None
+
+
 async def test_cli_confirm_records_success_with_who_and_why(
     engine: Engine,
     async_engine: AsyncEngine,
