@@ -377,6 +377,10 @@ def publish_cost(cluster: Cluster, plan: Plan) -> dict[str, Any]:
                 variant: round(sorted(times)[len(times) // 2] / count * 1e6, 1)
                 for variant, times in walls.items()
             },
+            "rounds_us_per_event": {  # the spread the median hides
+                variant: [round(t / count * 1e6, 1) for t in times]
+                for variant, times in walls.items()
+            },
             "hash_alone_us": round(_hash_alone_us(url, payload, 10 * count), 2),
         }
     # What was written: every unkeyed and new-keyed event; a key published again, nothing.
