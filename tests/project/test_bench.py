@@ -181,10 +181,10 @@ class _OneDatabase:
 def test_publish_cost_measures_each_variant_and_a_key_again_writes_nothing(
     database_url: str,
 ) -> None:
-    plan = dataclasses.replace(Plan.quick(), publish_events=20, publish_rounds=2)
+    plan = dataclasses.replace(Plan.quick(), publish_events=10, publish_rounds=2)
     measured = publish_cost(_OneDatabase(database_url), plan)  # type: ignore[arg-type]
     # warm-ups and rounds of unkeyed and new-keyed events; "same key again" adds no row
-    assert measured["rows"] == measured["rows_expected"] == 2 * (2 * 20 + 2 * 20 * 2)
+    assert measured["rows"] == measured["rows_expected"] == 2 * (2 * 10 + 2 * 10 * 2)
     for size, payload_bytes in (("small", 60), ("large", 14919)):
         row = measured[size]
         assert row["payload_bytes"] == payload_bytes
@@ -192,7 +192,7 @@ def test_publish_cost_measures_each_variant_and_a_key_again_writes_nothing(
         assert all(v > 0 for v in row["us_per_event"].values())
         assert row["hash_alone_us"] >= 0
     line = publish_report(measured)
-    assert line.startswith("publish() µs per event (20 events, 100 a transaction, median of 2")
+    assert line.startswith("publish() µs per event (10 events, 100 a transaction, median of 2")
     assert "14919 B payload: no key " in line
 
 
