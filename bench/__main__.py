@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from bench import filters, scale
+from bench.components import publish_report
 from bench.harness import Plan, run, sustained_median
 
 TARGETS = {
@@ -269,6 +270,8 @@ def report(results: dict[str, Any]) -> str:
             ]
         if "filters" in results:
             parts += [filters.report(results["filters"]), ""]
+        if "publish" in results:
+            parts += [publish_report(results["publish"]), ""]
         return "\n".join([*parts, *flat_report(results), target_table(results)])
     relay = results["relay"]
     claim = results["claim_complete"]
@@ -295,6 +298,7 @@ def report(results: dict[str, Any]) -> str:
         f"{claim['deliveries_per_s']}/s (batch {claim['batch_size']}, "
         f"{claim['concurrent_loops']} loops, {claim['commits_per_delivery']} commits/delivery); "
         f"2 processes: {results['claim_complete_2']['deliveries_per_s']}/s",
+        *([publish_report(results["publish"])] if "publish" in results else []),
         f"transport, requests/s from one process: httpx pool {transports['httpx_10']} "
         f"(10 concurrent) / {transports['httpx_100']} (100), our wire "
         f"{transports['wire_10']} / {transports['wire_100']}",
@@ -328,12 +332,15 @@ def report(results: dict[str, Any]) -> str:
 @click.option("--repeat", type=click.IntRange(min=1), default=None, help="Repeat each run N times.")
 @click.option(
     "--only",
-    type=click.Choice(["core", "drain", "flat", "scale", "filters", "migration", "adaptive"]),
+    type=click.Choice(
+        ["core", "drain", "flat", "scale", "filters", "publish", "migration", "adaptive"]
+    ),
     multiple=True,
     help="Run only these sections (repeatable): core = end to end, relay, claim, scale, RSS; "
     "drain = backlog "
     "drains, flat = grown tables against empty ones, scale = issue 10's figures alone, "
     "filters = relay rate with 1,000 filtered endpoints against 1,000 unfiltered ones, "
+    "publish = publish() per event with and without an idempotency key (core runs it too), "
     "migration = stalls while this release migrates the previous one's schema under load "
     "(only with --only), adaptive = adaptive concurrency against fixed in-flight limits "
     "on a partner that slows down and answers 429 (only with --only).",

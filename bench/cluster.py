@@ -47,6 +47,9 @@ class Plan:
     relay_events: int = 100_000
     claim_deliveries: int = 50_000
     claim_loops: int = 4
+    # publish() per event (bench/components.py publish_cost): events per variant and round
+    publish_events: int = 2000
+    publish_rounds: int = 3
     transport_seconds: float = 3.0
     rss_in_flight: int = 1000
     slow_delay: float = 4.0
@@ -84,6 +87,8 @@ class Plan:
             relay_events=2_000,
             claim_deliveries=2_000,
             claim_loops=2,
+            publish_events=100,
+            publish_rounds=1,
             transport_seconds=0.5,
             rss_in_flight=40,
             slow_delay=2.0,

@@ -1,4 +1,5 @@
-"""One part at a time: the relay alone, claim and complete without HTTP, transports, RSS."""
+"""One part at a time: the relay alone, claim and complete without HTTP, transports, RSS,
+publish() per event with and without an idempotency key."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 from sqlalchemy import create_engine, text
 
 from bench.cluster import (
@@ -28,7 +30,7 @@ from delivery.policy import Outcome
 from delivery.worker import ClaimedDelivery, Worker, WorkerConfig
 from outbox.clock import SystemClock
 from outbox.crypto import SecretBox, generate_key
-from outbox.db import make_async_engine, sqlalchemy_url
+from outbox.db import libpq_url, make_async_engine, sqlalchemy_url
 from outbox.endpoints import create_endpoint
 from outbox.relay import Relay, RelayConfig
 
@@ -289,3 +291,119 @@ async def rss_in_flight(
         workers.stop()
         engine.dispose()
     return {"in_flight": most, "max_in_flight": plan.rss_in_flight, "worker_peak_rss_mb": peak}
+
+
+# -- publish() per event, with and without an idempotency key ------------------------------
+
+# A keyed event is stored with the sha256 of its canonical payload (PostgreSQL's jsonb text)
+# so that a reused key can be compared with its first input (issue 24); an unkeyed one is
+# not hashed. The rows below show what the key costs: "new key" (hash, the unique index),
+# "same key again" (the retry of an operation: nothing written, the stored hash compared).
+PUBLISH_VARIANTS = ("no key", "new key", "same key again")
+PUBLISH_TRANSACTION = 100  # events per application transaction
+BIG_PAYLOAD = {"order_id": 123456, "lines": [{"sku": f"sku_{n:05d}", "qty": n} for n in range(500)]}
+
+
+def _publish_events(url: str, payload: dict[str, Any], keys: list[str | None]) -> float:
+    """Wall seconds to publish one event per key, PUBLISH_TRANSACTION per transaction."""
+    from outbox.publish import publish
+
+    with psycopg.connect(libpq_url(url)) as conn:
+        began = time.perf_counter()
+        for start in range(0, len(keys), PUBLISH_TRANSACTION):
+            with conn.transaction():
+                for key in keys[start : start + PUBLISH_TRANSACTION]:
+                    publish(conn, EVENT_TYPE, payload, idempotency_key=key)
+        return time.perf_counter() - began
+
+
+def _hash_alone_us(url: str, payload: dict[str, Any], count: int) -> float:
+    """The server's canonical text + sha256 of one payload, in µs: the same expression as
+    publish's (outbox/sql/events.py), less the same rows without it. Each row's payload
+    differs (one more key) so that nothing is computed once and reused."""
+    rows = "(CAST(:p AS jsonb) || jsonb_build_object('g', g))"
+    timed = {
+        "hashed": f"SELECT count(sha256(convert_to(CAST({rows} AS text), 'UTF8')))",
+        "plain": f"SELECT count({rows})",
+    }
+    best: dict[str, float] = {}
+    engine = create_engine(sqlalchemy_url(url))
+    with engine.connect() as conn:
+        for _ in range(3):
+            for name, select in timed.items():
+                began = time.perf_counter()
+                conn.execute(
+                    text(select + " FROM generate_series(1, :n) g"),  # noqa: S608 - constants
+                    {"p": json.dumps(payload), "n": count},
+                )
+                elapsed = time.perf_counter() - began
+                best[name] = min(best.get(name, elapsed), elapsed)
+    engine.dispose()
+    return max(best["hashed"] - best["plain"], 0.0) / count * 1e6
+
+
+def publish_cost(cluster: Cluster, plan: Plan) -> dict[str, Any]:
+    """publish() per event on a psycopg connection (the application's fastest path), for a
+    small and a 15 KB payload, each variant in `plan.publish_rounds` alternating rounds; the
+    median round of each. CPU is this process's (the application's side); the server's
+    hashing shows in the wall time and, alone, in `hash_alone_us`."""
+    url = cluster.database_url(cluster.new_database("publish"))
+    count = plan.publish_events
+    warm_count = min(count, PUBLISH_TRANSACTION)
+    results: dict[str, Any] = {
+        "events": count,
+        "rounds": plan.publish_rounds,
+        "per_transaction": PUBLISH_TRANSACTION,
+    }
+    for label, payload in (("small", PAYLOAD), ("large", BIG_PAYLOAD)):
+        size = len(json.dumps(payload, separators=(",", ":")).encode())
+        warm: list[str | None] = [f"{label}-warm-{n}" for n in range(warm_count)]
+        unkeyed: list[str | None] = [None] * warm_count
+        for keys in (unkeyed, warm, warm):  # caches, plans, TOAST
+            _publish_events(url, payload, keys)
+        walls: dict[str, list[float]] = {variant: [] for variant in PUBLISH_VARIANTS}
+        for round_ in range(plan.publish_rounds):
+            keyed: list[str | None] = [f"{label}-{round_}-{n}" for n in range(count)]
+            unkeyed_first = round_ % 2 == 0  # so neither side always runs on a fresher table
+            if unkeyed_first:
+                walls["no key"].append(_publish_events(url, payload, [None] * count))
+            walls["new key"].append(_publish_events(url, payload, keyed))
+            walls["same key again"].append(_publish_events(url, payload, keyed))
+            if not unkeyed_first:
+                walls["no key"].append(_publish_events(url, payload, [None] * count))
+        results[label] = {
+            "payload_bytes": size,
+            "us_per_event": {
+                variant: round(sorted(times)[len(times) // 2] / count * 1e6, 1)
+                for variant, times in walls.items()
+            },
+            "rounds_us_per_event": {  # the spread the median hides
+                variant: [round(t / count * 1e6, 1) for t in times]
+                for variant, times in walls.items()
+            },
+            "hash_alone_us": round(_hash_alone_us(url, payload, 10 * count), 2),
+        }
+    # What was written: every unkeyed and new-keyed event; a key published again, nothing.
+    engine = create_engine(sqlalchemy_url(url))
+    with engine.connect() as conn:
+        results["rows"] = conn.execute(text("SELECT count(*) FROM outbox_events")).scalar_one()
+    engine.dispose()
+    results["rows_expected"] = 2 * (2 * warm_count + 2 * count * plan.publish_rounds)
+    return results
+
+
+def publish_report(publish: dict[str, Any]) -> str:
+    """One line: µs per published event by payload and key, and the hash alone."""
+    parts = []
+    for label in ("small", "large"):
+        row = publish[label]
+        per = row["us_per_event"]
+        parts.append(
+            f"{row['payload_bytes']} B payload: no key {per['no key']:g}, new key "
+            f"{per['new key']:g}, same key again {per['same key again']:g} "
+            f"(hash alone {row['hash_alone_us']:g})"
+        )
+    return (
+        f"publish() µs per event ({publish['events']} events, {publish['per_transaction']} a "
+        f"transaction, median of {publish['rounds']} rounds): " + "; ".join(parts)
+    )

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import statistics
 import tempfile
 import time
@@ -31,7 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.cluster import Cluster, Plan, ReceiverProcess, machine
-from bench.components import claim_and_complete, relay_alone, rss_in_flight, transports
+from bench.components import (
+    claim_and_complete,
+    publish_cost,
+    relay_alone,
+    rss_in_flight,
+    transports,
+)
 from bench.end_to_end import end_to_end
 from outbox.relay import RelayConfig
 
@@ -65,12 +72,17 @@ def _environment(plan: Plan) -> Iterator[tuple[Cluster, ReceiverProcess, Path]]:
 def run(plan: Plan, progress: Callable[[str], None]) -> dict[str, Any]:
     """Run every measurement of the plan; returns the results as plain JSON data."""
     began = time.perf_counter()
+    load_before = os.getloadavg()  # how busy the box was: rates depend on it
     with _environment(plan) as (cluster, receiver, logs):
         results: dict[str, Any] = asyncio.run(_run(plan, cluster, receiver, logs, progress))
         results["postgres"] = cluster.settings()
     results["machine"] = machine()
     results["plan"] = dataclasses.asdict(plan)
     results["total_seconds"] = round(time.perf_counter() - began, 1)
+    results["load_average"] = {
+        "before": [round(x, 2) for x in load_before],
+        "after": [round(x, 2) for x in os.getloadavg()],
+    }
     return results
 
 
@@ -106,6 +118,9 @@ async def _run(
             )
             url = cluster.database_url(cluster.new_database("filters"))
             results["filters"] = await filters.filter_rates(url, filter_plan)
+        if "publish" in plan.sections and "core" not in plan.sections:  # (core runs it too)
+            progress("publish() per event, with and without an idempotency key")
+            results["publish"] = publish_cost(cluster, plan)
         if "core" not in plan.sections:
             if "scale" in plan.sections:  # (core runs it too)
                 from bench import scale
@@ -127,6 +142,8 @@ async def _run(
         results["claim_complete_2"] = await claim_and_complete(
             cluster, plan, batch_size=500, processes=2
         )
+        progress("publish() per event, with and without an idempotency key")
+        results["publish"] = publish_cost(cluster, plan)
         from bench import scale
 
         scale_plan = scale.ScalePlan.quick() if plan.scale_quick else scale.ScalePlan()

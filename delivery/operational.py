@@ -7,14 +7,15 @@
 - `endpoint.recovered`: the breaker closed again after a probe. endpoint_id, recovered_at.
 - `delivery.dead`: a delivery used up its attempts or failed for good. endpoint_id,
   delivery_id, message_id, event_type, attempts, reason, last_status_code. When many die
-  at one endpoint in one minute: one summary with endpoint_id, summary: true, count,
-  window_start, window_end.
+  at one endpoint in one minute: the rest in one summary per owner with endpoint_id,
+  summary: true, count, owner, window_start, window_end.
 - `delivery.held`: an ambiguous attempt was held for review (on_ambiguous = hold).
   endpoint_id, delivery_id, message_id, event_type, attempts, reason, owner. One per
   delivery and hold (holds are rare and each needs a person, so no storm bound).
 - `tenant.disabled`: a tenant was disabled. tenant_id, reason, disabled_at.
 
-`owner` (in `delivery.held`): the endpoint's owner, else the event type's, else null.
+`owner` (in `delivery.dead`, its summaries and `delivery.held`): the endpoint's owner,
+else the event type's, else null (nobody owns it: always present, so "no owner" is said).
 An endpoint with an `operational_owner` receives only the operational events whose
 owner is that one (outbox/sql/relay.py routes them).
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
+from outbox.catalogue import OPERATIONAL_EVENT_TYPES_SQL
 from outbox.sql.relay import HEALTH_GATED, claimed_columns
 
 # Claim due deliveries of enabled endpoints and lease them; the claim commits before
@@ -651,7 +652,7 @@ REPORT_DEAD_DELIVERIES = text("SELECT outbox_deliveries_dead(CAST(:ids AS bigint
 # per delivery and hold (the key has the claim number: held again after a send-again is
 # a new event), naming the owner; a held operational event reports nothing (no loops).
 REPORT_HELD_DELIVERIES = text(
-    """
+    f"""
     SELECT outbox_publish_operational(
         e.tenant_id, 'delivery.held',
         jsonb_build_object('endpoint_id', e.uid, 'delivery_id', x.id,
@@ -665,9 +666,7 @@ REPORT_HELD_DELIVERIES = text(
     JOIN outbox_events o ON o.id = x.event_id
     LEFT JOIN event_types t ON t.name = o.event_type
     WHERE x.id = ANY(CAST(:ids AS bigint[])) AND x.state = 'held'
-      AND o.event_type NOT IN ('endpoint.disabled', 'endpoint.breaker_opened',
-                               'endpoint.recovered', 'delivery.dead', 'delivery.held',
-                               'tenant.disabled')
+      AND o.event_type NOT IN {OPERATIONAL_EVENT_TYPES_SQL}
     ORDER BY x.id
     """
 )

@@ -56,7 +56,8 @@ BUDGET_VARIABLE = "OUTBOX_VALIDATION_BUDGET_MS"
 MAX_VALIDATION_BUDGET_MS = 10_000.0
 DEFAULT_LIMITS = SchemaLimits()
 
-# The service publishes these itself (outbox.operational); applications may not.
+# The service publishes these itself (delivery/operational.py); applications may not
+# (publish(), outbox_publish() and the catalogue refuse them).
 OPERATIONAL_EVENT_TYPES = (
     "endpoint.disabled",
     "endpoint.breaker_opened",
@@ -65,6 +66,10 @@ OPERATIONAL_EVENT_TYPES = (
     "delivery.held",
     "tenant.disabled",
 )
+# The same, as a SQL list for the queries that route or report them (outbox/sql/relay.py,
+# delivery/queries.py); the database's own copy is outbox_operational_event_types()
+# (migration 0040), compared with this one by tests/outbox/test_operational_types.py.
+OPERATIONAL_EVENT_TYPES_SQL = "(" + ", ".join(f"'{name}'" for name in OPERATIONAL_EVENT_TYPES) + ")"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*$")
 _MAX_NAME = 200

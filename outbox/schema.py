@@ -590,6 +590,9 @@ operational_event_marks = Table(
     Column("window_start", DateTime(timezone=True), nullable=False),
     Column("emitted", Integer, nullable=False, server_default=text("0")),
     Column("suppressed", Integer, nullable=False, server_default=text("0")),
+    # The held-back deaths of the window per owner ('' for none; migration 0041): one
+    # delivery.dead summary per owner, naming it.
+    Column("suppressed_owners", JSONB, nullable=True),
     Index(
         "ix_operational_event_marks_suppressed",
         "window_start",

@@ -384,9 +384,7 @@ def evaluate_alerts(stats: Stats, limits: AlertThresholds) -> list[Alert]:
     else:
         dead_message = f"no delivery went dead in the last {window}"
     if stats.dead_by_owner:  # whose they are: every dead delivery now, by its owner
-        dead_message += "; dead now by owner: " + ", ".join(
-            f"{owner}: {n}" for owner, n in stats.dead_by_owner.items()
-        )
+        dead_message += "; dead now by owner: " + _owner_counts(stats.dead_by_owner)
     if top is None:
         error_message = "no failed attempts in the window"
     else:
@@ -451,9 +449,9 @@ def evaluate_alerts(stats: Stats, limits: AlertThresholds) -> list[Alert]:
             held >= 1,
             held,
             1,
-            f"{plural(held, 'delivery', 'deliveries')} held for review ("
-            + ", ".join(f"{owner}: {n}" for owner, n in stats.held_by_owner.items())
-            + "); `outbox deliveries list --state held` shows them"
+            f"{plural(held, 'delivery', 'deliveries')} held for review, by owner: "
+            + _owner_counts(stats.held_by_owner)
+            + "; `outbox deliveries list --state held` shows them"
             if held
             else "no delivery is held for review",
         ),
@@ -461,11 +459,18 @@ def evaluate_alerts(stats: Stats, limits: AlertThresholds) -> list[Alert]:
     ]
 
 
+def _owner_counts(counts: dict[str, int]) -> str:
+    """`payments: 2, no owner: 1` for a person reading an alert (the labels UNOWNED and
+    OTHER_OWNERS are for metrics and JSON, where a key must be a string)."""
+    shown = {UNOWNED: "no owner", OTHER_OWNERS: "other owners"}
+    return ", ".join(f"{shown.get(owner, owner)}: {n}" for owner, n in counts.items())
+
+
 def _workflow_alerts(workflows: list[WorkflowHealth]) -> list[Alert]:
     """One signal per threshold an event type sets (`outbox event-types set`)."""
     alerts = []
     for item in workflows:
-        t, owner = item.thresholds, f" (owner {item.owner})" if item.owner else ""
+        t, owner = item.thresholds, f" (owner {item.owner})" if item.owner else " (no owner)"
         if t.alert_oldest_seconds is not None:
             oldest = item.oldest_due_age_seconds or 0.0
             alerts.append(

@@ -6,7 +6,7 @@ is its whole part, and `adaptive_estimate` keeps the rest so small steps add up.
 nullable column without a default: adding it rewrites nothing.
 
 Revision ID: 0046
-Revises: 0039
+Revises: 0041
 Create Date: 2026-12-01
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0046"
-down_revision = "0039"
+down_revision = "0041"
 branch_labels = None
 depends_on = None
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
+from outbox.catalogue import OPERATIONAL_EVENT_TYPES_SQL
+
 # The NOTIFY channels: new events (the relay listens), due deliveries (the workers).
 EVENTS_CHANNEL = "outbox_events"
 DELIVERIES_CHANNEL = "outbox_deliveries"
@@ -21,8 +23,7 @@ DELIVERIES_CHANNEL = "outbox_deliveries"
 #
 # '*' means every application event: the service's own operational events
 # (delivery/operational.py) reach only endpoints that name them, exactly or by prefix.
-_OPERATIONAL = """('endpoint.disabled', 'endpoint.breaker_opened', 'endpoint.recovered',
-                   'delivery.dead', 'delivery.held', 'tenant.disabled')"""
+_OPERATIONAL = OPERATIONAL_EVENT_TYPES_SQL
 _CANDIDATE_PATTERNS = f"""
     SELECT '*' AS pattern
     WHERE b.event_type NOT IN {_OPERATIONAL}

@@ -10,6 +10,9 @@ from sqlalchemy import Engine
 
 from delivery.receiver import Behaviour
 from outbox import publish
+from outbox.catalogue import add_event_type
+from outbox.relay import Relay
+from outbox.workflows import set_workflow
 from tests.browser.site import Site, sign_in
 from tests.helpers import add_endpoint, rows, scalar
 
@@ -152,3 +155,25 @@ def test_unscoped_pages_need_a_session(site: Site, engine: Engine) -> None:
             answer = http.get(path)
             assert answer.status_code == 303, path
             assert answer.headers["location"] == "/console/login"
+
+
+def test_the_overview_shows_which_workflow_is_late_and_whose_it_is(site: Site, page: Any) -> None:
+    """Two event types with their own oldest-due thresholds (5 and 10 minutes) wait six
+    minutes: the overview marks the first late and names its owner, the second is ok."""
+    add_endpoint(site.engine, site.box, site.receiver.route("/hook"), "*")
+    with site.engine.begin() as conn:
+        workflows = (("invoice.paid", "billing", 300), ("order.created", None, 600))
+        for name, owner, seconds in workflows:
+            add_event_type(conn, name, schema={}, actor="t")
+            set_workflow(conn, name, actor="t", owner=owner, alert_oldest_seconds=seconds)
+            publish(conn, name, {"n": 1})
+    site.loop.run(Relay(site.async_engine, site.clock).run_until_idle())  # due; no worker
+    site.clock.advance(360)
+    sign_in(page, site, site.token("viewer", "val"))
+    late = page.inner_text("#workflows tr[data-event-type='invoice.paid']")
+    assert "billing" in late and "LATE: oldest" in late, late
+    fine = page.inner_text("#workflows tr[data-event-type='order.created']")
+    assert "LATE" not in fine and "ok" in fine, fine
+    assert "invoice.paid (owner billing): the oldest due delivery has waited 360s" in (
+        page.inner_text("#overview-panel")
+    )

@@ -122,6 +122,8 @@ def test_another_tenants_held_delivery_is_not_found(site: Site, page: Any) -> No
     sign_in(page, site, site.token("operator", "amy", tenant="seller-a"))
     assert page.goto(f"{site.base_url}/console/deliveries/{theirs}").status == 404
     page.goto(f"{site.base_url}/console/")
+    # the overview's owners are seller-a's only: seller-b's held one (payments') is not there
+    assert page.locator("#owners tr[data-owner=payments]").count() == 0
     csrf = page.get_attribute("meta[name=csrf-token]", "content")
     for action in ("held/confirm", "held/retry", "discard"):
         answer = page.request.post(

@@ -26,7 +26,7 @@ from delivery.operator.cli import main
 from delivery.reaper import Reaper
 from delivery.receiver import Behaviour, Receiver
 from delivery.worker import Worker, WorkerConfig
-from outbox import publish
+from outbox import publish, status
 from outbox.catalogue import add_event_type
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox, generate_key
@@ -145,7 +145,9 @@ async def test_a_silent_receiver_keeps_the_delivery_held_until_someone_acts(
     again = delivery(engine)
     assert (again["state"], again["tried"]) == ("held", 1)
     assert len(receiver.received("/silent")) == 1
-    # The owner is told, once, by an operational event naming it.
+    # The application sees it needs a person; the owner is told, once, by an event naming it.
+    with engine.connect() as conn:
+        assert status(conn, held["message_id"]).state == "needs_attention"  # type: ignore[union-attr]
     [event] = held_events(engine)
     assert event["delivery_id"] == held["id"] and event["owner"] == "payments"
     assert event["message_id"] == held["message_id"]
@@ -187,6 +189,25 @@ async def test_the_event_type_can_ask_for_hold_when_the_endpoint_does_not(
     assert [e["owner"] for e in held_events(engine)] == ["billing"]
 
 
+async def test_a_held_delivery_nobody_owns_says_so(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    http: httpx.AsyncClient,
+    hold_box: SecretBox,
+    clock: ManualClock,
+    receiver: Receiver,
+) -> None:
+    """Neither the endpoint nor the event type names an owner: the event says so (null),
+    rather than leaving the field out."""
+    uid = add_endpoint(engine, hold_box, receiver.route("/silent", SILENT), "invoice.*")
+    with engine.begin() as conn:
+        set_failure_policy(conn, uid.endpoint.uid, actor="t", on_ambiguous="hold")
+        publish(conn, "invoice.paid", {"id": "inv_7"})
+    await passes(async_engine, http, hold_box, clock)
+    [event] = held_events(engine)
+    assert "owner" in event and event["owner"] is None
+
+
 async def test_cli_confirm_records_success_with_who_and_why(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -199,6 +220,9 @@ async def test_cli_confirm_records_success_with_who_and_why(
     held = await hold_one(engine, async_engine, http, hold_box, clock, receiver)
     listed = json.loads(outbox("deliveries", "list", "--state", "held", "--json").output)
     assert [(i["id"], i["owner"]) for i in listed["items"]] == [(held["id"], "payments")]
+    for owner, found in (("payments", [held["id"]]), ("billing", [])):  # --owner filters
+        by_owner = outbox("deliveries", "list", "--owner", owner, "--json").output
+        assert [i["id"] for i in json.loads(by_owner)["items"]] == found
     refused = outbox("deliveries", "confirm", str(held["id"]), "--reason", " ", ok=False)
     assert refused.exit_code != 0 and "reason" in refused.output
     outbox("deliveries", "confirm", str(held["id"]), "--reason", "partner's log shows it")

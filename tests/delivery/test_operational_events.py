@@ -3,6 +3,7 @@ the owning tenant, and storms stay bounded."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections import Counter
 
@@ -19,13 +20,16 @@ from delivery.operator.cli import main
 from delivery.receiver import Receiver
 from delivery.worker import Worker, WorkerConfig
 from outbox import PublishError, publish
+from outbox.catalogue import add_event_type
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox, generate_key
-from outbox.endpoints import secret_columns
+from outbox.endpoints import secret_columns, set_failure_policy
 from outbox.relay import Relay, RelayConfig
 from outbox.tenants import create_tenant
 from outbox.webhook_contract import OPERATIONAL_SCHEMAS
+from outbox.workflows import set_workflow
 from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
+from tests.operator_helpers import deliver
 
 OPS = "endpoint.*,delivery.dead,tenant.disabled"
 
@@ -237,3 +241,112 @@ async def test_an_operational_endpoint_that_is_down_feeds_no_loop(
     assert len(receiver.received("/ops-down")) == 1
     assert len(op_events(engine, "delivery.dead")) == 1
     assert scalar(engine, "SELECT count(*) FROM deliveries WHERE state = 'dead'") == 2
+
+
+async def test_dead_summaries_name_each_owner_and_reach_that_owners_watcher(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+) -> None:
+    """One unowned endpoint fails three workflows' events past the storm bound: the
+    held-back deaths are summarised per owner (the event type's; null when nobody owns
+    it), and a watcher that takes billing's operational events only gets billing's."""
+    with engine.begin() as conn:
+        for name, owner in (("invoice.paid", "billing"), ("shipping.sent", "shipping")):
+            add_event_type(conn, name, schema={}, actor="t")
+            set_workflow(conn, name, actor="t", owner=owner)
+    add_endpoint(engine, box, receiver.route("/bad", status=400), "*")
+    billing = add_endpoint(engine, box, receiver.route("/ops-billing"), "delivery.dead")
+    add_endpoint(engine, box, receiver.route("/ops-all"), "delivery.dead")
+    with engine.begin() as conn:
+        set_failure_policy(conn, billing.endpoint.uid, actor="t", operational_owner="billing")
+        # the first DEAD_EVENTS_PER_MINUTE deaths are reported one by one
+        for event_type in ("misc.thing",) * DEAD_EVENTS_PER_MINUTE + (
+            "invoice.paid", "invoice.paid", "shipping.sent", "misc.thing",
+        ):  # fmt: skip
+            publish(conn, event_type, {})
+    await deliver(async_engine, box, clock)
+    clock.advance(61)
+    await deliver(async_engine, box, clock)  # flush the summaries, then send them
+    summaries = sorted(
+        (
+            e["payload"]
+            for e in op_events(engine, "delivery.dead")
+            if e["payload"].get("summary")  # type: ignore[union-attr]
+        ),
+        key=lambda s: str(s["owner"]),  # type: ignore[index]
+    )
+    assert [(s["owner"], s["count"]) for s in summaries] == [  # type: ignore[index]
+        (None, 1), ("billing", 2), ("shipping", 1),
+    ]  # fmt: skip
+    assert all("owner" in s for s in summaries)  # no owner is said, as null
+    got = {
+        path: sorted(
+            (str(data["owner"]), data.get("summary", False))
+            for data in (json.loads(r.body)["data"] for r in receiver.received(path))
+        )
+        for path in ("/ops-billing", "/ops-all")
+    }
+    assert got["/ops-billing"] == [("billing", True)]
+    assert got["/ops-all"] == sorted(
+        [("None", False)] * DEAD_EVENTS_PER_MINUTE
+        + [("billing", True), ("shipping", True), ("None", True)]
+    )
+    assert check_documented(engine) == DEAD_EVENTS_PER_MINUTE + 3
+
+
+def test_deaths_counted_before_the_owner_was_recorded_go_to_the_endpoints_owner(
+    engine: Engine, box: SecretBox, clock: ManualClock
+) -> None:
+    """A window held back by the previous function (migration 0041 upgrades mid-minute)
+    has a count and no owners: its summary names the endpoint's owner, or null."""
+    owned = add_endpoint(engine, box, "https://example.com/a").endpoint.uid
+    add_endpoint(engine, box, "https://example.com/b")
+    with engine.begin() as conn:
+        set_failure_policy(conn, owned, actor="t", owner="payments")
+        conn.execute(
+            text(
+                "INSERT INTO operational_event_marks (endpoint_id, kind, window_start, emitted,"
+                " suppressed) SELECT id, 'delivery.dead', :start, 3, 2 FROM endpoints"
+            ),
+            {"start": clock.now() - dt.timedelta(minutes=2)},
+        )
+        flushed = conn.execute(
+            text("SELECT outbox_flush_operational_summaries(:now)"), {"now": clock.now()}
+        ).scalar_one()
+    assert flushed == 2
+    owners = sorted(
+        (str(e["payload"]["owner"]), e["payload"]["count"])  # type: ignore[index]
+        for e in op_events(engine, "delivery.dead")
+    )
+    assert owners == [("None", 2), ("payments", 2)]
+    assert (
+        rows(engine, "SELECT suppressed, suppressed_owners FROM operational_event_marks")
+        == [{"suppressed": 0, "suppressed_owners": None}] * 2
+    )
+
+
+async def test_a_dead_held_report_reports_nothing(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+) -> None:
+    """A `delivery.held` event that dies at its watcher is not itself reported as dead,
+    like every operational event (no loops)."""
+    add_endpoint(engine, box, receiver.route("/ops-down", status=400), "delivery.held")
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "SELECT outbox_publish_operational((SELECT id FROM tenants"
+                " WHERE uid = 'default'), 'delivery.held', CAST('{}' AS jsonb), 'k', :now)"
+            ),
+            {"now": clock.now()},
+        )
+    await deliver(async_engine, box, clock)
+    assert len(receiver.received("/ops-down")) == 1
+    assert scalar(engine, "SELECT count(*) FROM deliveries WHERE state = 'dead'") == 1
+    assert op_events(engine, "delivery.dead") == []

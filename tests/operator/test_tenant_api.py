@@ -364,6 +364,8 @@ async def _stats(w: World) -> None:
     # Published: seller-a's event and the service's delivery.dead report of its death.
     assert stats["window"]["published"] == 2 and stats["window"]["attempts"] == 1
     assert [e["uid"] for e in stats["endpoints"]] == [w.a_endpoint]
+    # Whose the dead ones are: seller-a's one, not seller-b's two.
+    assert stats["dead_by_owner"] == {"(unowned)": 1} and stats["held_by_owner"] == {}
     not_found(await w.get("/v1/stats", params={"tenant": B}))
 
 

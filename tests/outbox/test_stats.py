@@ -17,8 +17,18 @@ from outbox.crypto import SecretBox
 from outbox.publish import publish
 from outbox.relay import Relay
 from outbox.schema import LATENCY_BUCKETS
-from outbox.stats import AlertThresholds, Totals, collect_stats, read_totals
+from outbox.stats import (
+    OTHER_OWNERS,
+    UNOWNED,
+    AlertThresholds,
+    Totals,
+    WorkflowHealth,
+    collect_stats,
+    evaluate_alerts,
+    read_totals,
+)
 from outbox.tenants import create_tenant
+from outbox.workflows import Workflow
 from tests.helpers import add_endpoint, disable, rows, scalar
 from tests.operator_helpers import deliver, publish_many
 
@@ -239,3 +249,40 @@ async def test_tenant_scoped_totals_survive_pruning_and_stay_apart(
         assert replace(after, latency_sum_seconds=0) == replace(
             before[scope], latency_sum_seconds=0
         ), scope
+
+
+def test_alerts_about_dead_and_held_deliveries_say_whose_they_are(
+    engine: Engine, clock: ManualClock
+) -> None:
+    """Each signal about dead or held deliveries names the owners, and says "no owner"
+    (not the metrics label) for deliveries nobody owns."""
+    with engine.connect() as conn:
+        empty = collect_stats(conn, now=clock.now())
+    stats = replace(
+        empty,
+        counts_by_state={**empty.counts_by_state, "held": 3},
+        dead_by_owner={"shipping": 2, UNOWNED: 1},
+        held_by_owner={"payments": 1, UNOWNED: 1, OTHER_OWNERS: 1},
+        workflows=[
+            WorkflowHealth(
+                event_type=name,
+                owner=owner,
+                oldest_due_age_seconds=None,
+                attempts=4,
+                error_rate=0.5,
+                processing_p95_seconds=None,
+                thresholds=Workflow(name, "retry", owner, None, 0.2, None),
+            )
+            for name, owner in (("invoice.paid", "billing"), ("misc.thing", None))
+        ],
+    )
+    messages = {alert.name: alert.message for alert in evaluate_alerts(stats, AlertThresholds())}
+    assert messages["dead_letters_rising"] == (
+        "no delivery went dead in the last 60 min; dead now by owner: shipping: 2, no owner: 1"
+    )
+    assert messages["deliveries_held"] == (
+        "3 deliveries held for review, by owner: payments: 1, no owner: 1, other owners: 1; "
+        "`outbox deliveries list --state held` shows them"
+    )
+    assert messages["workflow_error_rate:invoice.paid"].startswith("invoice.paid (owner billing):")
+    assert messages["workflow_error_rate:misc.thing"].startswith("misc.thing (no owner):")

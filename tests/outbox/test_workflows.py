@@ -206,7 +206,7 @@ async def test_dead_and_held_counted_per_owner_in_stats_and_metrics(
     assert stats.dead_by_owner == {"shipping": 2, "billing": 1, "(unowned)": 1}
     [dead_alert] = [a for a in stats.alerts if a.name == "dead_letters_rising"]
     assert dead_alert.message.endswith(
-        "; dead now by owner: shipping: 2, billing: 1, (unowned): 1"
+        "; dead now by owner: shipping: 2, billing: 1, no owner: 1"
     ), dead_alert.message
     with engine.begin() as conn:
         _, secret = create_token(conn, name="m", role="viewer", actor="t")

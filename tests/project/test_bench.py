@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 
 from bench.__main__ import report
+from bench.components import publish_cost, publish_report
 from bench.harness import Plan, ratios, run
 from bench.stats import percentiles
 
@@ -149,7 +150,12 @@ def test_quick_benchmark_measures_every_figure() -> None:
         assert flat[side]["relayed"] == flat[side]["claimed_and_recorded"] == total
     assert flat["worst_slowdown"] == max(flat["slowdown"].values()) > 0
 
+    publish = results["publish"]
+    assert publish["rows"] == publish["rows_expected"]
+    assert all(v > 0 for size in ("small", "large") for v in publish[size]["us_per_event"].values())
+
     text = report(results)
+    assert "publish() µs per event (100 events" in text
     assert "pgqueuer fan-out 2" in text
     assert "targets (issues 7 and 11)" in text
     assert "targets (issue 10, ratios within this run)" in text
@@ -157,6 +163,37 @@ def test_quick_benchmark_measures_every_figure() -> None:
     assert "slowdown with 300 backlog, 1,000 history" in text
     assert "instant_share_of_ceiling" not in text  # rows are named, ratios shown
     assert "raw aiohttp ceiling" in text and "slow partner (200 ms)" in text
+
+
+class _OneDatabase:
+    """What publish_cost asks of a bench cluster, answered with the test's database."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def new_database(self, label: str) -> str:
+        return label
+
+    def database_url(self, name: str) -> str:
+        return self.url
+
+
+def test_publish_cost_measures_each_variant_and_a_key_again_writes_nothing(
+    database_url: str,
+) -> None:
+    plan = dataclasses.replace(Plan.quick(), publish_events=10, publish_rounds=2)
+    measured = publish_cost(_OneDatabase(database_url), plan)  # type: ignore[arg-type]
+    # warm-ups and rounds of unkeyed and new-keyed events; "same key again" adds no row
+    assert measured["rows"] == measured["rows_expected"] == 2 * (2 * 10 + 2 * 10 * 2)
+    for size, payload_bytes in (("small", 60), ("large", 14919)):
+        row = measured[size]
+        assert row["payload_bytes"] == payload_bytes
+        assert set(row["us_per_event"]) == {"no key", "new key", "same key again"}
+        assert all(v > 0 for v in row["us_per_event"].values())
+        assert row["hash_alone_us"] >= 0
+    line = publish_report(measured)
+    assert line.startswith("publish() µs per event (10 events, 100 a transaction, median of 2")
+    assert "14919 B payload: no key " in line
 
 
 def test_the_longest_delivery_gap_counts_a_gap_across_the_window_edges() -> None:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
-from bench.readme import BEGIN, END, PAGE, render, replace_block
+from bench.readme import BEGIN, END, PAGE, load, render, replace_block
 from tests.helpers import ROOT
 
 BLOCK = re.compile(r"<!-- bench: (?P<path>\S+) -->.*?<!-- /bench -->", re.DOTALL)
@@ -33,8 +34,9 @@ def test_the_figures_block_is_what_bench_readme_renders_from_its_json() -> None:
     assert len(blocks) == 1, "the performance section needs exactly one bench block"
     [block] = blocks
     path = block["path"]
-    assert path.startswith("bench/results/") and path.endswith(".json"), path
-    results = json.loads((ROOT / path).read_text())
+    for part in path.split("+"):  # the full run, then any supplements
+        assert part.startswith("bench/results/") and part.endswith(".json"), part
+    results = load(path, ROOT)
     assert block.group(0) == render(path, results), (
         f"the performance page's figures differ from {path}: "
         f"run `python -m bench.readme {path} --write`"
@@ -56,7 +58,7 @@ def test_a_changed_figure_is_caught() -> None:
     """The comparison is exact: one digit off in the JSON changes the rendered block."""
     section = performance_section()
     [block] = list(BLOCK.finditer(section))
-    results = json.loads((ROOT / block["path"]).read_text())
+    results = load(block["path"], ROOT)
     results["rss"]["worker_peak_rss_mb"] += 1
     assert render(block["path"], results) != block.group(0)
     assert BEGIN.format(path=block["path"]) in block.group(0) and END in block.group(0)
@@ -69,8 +71,39 @@ def test_the_readme_carries_no_figures_and_writing_replaces_only_the_block() -> 
     assert BLOCK.search(readme) is None and not FIGURE.findall(readme)
     section = performance_section()
     [block] = list(BLOCK.finditer(section))
-    results = json.loads((ROOT / block["path"]).read_text())
+    results = load(block["path"], ROOT)
     results["rss"]["worker_peak_rss_mb"] += 1
     changed = replace_block(section, render(block["path"], results))
     assert changed != section
     assert BLOCK.sub("", changed) == BLOCK.sub("", section)
+
+
+def test_a_supplement_is_rendered_from_its_own_file_with_its_box_load(tmp_path: Path) -> None:
+    """A section measured alone (`python -m bench --only publish`) joins the block with `+`:
+    its figures, its file, its duration and how busy the box was, all from that file."""
+    [block] = list(BLOCK.finditer(performance_section()))
+    main = block["path"].split("+")[0]
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / main).write_text((ROOT / main).read_text())
+    variants = {"no key": 400.0, "new key": 420.5, "same key again": 390.0}
+    row = {"payload_bytes": 60, "us_per_event": variants, "hash_alone_us": 1.5}
+    supplement = {
+        "publish": {"events": 2000, "rounds": 3, "per_transaction": 100, "small": row,
+                    "large": {**row, "payload_bytes": 14919}},
+        "total_seconds": 42.0,
+        "load_average": {"before": [3.5, 2, 1], "after": [4.25, 2, 1]},
+    }  # fmt: skip
+    (tmp_path / "bench/results/publish-x.json").write_text(json.dumps(supplement))
+    spec = f"{main}+bench/results/publish-x.json"
+    rendered = render(spec, load(spec, tmp_path))
+    assert rendered.startswith(BEGIN.format(path=spec)) and rendered.endswith(END)
+    assert (
+        "From `bench/results/publish-x.json` (`python -m bench --only publish`, 42 s; "
+        "1-minute load average 3.5 before, 4.25 after):"
+    ) in rendered
+    assert "60 B payload: no key 400, new key 420.5, same key again 390 (hash alone 1.5)" in (
+        rendered
+    )
+    supplement["publish"]["small"]["hash_alone_us"] = 1.6  # type: ignore[index]
+    (tmp_path / "bench/results/publish-x.json").write_text(json.dumps(supplement))
+    assert render(spec, load(spec, tmp_path)) != rendered
