@@ -142,8 +142,9 @@ class WireResponse:
         naming one coding, chunked or identity, is all that is accepted (as h11 does,
         plus identity): a body in any other coding could not be read as sent, and a
         list of codings is where parsers disagree on the framing. Only HTTP/1.1 keeps a
-        connection (llhttp keeps an HTTP/1.0 one that says `Connection: keep-alive`;
-        h11 does not, so neither does the wire).
+        connection (llhttp keeps an HTTP/1.0 one that says `Connection: keep-alive`, or
+        `Proxy-Connection: keep-alive`, which it reads alike; h11 does not, so neither
+        does the wire).
         """
         self.status_code = status
         framed = coded = connection = False
@@ -162,7 +163,7 @@ class WireResponse:
                 framed = framed or coding == b"chunked"
             elif lowered == b"keep-alive":
                 self.keep_alive_expiry = _keep_alive_expiry(value)
-            elif lowered == b"connection":
+            elif lowered in (b"connection", b"proxy-connection"):
                 connection = True
         self.framed = framed
         # Without a Connection header llhttp keeps only HTTP/1.1 (and later) connections.

@@ -94,26 +94,30 @@ async def test_https_through_tinyproxy_keeps_reusing_its_tunnel(
     assert proxy.requests() == [f"CONNECT 127.0.0.2:{receiver.port} HTTP/1.1"]
 
 
-KEPT = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n%s\r\nok"
+def answer(said: bytes, version: bytes = b"1.1") -> bytes:
+    return b"HTTP/%s 200 OK\r\nContent-Length: 2\r\n%s\r\nok" % (version, said)
 
 
 @pytest.mark.parametrize(
-    ("said", "connections"),
+    ("reply", "connections"),
     [
-        (b"Connection: keep-alive\r\n", 1),
-        (b"Proxy-Connection: Keep-Alive\r\n", 1),
-        (b"Connection: Keep-Alive\r\nKeep-Alive: timeout=30\r\n", 1),
-        (b"", 3),  # HTTP/1.1's default, what tinyproxy sends: not a promise from a proxy
-        (b"Connection: x-trace\r\n", 3),
+        (answer(b"Connection: keep-alive\r\n"), 1),
+        (answer(b"Proxy-Connection: Keep-Alive\r\n"), 1),
+        (answer(b"Connection: Keep-Alive\r\nKeep-Alive: timeout=30\r\n"), 1),
+        (answer(b""), 3),  # HTTP/1.1's default, what tinyproxy sends: no promise from a proxy
+        (answer(b"Connection: x-trace\r\n"), 3),
+        (answer(b"Connection: keep-alive, close\r\n"), 3),
+        (answer(b"Connection: keep-alive\r\nProxy-Connection: close\r\n"), 3),
+        (answer(b"Proxy-Connection: keep-alive\r\n", version=b"1.0"), 3),
     ],
 )
 async def test_a_forward_proxy_connection_is_kept_only_when_said_keep_alive(
-    said: bytes, connections: int
+    reply: bytes, connections: int
 ) -> None:
     """A scripted forward proxy that in truth keeps every connection open: the wire
     reuses one only on the proxy's explicit word."""
     async with (
-        scripted(*[KEPT % said] * 3) as proxy,
+        scripted(reply, reply, reply) as proxy,
         build_http_client(
             max_connections=5,
             timeout=5,
@@ -139,3 +143,35 @@ async def test_an_idle_connection_the_server_closed_is_not_written_onto() -> Non
     assert errors == ["ok"] * BURST, Counter(errors)
     assert len(server.bodies) == BURST
     assert server.connections == BURST
+
+
+@pytest.mark.parametrize(
+    "said", [b"Connection: keep-alive\r\n", b"Proxy-Connection: keep-alive\r\n"]
+)
+async def test_an_http_1_0_answer_is_never_kept_whatever_it_says(said: bytes) -> None:
+    """llhttp keeps an HTTP/1.0 connection on either header (it reads `Proxy-Connection`
+    as `Connection`); h11, the reference, keeps none, so neither does the wire."""
+    reply = answer(said, version=b"1.0")
+    async with (
+        scripted(reply, reply, reply) as server,
+        build_http_client(max_connections=5, timeout=5, allowed_networks=LOOPBACK) as http,
+    ):
+        errors = await burst(http, server.url, count=3)
+    assert errors == ["ok"] * 3
+    assert server.connections == 3
+
+
+def test_the_close_is_seen_on_uvloop_too() -> None:
+    """`outbox run` uses uvloop when installed: its transports give the socket too."""
+    import uvloop
+
+    async def run() -> tuple[list[str], int]:
+        async with (
+            scripted(close_after_each=True) as server,
+            build_http_client(max_connections=5, timeout=5, allowed_networks=LOOPBACK) as http,
+        ):
+            return await burst(http, server.url), server.connections
+
+    errors, connections = uvloop.run(run())
+    assert errors == ["ok"] * BURST, Counter(errors)
+    assert connections == BURST
