@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -55,9 +56,13 @@ _REASONS = {
 
 
 class Receiver:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, *, tls: ssl.SSLContext | None = None
+    ) -> None:
+        """`tls` (a server context) serves HTTPS, with keep-alive as over plain HTTP."""
         self.host = host
         self.port = port
+        self.tls = tls
         self.requests: list[ReceivedRequest] = []
         self.routes: dict[str, Behaviour | Handler] = {}
         self._server: asyncio.Server | None = None
@@ -65,7 +70,7 @@ class Receiver:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def url(self, path: str) -> str:
         return self.base_url + path
@@ -81,7 +86,7 @@ class Receiver:
         return [r for r in self.requests if path is None or r.path == path]
 
     async def start(self) -> Receiver:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self._server = await asyncio.start_server(self._serve, self.host, self.port, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -128,7 +133,7 @@ class Receiver:
                 await _write_response(writer, behaviour)
                 if request.headers.get("connection", "").lower() == "close":
                     break
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError, ssl.SSLError):
             pass
         finally:
             self._connections.pop(task, None)

@@ -27,13 +27,15 @@ through both):
   shutdown can tell queued attempts from started ones;
 - a response body not read to its end closes the connection instead of reusing it.
 
-What it trusts (tests/delivery/test_wire_defects.py, and tests/delivery/test_wire_fuzz.py
-against h11):
+What it trusts (tests/delivery/test_wire_defects.py, tests/delivery/test_proxy_reuse.py,
+and tests/delivery/test_wire_fuzz.py against h11):
 a response counts only when it was parsed to its end; a connection goes back to the
 pool only when nothing at all followed that end, the server keeps it alive and speaks
-HTTP/1.1; the head, the trailers (dropped, never merged into the headers) and the
-bytes between body bytes are bounded; a discarded connection is aborted, so nothing
-it still had to send stays buffered.
+HTTP/1.1 (a forward proxy's plain-HTTP connection: only when it says `keep-alive`), and
+is written onto again only when its socket shows no close received meanwhile; the
+head, the trailers (dropped, never merged into the headers) and the bytes between body
+bytes are bounded; a discarded connection is aborted, so nothing it still had to send
+stays buffered.
 """
 
 from delivery.wire.connect import CONNECT_STAGGER_SECONDS

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import select
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -41,6 +42,17 @@ class _Unexpected(Exception):
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
+def _says_keep_alive(raw_headers: list[tuple[bytes, bytes]]) -> bool:
+    """The response says `keep-alive` in `Connection` or `Proxy-Connection` (and not `close`)."""
+    tokens = {
+        token.strip(b" \t").lower()
+        for name, value in raw_headers
+        if name.lower() in (b"connection", b"proxy-connection")
+        for token in value.split(b",")
+    }
+    return b"keep-alive" in tokens and b"close" not in tokens
+
+
 def _keep_alive_expiry(value: bytes) -> float | None:
     """How long a connection may idle by the server's `Keep-Alive` header (None: unsaid)."""
     found = _KEEPALIVE_TIMEOUT.search(value)
@@ -68,6 +80,7 @@ class WireResponse:
         "_raw_headers",
         "_waiter",
         "closed",
+        "forwarded",
         "framed",
         "keep_alive",
         "keep_alive_expiry",
@@ -91,6 +104,8 @@ class WireResponse:
         self.keep_alive = False
         self.keep_alive_expiry: float | None = None  # from the server's Keep-Alive: timeout
         self.framed = False  # Content-Length or chunked: the body's end is known
+        # Through a forward proxy in absolute form (plain HTTP): set by the transport.
+        self.forwarded = False
         self.closed = False
         self.released = False  # the connection went back to the pool
 
@@ -127,8 +142,9 @@ class WireResponse:
         naming one coding, chunked or identity, is all that is accepted (as h11 does,
         plus identity): a body in any other coding could not be read as sent, and a
         list of codings is where parsers disagree on the framing. Only HTTP/1.1 keeps a
-        connection (llhttp keeps an HTTP/1.0 one that says `Connection: keep-alive`;
-        h11 does not, so neither does the wire).
+        connection (llhttp keeps an HTTP/1.0 one that says `Connection: keep-alive`, or
+        `Proxy-Connection: keep-alive`, which it reads alike; h11 does not, so neither
+        does the wire).
         """
         self.status_code = status
         framed = coded = connection = False
@@ -147,7 +163,7 @@ class WireResponse:
                 framed = framed or coding == b"chunked"
             elif lowered == b"keep-alive":
                 self.keep_alive_expiry = _keep_alive_expiry(value)
-            elif lowered == b"connection":
+            elif lowered in (b"connection", b"proxy-connection"):
                 connection = True
         self.framed = framed
         # Without a Connection header llhttp keeps only HTTP/1.1 (and later) connections.
@@ -219,13 +235,23 @@ class WireResponse:
                 self._waiter = None
 
     async def aclose(self) -> None:
-        """Back to the pool when read to the end and kept alive; otherwise closed."""
+        """Back to the pool when read to the end and kept alive; otherwise closed.
+
+        A forward proxy's connection (plain HTTP through it) is kept only when the proxy
+        said `keep-alive`: HTTP/1.1's default is no promise there, as tinyproxy answers
+        without `Connection: close` and then closes (tests/delivery/test_proxy_reuse.py).
+        """
         if self.closed:
             return
         self.closed = True
         connection = self._connection
         connection.response = None
-        if self._complete and self.keep_alive and self._error is None:
+        if (
+            self._complete
+            and self.keep_alive
+            and self._error is None
+            and (not self.forwarded or _says_keep_alive(self._raw_headers))
+        ):
             self.released = connection.release(self.keep_alive_expiry)
         else:
             connection.abort()
@@ -416,7 +442,19 @@ class _Connection(asyncio.Protocol):
         self.transport.write(data)
 
     def usable(self, now: float) -> bool:
-        return self.writable and now - self.idle_since < self.expiry
+        """Idle, unexpired, and nothing came in since its last response: a close (FIN)
+        or stray bytes the event loop has not handled yet show as the socket being
+        readable (the check curl, urllib3 and httpcore make before reuse)."""
+        return self.writable and now - self.idle_since < self.expiry and not self._readable()
+
+    def _readable(self) -> bool:
+        assert self.transport is not None  # writable
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
 
     def pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None:

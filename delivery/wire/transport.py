@@ -204,6 +204,7 @@ class WireTransport(Connecting, httpx.AsyncBaseTransport):
                 "was sent; nothing was sent"
             )
         response = WireResponse(connection, asyncio.get_running_loop().create_future())
+        response.forwarded = target.proxy is not None and not target.tls
         try:
             if trace is not None:
                 await trace(_SEND_STARTED, {})

@@ -11,6 +11,7 @@ import pytest
 
 from delivery.http import build_http_client
 from tests.delivery.loopback import Receiver, StartReceiver
+from tests.delivery.proxies import tinyproxy  # noqa: F401  (a fixture: real tinyproxy processes)
 from tests.helpers import LOOPBACK
 
 

@@ -15,12 +15,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
-import socket
-import subprocess
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,94 +49,10 @@ from outbox.settings import load_settings
 from outbox.tokens import create_token
 from outbox.urls import parse_proxy_url
 from tests.delivery.loopback import StartReceiver, answers, tls_receiver_recording_sni
+from tests.delivery.proxies import StartProxy, free_port
 from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
 
 PASSWORD = "s3cret-proxy-pw"
-
-
-@dataclass
-class Tinyproxy:
-    port: int
-    log: Path
-    user: str | None = None
-    password: str | None = None
-
-    def url(self, *, password: str | None = None, anonymous: bool = False) -> str:
-        """The proxy's URL with its credentials (another `password`), or none at all."""
-        credentials = f"{self.user}:{password or self.password}@" if self.user else ""
-        return f"http://{'' if anonymous else credentials}127.0.0.1:{self.port}"
-
-    def requests(self) -> list[str]:
-        """The request lines the proxy logged (CONNECT host:port, or an absolute URL)."""
-        lines = self.log.read_text().splitlines() if self.log.exists() else []
-        return [line.split("): ", 1)[1] for line in lines if "Request (file descriptor" in line]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-StartProxy = Callable[..., Tinyproxy]
-
-
-@pytest.fixture
-def tinyproxy(tmp_path: Path) -> Iterator[StartProxy]:
-    """Start tinyproxy processes: `start(connect_ports=[...], user=..., password=...)`.
-
-    Missing under CI is a failure; elsewhere a skip that says how to install it (as for
-    the browser tests' Chromium), so the README's test command passes on a fresh machine.
-    """
-    binary = shutil.which("tinyproxy") or "/usr/bin/tinyproxy"
-    if not Path(binary).exists():
-        message = "tinyproxy is missing: apt-get install -y tinyproxy (.ci/run does)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(
-        connect_ports: tuple[int, ...] = (), user: str | None = None, password: str | None = None
-    ) -> Tinyproxy:
-        port = _free_port()
-        directory = tmp_path / f"tinyproxy-{port}"
-        directory.mkdir()
-        proxy = Tinyproxy(port, directory / "tinyproxy.log", user, password)
-        lines = [
-            f"Port {port}",
-            "Listen 127.0.0.1",
-            "Timeout 10",
-            "Allow 127.0.0.1",
-            "MaxClients 20",
-            "LogLevel Connect",
-            f'LogFile "{proxy.log}"',
-            "DisableViaHeader Yes",
-            # Only the listed ports may be tunnelled to (with none listed, tinyproxy allows all).
-            *[f"ConnectPort {p}" for p in connect_ports or (9,)],
-        ]
-        if user:
-            lines.append(f"BasicAuth {user} {password}")
-        config = directory / "tinyproxy.conf"
-        config.write_text("\n".join(lines) + "\n")
-        errors = directory / "stderr"
-        with errors.open("wb") as stderr:
-            process = subprocess.Popen(
-                [binary, "-d", "-c", str(config)], stdout=subprocess.DEVNULL, stderr=stderr
-            )
-        started.append(process)
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                return proxy
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"tinyproxy did not start: {errors.read_text()}")
-            time.sleep(0.02)
-
-    yield start
-    for process in started:
-        process.terminate()
-        process.wait(10)
 
 
 def outgoing(url: str, proxy: str | None = None, deadline: float = 5.0) -> OutgoingRequest:
@@ -561,7 +471,7 @@ async def test_a_refused_tunnel_and_an_unreachable_proxy_are_retryable(
     receiver: Receiver, tinyproxy: StartProxy
 ) -> None:
     proxy = tinyproxy(connect_ports=(443,))  # not the receiver's port
-    closed = _free_port()
+    closed = free_port()
     https = receiver.url("/hook").replace("http://", "https://")
     async with build_http_client(max_connections=5, timeout=5, allowed_networks=LOOPBACK) as http:
         refused = await attempt(http, https, proxy.url())
@@ -853,7 +763,6 @@ async def test_outbox_run_sends_through_OUTBOX_HTTP_PROXY_in_every_process(
 ) -> None:
     """The setting reaches the wire of each supervised process, and nothing it prints
     (at DEBUG) carries the proxy's password."""
-    import os
     import signal
     import sys
 
