@@ -411,6 +411,36 @@ def test_the_portal_names_the_tenant_and_the_brand_never_internal_labels(pages: 
     assert page.locator("section.actions").count() == 0
 
 
+# Each <code> in a form's hint against the text around it: whether it sits on the line the
+# text before it ends on and the text after it starts on (a label laid out as a column of
+# flex items puts each piece on a line of its own).
+HINT_FLOW = """
+() => [...document.querySelectorAll("form label code")].map((code) => {
+  const line = code.getBoundingClientRect().top;
+  const edge = (node, last) => {
+    if (!node || !node.textContent.trim()) return line;
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    const rects = range.getClientRects();
+    return rects[last ? rects.length - 1 : 0].top;
+  };
+  const flows = Math.abs(edge(code.previousSibling, true) - line) < 4 &&
+    Math.abs(edge(code.nextSibling, false) - line) < 4;
+  return [code.textContent, flows];
+})
+"""
+
+
+def test_form_hints_keep_their_code_in_the_sentence(pages: Pages) -> None:
+    """The portal's add-endpoint hints read as sentences, not one piece a line."""
+    page = _page(pages, "portal")
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"{pages.site.base_url}/portal/endpoints")
+    hints = page.evaluate(HINT_FLOW)
+    assert len(hints) == 3, hints  # order.*, *, the payload filter's example
+    assert [code for code, flows in hints if not flows] == []
+
+
 def test_words_read_right(pages: Pages) -> None:
     page = _page(pages, "console")
     base = pages.site.base_url
