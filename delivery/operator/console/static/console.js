@@ -113,6 +113,26 @@
     document.querySelectorAll("[data-chart]").forEach(draw);
   }
 
+  // The nav's "Menu" button (shown on narrow screens by console.css): a disclosure that
+  // Enter or Space toggles like any button, and Escape closes, back on the button.
+  var toggle = document.querySelector(".menu-toggle");
+  var nav = toggle && document.getElementById(toggle.getAttribute("aria-controls"));
+  if (toggle && nav) {
+    var setOpen = function (open) {
+      toggle.setAttribute("aria-expanded", String(open));
+      nav.classList.toggle("open", open);
+    };
+    toggle.addEventListener("click", function () {
+      setOpen(toggle.getAttribute("aria-expanded") !== "true");
+    });
+    toggle.parentElement.addEventListener("keydown", function (event) {
+      if (event.key === "Escape" && toggle.getAttribute("aria-expanded") === "true") {
+        setOpen(false);
+        toggle.focus();
+      }
+    });
+  }
+
   // A window made narrower or wider (a phone turned round) redraws each chart at its
   // card's new width, once a frame at most; the data stays.
   var resizePending = false;
