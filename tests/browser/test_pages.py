@@ -172,15 +172,19 @@ def _bulk_result(page: Any, base: str, ids: dict[str, Any]) -> None:
 
 
 def _created_endpoint(page: Any, base: str, ids: dict[str, Any]) -> None:
-    """The portal's answer to "Add endpoint": the new endpoint, its secret shown once."""
+    """The portal's answer to "Add endpoint": the new endpoint, its secret and feed token
+    shown once."""
     page.goto(f"{base}/portal/endpoints")
     page.fill("#add-endpoint input[name=url]", ids["new_endpoint_url"])
     page.fill("#add-endpoint input[name=description]", "orders, from the page tests")
     page.check("#add-endpoint input[value='order.created']")
+    # Pushed and on the catch-up feed: the page shows the feed token once too.
+    page.select_option("#add-endpoint select[name=delivery_mode]", "both")
     with page.expect_navigation():
         page.click("#add-endpoint button[type=submit]")
     assert "Endpoint created" in page.inner_text(".notice")
     assert page.inner_text("#secret").startswith("whsec_")
+    assert page.locator("#feed-token").count() == 1
 
 
 def _revealed_secret(page: Any, base: str, ids: dict[str, Any]) -> None:
