@@ -153,6 +153,14 @@ def _bulk_preview(page: Any, base: str, ids: dict[str, Any]) -> None:
 Visit = Callable[[Any, str, dict[str, Any]], None]
 
 
+def _refused_sign_in(page: Any, base: str, ids: dict[str, Any]) -> None:
+    page.goto(f"{base}/console/login")
+    page.fill("input[name=token]", "obx_unknown_token")
+    with page.expect_navigation():
+        page.click("button[type=submit]")
+    assert page.locator(".error").count() == 1
+
+
 def _held_delivery(page: Any, base: str, ids: dict[str, Any]) -> None:
     page.goto(f"{base}/console/deliveries/{ids['held']}")
     assert page.inner_text("#state") == "held"
@@ -211,6 +219,7 @@ def _go(path: str) -> Visit:
 # (name, context, how to get there): every template of the console and the portal.
 PAGES: list[tuple[str, str, Visit]] = [
     ("console-login", "anonymous", _go("/console/login")),
+    ("console-login-refused", "anonymous", _refused_sign_in),
     ("console-overview", "console", _go("/console/")),
     ("console-deliveries", "console", _go("/console/deliveries")),
     ("console-delivery-dead", "console", _go("/console/deliveries/{dead}")),
