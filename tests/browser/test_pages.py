@@ -423,6 +423,23 @@ def test_chart_axes_span_the_range_with_round_labels(pages: Pages) -> None:
     assert refused.status == 400
     assert "range must be one of hour, day, not &#39;week&#39;" in refused.text()
 
+    # An endpoint's page in the portal: its one point sits on the same hour-wide axis and
+    # the day's charts span the day (the bug was an x axis from 2027 to 2029).
+    portal = _page(pages, "portal")
+    portal.set_viewport_size({"width": 1280, "height": 900})
+    portal.goto(f"{pages.site.base_url}/portal/endpoints/{pages.ids['endpoint']}")
+    _wait_for_charts(portal)
+    drawn = portal.locator("[data-chart]").evaluate_all(
+        "els => els.map(e => [e.dataset.src.split('range=')[1], e.dataset.points,"
+        " Number(e.dataset.xFrom), Number(e.dataset.xTo), e.chart.scales.x.min])"
+    )
+    assert drawn == [
+        ["hour", "1", now - 3600, now, now - 3600],
+        ["hour", "1", now - 3600, now, now - 3600],
+        ["day", "1", now - 86400, now, now - 86400],
+        ["day", "1", now - 86400, now, now - 86400],
+    ]
+
 
 def test_an_endpoint_without_attempts_shows_an_empty_chart(pages: Pages) -> None:
     site = pages.site
