@@ -37,7 +37,7 @@ LAYOUT_CHECK = """
 () => {
   const root = document.documentElement;
   const selector = "a[href], button, input:not([type=hidden]), select, textarea, summary";
-  // checkVisibility: not hidden by CSS, nor inside a closed <details> (the menu).
+  // checkVisibility: not hidden by CSS (a collapsed menu) nor inside a closed <details>.
   const shown = [...document.querySelectorAll(selector)].filter((el) => {
     const box = el.getBoundingClientRect();
     return box.width > 0 && box.height > 0 && el.checkVisibility({ visibilityProperty: true });
