@@ -47,6 +47,10 @@
     return axis;
   }
 
+  function chartWidth(element) {
+    return Math.max(element.clientWidth, 200);
+  }
+
   var RANGE_WORDS = { hour: "in the last hour", day: "in the last day" };
 
   // The server decides buckets, the x range (now - range to now) and the tick labels
@@ -72,7 +76,7 @@
         var labelAt = {};
         data.ticks.forEach(function (tick, i) { labelAt[tick] = data.labels[i]; });
         var options = {
-          width: Math.max(element.clientWidth, 200),
+          width: chartWidth(element),
           height: 180,
           tzDate: function (ts) { return uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"); },
           series: series(kind).map(function (s, i) {
@@ -108,6 +112,42 @@
   function drawAll() {
     document.querySelectorAll("[data-chart]").forEach(draw);
   }
+
+  // The nav's "Menu" button (shown on narrow screens by console.css): a disclosure that
+  // Enter or Space toggles like any button, and Escape closes, back on the button.
+  var toggle = document.querySelector(".menu-toggle");
+  var nav = toggle && document.getElementById(toggle.getAttribute("aria-controls"));
+  if (toggle && nav) {
+    var setOpen = function (open) {
+      toggle.setAttribute("aria-expanded", String(open));
+      nav.classList.toggle("open", open);
+    };
+    toggle.addEventListener("click", function () {
+      setOpen(toggle.getAttribute("aria-expanded") !== "true");
+    });
+    toggle.parentElement.addEventListener("keydown", function (event) {
+      if (event.key === "Escape" && toggle.getAttribute("aria-expanded") === "true") {
+        setOpen(false);
+        toggle.focus();
+      }
+    });
+  }
+
+  // A window made narrower or wider (a phone turned round) redraws each chart at its
+  // card's new width, once a frame at most; the data stays.
+  var resizePending = false;
+  window.addEventListener("resize", function () {
+    if (resizePending) { return; }
+    resizePending = true;
+    requestAnimationFrame(function () {
+      resizePending = false;
+      document.querySelectorAll("[data-chart]").forEach(function (element) {
+        if (element.chart) {
+          element.chart.setSize({ width: chartWidth(element), height: 180 });
+        }
+      });
+    });
+  });
 
   document.addEventListener("DOMContentLoaded", function () {
     drawAll();
