@@ -21,7 +21,7 @@ from pgqueuer.queries import Queries
 from sqlalchemy import Engine, create_engine, make_url, text
 
 from outbox.db import libpq_url, sqlalchemy_url
-from outbox.embedded import EmbeddedPostgres
+from outbox.embedded import EmbeddedPostgres, _postmaster_pid
 from outbox.migrate import upgrade
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,6 +58,8 @@ class Plan:
     drain_latency: float = 0.2
     drain_slow_backlog: int = 3000
     drain_backlog: int = 20_000
+    # The floor's queue workload (bench/cost.py): jobs inserted and marked done.
+    floor_jobs: int = 20_000
     # Flat cost (bench/flat.py): a grown database against an empty one.
     flat_backlog: int = 1_000_000
     flat_history: int = 10_000_000
@@ -90,6 +92,7 @@ class Plan:
             repeat=1,
             drain_slow_backlog=300,
             drain_backlog=300,
+            floor_jobs=500,
             flat_backlog=500,
             flat_history=2_000,
             flat_events=500,
@@ -126,6 +129,12 @@ class Cluster:
         if self._admin is not None:
             self._admin.dispose()
         self._server.stop()
+
+    def postmaster_pid(self) -> int:
+        """The server's pid: its CPU, and its children's, is PostgreSQL's share (bench/cost.py)."""
+        pid = _postmaster_pid(self._server.pgdata)
+        assert pid is not None, "the bench's PostgreSQL is not running"
+        return pid
 
     def database_url(self, name: str) -> str:
         return make_url(sqlalchemy_url(self.url)).set(database=name).render_as_string(False)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import scale
-from bench.__main__ import _table, drain_report, end_to_end_report, target_table
+from bench.__main__ import _table, cost_report, drain_report, end_to_end_report, target_table
 
 BEGIN = "<!-- bench: {path} -->"
 END = "<!-- /bench -->"
@@ -41,6 +41,8 @@ def render(path: str, results: dict[str, Any]) -> str:
         lines += ["", *end_to_end_report(results)]
     if "drain" in results:
         lines += ["", *drain_report(results["drain"])]
+    if cost_lines := cost_report(results):
+        lines += ["", *cost_lines]
     if "scale" in results:
         lines += [
             "",
