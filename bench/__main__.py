@@ -213,29 +213,39 @@ def drain_report(drain: dict[str, Any]) -> list[str]:
 def _cost_runs(results: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any] | None]]:
     """(row name, whole cost, table stats) of each measured run, drains first."""
     found: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = []
-    drain = results.get("drain", {})
+    drain = _cost_source(results)
     for key, name in (("instant_1", "instant drain, 1 process"), ("instant_2", "instant drain, 2")):
         if "cost" in drain.get(key, {}):
             found.append((name, drain[key]["cost"]["whole"], drain[key]["cost"]["table"]))
-    for run_ in results.get("end_to_end", []):
+    for run_ in _end_to_end_runs(results):
         if run_.get("cost"):
             found.append((f"open loop: {run_['name']}", run_["cost"], run_.get("table")))
     return found
 
 
+def _cost_source(results: dict[str, Any]) -> dict[str, Any]:
+    """Where the floor and the instant drains are: `--only cost`'s section, or the drains."""
+    found: dict[str, Any] = results.get("cost") or results.get("drain") or {}
+    return found
+
+
+def _end_to_end_runs(results: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*results.get("end_to_end", []), *results.get("cost", {}).get("end_to_end", [])]
+
+
 def cost_ratios(results: dict[str, Any]) -> dict[str, float]:
     """Whole over floor for the issue's two runs: the instant drain (1 process) and the
     open loop at the highest fan-out with 1 process (median of its repetitions)."""
-    floor = results.get("drain", {}).get("floor")
+    floor = _cost_source(results).get("floor")
     if not floor:
         return {}
     found: dict[str, float] = {}
-    drain = results["drain"]["instant_1"]
+    drain = _cost_source(results)["instant_1"]
     if "cost" in drain:
         found["instant drain"] = cost.ratio(drain["cost"]["whole"], floor)
     ours = [
         r
-        for r in results.get("end_to_end", [])
+        for r in _end_to_end_runs(results)
         if r["system"] == "ours" and r.get("cost") and r["processes"] == 1
         and r["publish_batch"] == 1 and r.get("application", "psycopg") == "psycopg"
     ]  # fmt: skip
@@ -249,7 +259,7 @@ def cost_ratios(results: dict[str, Any]) -> dict[str, float]:
 def cost_report(results: dict[str, Any]) -> list[str]:
     """Issue 26: CPU per delivery of everything the service runs, against the floor."""
     runs = _cost_runs(results)
-    floor = results.get("drain", {}).get("floor")
+    floor = _cost_source(results).get("floor")
     if not runs and not floor:
         return []
     rows = [
@@ -436,12 +446,16 @@ def report(results: dict[str, Any]) -> str:
 @click.option("--repeat", type=click.IntRange(min=1), default=None, help="Repeat each run N times.")
 @click.option(
     "--only",
-    type=click.Choice(["core", "drain", "flat", "scale", "filters", "migration", "adaptive"]),
+    type=click.Choice(
+        ["core", "drain", "flat", "scale", "filters", "migration", "adaptive", "cost"]
+    ),
     multiple=True,
     help="Run only these sections (repeatable): core = end to end, relay, claim, scale, RSS; "
     "drain = backlog "
     "drains, flat = grown tables against empty ones, scale = issue 10's figures alone, "
     "filters = relay rate with 1,000 filtered endpoints against 1,000 unfiltered ones, "
+    "cost = issue 26's rows alone (the floor, the instant drains, ours in the open loop at "
+    "the highest fan-out with 1 and 2 processes), "
     "migration = stalls while this release migrates the previous one's schema under load "
     "(only with --only), adaptive = adaptive concurrency against fixed in-flight limits "
     "on a partner that slows down and answers 429 (only with --only).",

@@ -113,6 +113,11 @@ async def drain(
         whole_to = cost.snapshot(url, postmaster, workers.cpu_seconds())
     finally:
         workers.stop()
+    # Commits and WAL once the workers' backends are gone (their counters are flushed
+    # at exit, at most once a second before): the drain's, and a shutdown's few.
+    cost.wait_for_exit(url)
+    settled = cost.snapshot(url, postmaster, 0.0)
+    whole_to.commits, whole_to.wal = settled.commits, settled.wal
     start_count, start_cpu, whole_from = cpu_from or (0, cpu_to, whole_to)
     delivered = cost.window(whole_from, whole_to, backlog - start_count)
     relayed = cost.window(relay_from, relay_to, backlog)
