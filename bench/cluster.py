@@ -206,6 +206,10 @@ class ReceiverProcess:
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
     @contextlib.asynccontextmanager
     async def client(self) -> AsyncIterator[None]:
         async with httpx.AsyncClient(timeout=30, trust_env=False) as client:

@@ -78,6 +78,19 @@ class Snapshot:
     backends: dict[int, float]  # the database's other backends, by pid (the service's)
     commits: int
     wal: int
+    box: float = 0.0  # every core's busy time on the machine (/proc/stat), for the load
+    receiver: float = 0.0  # the bench's receiver (the partner), not part of the whole
+    at: float = 0.0  # monotonic time
+    bench: float = 0.0  # this process (the producer, in the open loop)
+
+
+def box_busy() -> float:
+    """Busy CPU seconds of the whole machine so far (all cores, /proc/stat)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return (sum(fields[:8]) - idle) / _TICK
+    return 0.0
 
 
 def _admin(url: str) -> psycopg.Connection[Any]:
@@ -87,7 +100,11 @@ def _admin(url: str) -> psycopg.Connection[Any]:
 
 
 def snapshot(
-    url: str, postmaster: int, service_cpu: float, excluded: Iterable[int] = ()
+    url: str,
+    postmaster: int,
+    service_cpu: float,
+    excluded: Iterable[int] = (),
+    receiver: int | None = None,
 ) -> Snapshot:
     """Read everything once; `excluded` are backend pids whose CPU is not the service's."""
     skip = set(excluded)
@@ -115,6 +132,10 @@ def snapshot(
         backends={pid: process_cpu(pid) for pid in pids if pid not in skip},
         commits=int(row[0]),
         wal=int(row[1]),
+        box=box_busy(),
+        receiver=process_cpu(receiver) if receiver else 0.0,
+        at=time.monotonic(),
+        bench=time.process_time(),
     )
 
 
@@ -129,8 +150,27 @@ def window(
     backends = sum(cpu - before.backends.get(pid, 0.0) for pid, cpu in after.backends.items())
     service = after.service - before.service
     postgres = after.server - before.server - excluded
+    seconds = max(after.at - before.at, 1e-9)
+    box = after.box - before.box
     return {
         "deliveries": deliveries,
+        "seconds": round(seconds, 3),
+        # The load: how many of the machine's cores were busy, on average, over the
+        # window, and how many of those were not this run (service, server, receiver,
+        # this process).
+        "box_busy_cores": round(box / seconds, 2),
+        "others_busy_cores": round(
+            (
+                box
+                - service
+                - (after.server - before.server)
+                - (after.receiver - before.receiver)
+                - (after.bench - before.bench)
+            )
+            / seconds,
+            2,
+        ),
+        "receiver_cpu_ms": round((after.receiver - before.receiver) * 1000 / n, 4),
         "service_cpu_ms": round(service * 1000 / n, 4),
         "postgres_cpu_ms": round(postgres * 1000 / n, 4),
         "postgres_backends_cpu_ms": round(backends * 1000 / n, 4),

@@ -104,13 +104,17 @@ async def drain(
         while (arrived := await receiver.count() - before) < backlog:
             if cpu_from is None and arrived:
                 worker_cpu = workers.cpu_seconds()
-                cpu_from = (arrived, worker_cpu, cost.snapshot(url, postmaster, worker_cpu))
+                cpu_from = (
+                    arrived,
+                    worker_cpu,
+                    cost.snapshot(url, postmaster, worker_cpu, receiver=receiver.pid),
+                )
             if time.time() > deadline:
                 raise RuntimeError(f"drain of {backlog} did not finish; see {logs}")
             await asyncio.sleep(0.02)
         cpu_to = workers.cpu_seconds()
         await _recorded(url, backlog, deadline)
-        whole_to = cost.snapshot(url, postmaster, workers.cpu_seconds())
+        whole_to = cost.snapshot(url, postmaster, workers.cpu_seconds(), receiver=receiver.pid)
     finally:
         workers.stop()
     # Commits and WAL once the workers' backends are gone (their counters are flushed

@@ -352,7 +352,7 @@ async def end_to_end(
         if app_backends is not None:
             await _settled(url)
             whole_from = cost.snapshot(
-                url, cluster.postmaster_pid(), workers.cpu_seconds(), app_backends
+                url, cluster.postmaster_pid(), workers.cpu_seconds(), app_backends, receiver.pid
             )
             delivered_from = await receiver.count()
         producer_cpu = time.process_time()
@@ -376,7 +376,7 @@ async def end_to_end(
         if whole_from is not None and app_backends is not None:
             await _settled(url)
             whole_to = cost.snapshot(
-                url, cluster.postmaster_pid(), workers.cpu_seconds(), app_backends
+                url, cluster.postmaster_pid(), workers.cpu_seconds(), app_backends, receiver.pid
             )
             transactions = sum(
                 max(1, round(step.events_per_s * plan.step_seconds / publish_batch))
