@@ -212,6 +212,14 @@ def table_stats(url: str) -> dict[str, Any]:
             " (SELECT reloptions FROM pg_class WHERE relname = 'deliveries')"
             " FROM pg_stat_user_tables WHERE relname = 'deliveries'"
         ).fetchone()
+        # Every table the run updated, with its HOT share: where a fillfactor could help.
+        updated = {
+            str(name): {"updates": int(upd), "hot_updates": int(hot)}
+            for name, upd, hot in conn.execute(
+                "SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+                " WHERE n_tup_upd > 0 ORDER BY relname"
+            ).fetchall()
+        }
     assert row is not None
     inserts, updates, hot, deletes, _, options = row
     return {
@@ -223,6 +231,7 @@ def table_stats(url: str) -> dict[str, Any]:
         "hot_ratio": round(int(hot) / int(updates), 3) if updates else 0.0,
         "deletes": int(deletes),
         "reloptions": list(options or []),
+        "updated_tables": updated,
     }
 
 
