@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -128,7 +129,24 @@ class Cluster:
     def stop(self) -> None:
         if self._admin is not None:
             self._admin.dispose()
+        self._stop_immediately()
         self._server.stop()
+
+    def _stop_immediately(self, seconds: float = 10.0) -> None:
+        """SIGQUIT: PostgreSQL's immediate shutdown, without the shutdown checkpoint.
+
+        The data directory is deleted next, so that checkpoint (every dirty page of the
+        run's databases written and fsynced) would be work thrown away; on a busy disk
+        it took most of a quick run's last minute. The library then finds the server
+        stopped and only deletes the directory."""
+        pid = _postmaster_pid(self._server.pgdata)
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGQUIT)
+        deadline = time.monotonic() + seconds
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def postmaster_pid(self) -> int:
         """The server's pid: its CPU, and its children's, is PostgreSQL's share (bench/cost.py)."""
@@ -165,6 +183,15 @@ class Cluster:
         names = ["server_version", "synchronous_commit", "fsync", "shared_buffers", "wal_level"]
         with self._admin.connect() as conn:
             return {name: str(conn.execute(text(f"SHOW {name}")).scalar_one()) for name in names}
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie, exited but not reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 async def _install_pgqueuer(url: str) -> None:
