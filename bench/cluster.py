@@ -129,24 +129,30 @@ class Cluster:
     def stop(self) -> None:
         if self._admin is not None:
             self._admin.dispose()
-        self._stop_immediately()
-        self._server.stop()
+        if self._stop_immediately():
+            # Stopped: let go without the library's own stop (it would find no server and
+            # say so); the run's temporary directory, data included, is deleted next.
+            self._server.detach()
+        else:
+            self._server.stop()
 
-    def _stop_immediately(self, seconds: float = 10.0) -> None:
+    def _stop_immediately(self, seconds: float = 10.0) -> bool:
         """SIGQUIT: PostgreSQL's immediate shutdown, without the shutdown checkpoint.
 
         The data directory is deleted next, so that checkpoint (every dirty page of the
         run's databases written and fsynced) would be work thrown away; on a busy disk
-        it took most of a quick run's last minute. The library then finds the server
-        stopped and only deletes the directory."""
+        it was most of a quick run's last minute. Returns whether the server stopped."""
         pid = _postmaster_pid(self._server.pgdata)
         if pid is None:
-            return
+            return False
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGQUIT)
         deadline = time.monotonic() + seconds
-        while _alive(pid) and time.monotonic() < deadline:
+        while _alive(pid):
+            if time.monotonic() > deadline:
+                return False
             time.sleep(0.02)
+        return True
 
     def postmaster_pid(self) -> int:
         """The server's pid: its CPU, and its children's, is PostgreSQL's share (bench/cost.py)."""
