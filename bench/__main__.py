@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 import click
 
-from bench import filters, scale
+from bench import cost, filters, scale
 from bench.components import publish_report
 from bench.harness import Plan, run, sustained_median
 
@@ -136,6 +137,10 @@ def targets(results: dict[str, Any]) -> list[list[str]]:
         }
         for key, name in names.items():
             checks.append((name, drain["ratios"][key], drain["targets"][key], True))
+    for run_name, over_floor in cost_ratios(results).items():
+        checks.append(
+            (f"whole CPU per delivery / floor, {run_name}", over_floor, cost.TARGET, False)
+        )
     flat = results.get("flat")
     checks.append(
         (
@@ -206,6 +211,117 @@ def drain_report(drain: dict[str, Any]) -> list[str]:
     ]
 
 
+def _cost_runs(results: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any] | None]]:
+    """(row name, whole cost, table stats) of each measured run, drains first."""
+    found: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = []
+    drain = _cost_source(results)
+    for key, name in (("instant_1", "instant drain, 1 process"), ("instant_2", "instant drain, 2")):
+        if "cost" in drain.get(key, {}):
+            found.append((name, drain[key]["cost"]["whole"], drain[key]["cost"]["table"]))
+    for run_ in _end_to_end_runs(results):
+        if run_.get("cost"):
+            found.append((f"open loop: {run_['name']}", run_["cost"], run_.get("table")))
+    return found
+
+
+def _cost_source(results: dict[str, Any]) -> dict[str, Any]:
+    """Where the floor and the instant drains are: `--only cost`'s section, or the drains."""
+    found: dict[str, Any] = results.get("cost") or results.get("drain") or {}
+    return found
+
+
+def _end_to_end_runs(results: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*results.get("end_to_end", []), *results.get("cost", {}).get("end_to_end", [])]
+
+
+def cost_ratios(results: dict[str, Any]) -> dict[str, float]:
+    """Whole over floor for the issue's two runs: the instant drain (1 process) and the
+    open loop at the highest fan-out with 1 process (median of its repetitions)."""
+    floor = _cost_source(results).get("floor")
+    if not floor:
+        return {}
+    found: dict[str, float] = {}
+    drain = _cost_source(results)["instant_1"]
+    if "cost" in drain:
+        found["instant drain"] = cost.ratio(drain["cost"]["whole"], floor)
+    ours = [
+        r
+        for r in _end_to_end_runs(results)
+        if r["system"] == "ours" and r.get("cost") and r["processes"] == 1
+        and r["publish_batch"] == 1 and r.get("application", "psycopg") == "psycopg"
+    ]  # fmt: skip
+    if ours:
+        top = max(r["fanout"] for r in ours)
+        each = [cost.ratio(r["cost"], floor) for r in ours if r["fanout"] == top]
+        found[f"open loop fan-out {top}"] = round(statistics.median(each), 2)
+    return found
+
+
+def cost_report(results: dict[str, Any]) -> list[str]:
+    """Issue 26: CPU per delivery of everything the service runs, against the floor."""
+    runs = _cost_runs(results)
+    floor = _cost_source(results).get("floor")
+    if not runs and not floor:
+        return []
+    rows = [
+        [
+            name,
+            str(whole["deliveries"]),
+            f"{whole['service_cpu_ms']:.3f}",
+            f"{whole['postgres_cpu_ms']:.3f}",
+            f"{whole['whole_cpu_ms']:.3f}",
+            f"{cost.ratio(whole, floor):.2f}" if floor else "-",
+            f"{whole['wal_bytes']}",
+            f"{whole['commits']:.3f}",
+        ]
+        for name, whole, _ in runs
+    ]
+    if floor:
+        queue = floor["queue"]
+        rows.append(
+            [
+                f"floor: raw HTTP client {floor['http_client_cpu_ms']:.3f} + queue "
+                f"(insert, mark done; batch {queue['batch']}) in PostgreSQL",
+                str(queue["jobs"]),
+                f"{floor['http_client_cpu_ms']:.3f}",
+                f"{floor['queue_postgres_cpu_ms']:.3f}",
+                f"{floor['cpu_ms']:.3f}",
+                "1",
+                f"{queue['wal_bytes']}",
+                f"{queue['commits']:.3f}",
+            ]
+        )
+    headers = [
+        "run",
+        "deliveries",
+        "service CPU ms",
+        "PostgreSQL CPU ms",
+        "whole CPU ms",
+        "whole/floor",
+        "WAL B",
+        "commits",
+    ]
+    lines = [
+        "cost per delivery (issue 26; CPU ms, WAL bytes and commits per delivery; service = "
+        "outbox run's processes, or the floor's HTTP client; PostgreSQL = the whole server "
+        "less the application's backends; drains include the relay's fan-out)",
+        "",
+        _table(rows, headers),
+    ]
+    tables = [(name, table) for name, _, table in runs if table]
+    if tables:
+        lines += [
+            "",
+            "deliveries table after each run: "
+            + "; ".join(
+                f"{name}: {t['indexes']} indexes, HOT {t['hot_updates']}/{t['updates']} "
+                f"updates ({t['hot_ratio']:.0%})"
+                for name, t in tables
+            ),
+        ]
+    return lines
+
+
 def flat_report(results: dict[str, Any]) -> list[str]:
     flat = results.get("flat")
     if not flat:
@@ -259,6 +375,7 @@ def end_to_end_report(results: dict[str, Any]) -> list[str]:
 def report(results: dict[str, Any]) -> str:
     if not results["end_to_end"]:  # --only drain / flat / scale
         parts = [*drain_report(results["drain"]), ""] if "drain" in results else []
+        parts += [*lines, ""] if (lines := cost_report(results)) else []
         if "scale" in results:
             parts += [
                 *scale.report(results["scale"]),
@@ -313,6 +430,7 @@ def report(results: dict[str, Any]) -> str:
         _table(scale.verdicts(results["scale"]), ["target", "measured", "goal", "verdict"]),
         "",
         *([*drain_report(results["drain"]), ""] if "drain" in results else []),
+        *([*lines, ""] if (lines := cost_report(results)) else []),
         *flat_report(results),
         f"total {results['total_seconds']} s",
     ]
@@ -333,7 +451,7 @@ def report(results: dict[str, Any]) -> str:
 @click.option(
     "--only",
     type=click.Choice(
-        ["core", "drain", "flat", "scale", "filters", "publish", "migration", "adaptive"]
+        ["core", "drain", "flat", "scale", "filters", "publish", "migration", "adaptive", "cost"]
     ),
     multiple=True,
     help="Run only these sections (repeatable): core = end to end, relay, claim, scale, RSS; "
@@ -341,6 +459,8 @@ def report(results: dict[str, Any]) -> str:
     "drains, flat = grown tables against empty ones, scale = issue 10's figures alone, "
     "filters = relay rate with 1,000 filtered endpoints against 1,000 unfiltered ones, "
     "publish = publish() per event with and without an idempotency key (core runs it too), "
+    "cost = issue 26's rows alone (the floor, the instant drains, ours in the open loop at "
+    "the highest fan-out with 1 and 2 processes), "
     "migration = stalls while this release migrates the previous one's schema under load "
     "(only with --only), adaptive = adaptive concurrency against fixed in-flight limits "
     "on a partner that slows down and answers 429 (only with --only).",

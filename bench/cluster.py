@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from pgqueuer.queries import Queries
 from sqlalchemy import Engine, create_engine, make_url, text
 
 from outbox.db import libpq_url, sqlalchemy_url
-from outbox.embedded import EmbeddedPostgres
+from outbox.embedded import EmbeddedPostgres, _postmaster_pid
 from outbox.migrate import upgrade
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,6 +62,8 @@ class Plan:
     drain_latency: float = 0.2
     drain_slow_backlog: int = 3000
     drain_backlog: int = 20_000
+    # The floor's queue workload (bench/cost.py): jobs inserted and marked done.
+    floor_jobs: int = 20_000
     # Flat cost (bench/flat.py): a grown database against an empty one.
     flat_backlog: int = 1_000_000
     flat_history: int = 10_000_000
@@ -95,6 +98,7 @@ class Plan:
             repeat=1,
             drain_slow_backlog=300,
             drain_backlog=300,
+            floor_jobs=500,
             flat_backlog=500,
             flat_history=2_000,
             flat_events=500,
@@ -130,7 +134,36 @@ class Cluster:
     def stop(self) -> None:
         if self._admin is not None:
             self._admin.dispose()
-        self._server.stop()
+        if self._stop_immediately():
+            # Stopped: let go without the library's own stop (it would find no server and
+            # say so); the run's temporary directory, data included, is deleted next.
+            self._server.detach()
+        else:
+            self._server.stop()
+
+    def _stop_immediately(self, seconds: float = 10.0) -> bool:
+        """SIGQUIT: PostgreSQL's immediate shutdown, without the shutdown checkpoint.
+
+        The data directory is deleted next, so that checkpoint (every dirty page of the
+        run's databases written and fsynced) would be work thrown away; on a busy disk
+        it was most of a quick run's last minute. Returns whether the server stopped."""
+        pid = _postmaster_pid(self._server.pgdata)
+        if pid is None:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGQUIT)
+        deadline = time.monotonic() + seconds
+        while _alive(pid):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def postmaster_pid(self) -> int:
+        """The server's pid: its CPU, and its children's, is PostgreSQL's share (bench/cost.py)."""
+        pid = _postmaster_pid(self._server.pgdata)
+        assert pid is not None, "the bench's PostgreSQL is not running"
+        return pid
 
     def database_url(self, name: str) -> str:
         return make_url(sqlalchemy_url(self.url)).set(database=name).render_as_string(False)
@@ -161,6 +194,15 @@ class Cluster:
         names = ["server_version", "synchronous_commit", "fsync", "shared_buffers", "wal_level"]
         with self._admin.connect() as conn:
             return {name: str(conn.execute(text(f"SHOW {name}")).scalar_one()) for name in names}
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie, exited but not reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 async def _install_pgqueuer(url: str) -> None:
@@ -201,6 +243,10 @@ class ReceiverProcess:
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
 
     @contextlib.asynccontextmanager
     async def client(self) -> AsyncIterator[None]:

@@ -28,6 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import create_engine, text
+
+from bench import cost
 from bench.cluster import (
     EVENT_TYPE,
     LOOPBACK,
@@ -42,7 +45,7 @@ from bench.components import _preload_events, _vacuum
 from delivery.worker import WorkerConfig, render_body
 from outbox.clock import SystemClock
 from outbox.crypto import SecretBox, generate_key
-from outbox.db import make_async_engine
+from outbox.db import make_async_engine, sqlalchemy_url
 from outbox.relay import Relay, RelayConfig
 
 TARGETS = {"slow_share_of_slots": 0.8, "instant_share_of_ceiling": 0.35, "two_over_one": 1.4}
@@ -70,9 +73,13 @@ async def drain(
     key_setting = generate_key("bench")
     box = SecretBox.from_setting(key_setting)
     _preload_events(url, backlog, 1, receiver.url(f"{path}/{database}"), box)
+    postmaster = cluster.postmaster_pid()
     engine = make_async_engine(url, pool_pre_ping=False)
+    # The relay's share of the whole cost: it runs here, before the workers start.
+    relay_from = cost.snapshot(url, postmaster, time.process_time())
     await Relay(engine, SystemClock(), RelayConfig(batch_size=2000)).run_until_idle()
     await engine.dispose()
+    relay_to = cost.snapshot(url, postmaster, time.process_time())
     _vacuum(url)
     await receiver.arrivals()  # forget earlier runs' arrivals
     before = await receiver.count()
@@ -91,18 +98,33 @@ async def drain(
     )
     workers.start()
     deadline = time.time() + 60 + backlog / 50
-    cpu_from: tuple[int, float] | None = None  # (arrived, worker CPU s) once the drain began
+    # (arrived, worker CPU s, whole-cost snapshot) once the drain began
+    cpu_from: tuple[int, float, cost.Snapshot] | None = None
     try:
         while (arrived := await receiver.count() - before) < backlog:
             if cpu_from is None and arrived:
-                cpu_from = (arrived, workers.cpu_seconds())
+                worker_cpu = workers.cpu_seconds()
+                cpu_from = (
+                    arrived,
+                    worker_cpu,
+                    cost.snapshot(url, postmaster, worker_cpu, receiver=receiver.pid),
+                )
             if time.time() > deadline:
                 raise RuntimeError(f"drain of {backlog} did not finish; see {logs}")
             await asyncio.sleep(0.02)
         cpu_to = workers.cpu_seconds()
+        await _recorded(url, backlog, deadline)
+        whole_to = cost.snapshot(url, postmaster, workers.cpu_seconds(), receiver=receiver.pid)
     finally:
         workers.stop()
-    start_count, start_cpu = cpu_from or (0, cpu_to)
+    # Commits and WAL once the workers' backends are gone (their counters are flushed
+    # at exit, at most once a second before): the drain's, and a shutdown's few.
+    cost.wait_for_exit(url)
+    settled = cost.snapshot(url, postmaster, 0.0)
+    whole_to.commits, whole_to.wal = settled.commits, settled.wal
+    start_count, start_cpu, whole_from = cpu_from or (0, cpu_to, whole_to)
+    delivered = cost.window(whole_from, whole_to, backlog - start_count)
+    relayed = cost.window(relay_from, relay_to, backlog)
     arrivals = await receiver.arrivals()
     times = sorted(t for _, t in arrivals)
     # The last request is answered `latency` after it arrived: that is when the drain ends.
@@ -119,11 +141,40 @@ async def drain(
         "worker_cpu_ms_per_delivery": round(
             (cpu_to - start_cpu) * 1000 / max(backlog - start_count, 1), 3
         ),
+        # Issue 26: the whole cost per delivery (bench/cost.py): the relay's fan-out
+        # before the workers start, plus the drain (claim, send, record) from the first
+        # arrival until every outcome is written; and `deliveries`' indexes and HOT ratio.
+        "cost": {
+            "relay": relayed,
+            "drain": delivered,
+            "whole": cost.add(relayed, delivered),
+            "table": cost.table_stats(url),
+        },
     }
 
 
-def _ceiling_in_process(url: str, body: bytes, concurrency: int, seconds: float) -> int:
-    async def measure() -> int:
+async def _recorded(url: str, backlog: int, deadline: float) -> None:
+    """Wait until every outcome of the drain is written (arrival comes before the record)."""
+    engine = create_engine(sqlalchemy_url(url))
+    try:
+        while True:
+            with engine.connect() as conn:
+                done = conn.execute(
+                    text("SELECT count(*) FROM deliveries WHERE state = 'succeeded'")
+                ).scalar_one()
+            if done >= backlog or time.time() > deadline:
+                return
+            await asyncio.sleep(0.02)
+    finally:
+        engine.dispose()
+
+
+def _ceiling_in_process(
+    url: str, body: bytes, concurrency: int, seconds: float
+) -> tuple[int, float]:
+    """(requests/s, client CPU ms per request) of a bare aiohttp client."""
+
+    async def measure() -> tuple[int, float]:
         import aiohttp
 
         connector = aiohttp.TCPConnector(limit=concurrency)
@@ -144,9 +195,10 @@ def _ceiling_in_process(url: str, body: bytes, concurrency: int, seconds: float)
                     await post()
                     done += 1
 
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), time.process_time()
             await asyncio.gather(*(one() for _ in range(concurrency)))
-            return round(done / (time.perf_counter() - began))
+            rate = round(done / (time.perf_counter() - began))
+            return rate, round((time.process_time() - cpu) * 1000 / max(done, 1), 4)
 
     try:
         import uvloop
@@ -162,7 +214,7 @@ async def raw_ceiling(receiver: ReceiverProcess, plan: Plan) -> dict[str, Any]:
     context = multiprocessing.get_context("spawn")
     loop = asyncio.get_running_loop()
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
-        rate = await loop.run_in_executor(
+        rate, cpu_ms = await loop.run_in_executor(
             pool,
             _ceiling_in_process,
             receiver.url("/ceiling"),
@@ -171,7 +223,12 @@ async def raw_ceiling(receiver: ReceiverProcess, plan: Plan) -> dict[str, Any]:
             plan.transport_seconds,
         )
     await receiver.arrivals()
-    return {"requests_per_s": rate, "concurrency": concurrency, "body_bytes": len(body)}
+    return {
+        "requests_per_s": rate,
+        "concurrency": concurrency,
+        "body_bytes": len(body),
+        "client_cpu_ms_per_request": cpu_ms,
+    }
 
 
 def _payload_json() -> str:
@@ -196,6 +253,13 @@ async def drains(
         latency=plan.drain_latency,
     )
     ceiling = await raw_ceiling(receiver, plan)
+    queue = cost.floor_queue(
+        cluster.database_url(cluster.new_database("floor")),
+        cluster.postmaster_pid(),
+        plan.floor_jobs,
+        plan.worker_batch_size,
+    )
+    floor = cost.floor(ceiling, queue)
     one = await drain(cluster, receiver, plan, logs, backlog=plan.drain_backlog, path="/drain")
     two = await drain(
         cluster, receiver, plan, logs, backlog=plan.drain_backlog, path="/drain", processes=2
@@ -214,6 +278,7 @@ async def drains(
         "instant_1": one,
         "instant_2": two,
         "ratios": ratios,
+        "floor": floor,
         "targets": TARGETS,
         "verdicts": {name: ratios[name] >= goal for name, goal in TARGETS.items()},
     }

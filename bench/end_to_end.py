@@ -13,9 +13,10 @@ from typing import Any
 import psycopg
 from pgqueuer import PsycopgDriver
 from pgqueuer.queries import Queries
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bench import cost
 from bench.cluster import (
     EVENT_TYPE,
     LOOPBACK,
@@ -50,6 +51,10 @@ class Producer:
     async def close(self) -> None:
         return None
 
+    def backend_pids(self) -> list[int] | None:
+        """The application's backends (their CPU is not the service's); None: unknown."""
+        return None
+
 
 class _PsycopgPool:
     """A fixed set of the application's psycopg connections, one per producer task."""
@@ -70,6 +75,9 @@ class _PsycopgPool:
     async def close(self) -> None:
         for conn in self._all:
             await conn.close()
+
+    def backend_pids(self) -> list[int]:
+        return [conn.info.backend_pid for conn in self._all]
 
 
 class OursProducer(Producer):
@@ -107,6 +115,9 @@ class OursProducer(Producer):
             await self._engine.dispose()
         if self._pool is not None:
             await self._pool.close()
+
+    def backend_pids(self) -> list[int] | None:
+        return self._pool.backend_pids() if self._pool is not None else None
 
 
 class PeerProducer(Producer):
@@ -265,6 +276,12 @@ class EndToEnd:
     producer_cpu_ms_per_event: float = 0.0
     unsigned_requests: int = 0
     seconds: float = 0.0
+    # Issue 26 (bench/cost.py): the whole cost per delivery over the steps (after the
+    # warm-up, until every outcome of the last step is written), ours only, psycopg
+    # application only (its backends are known and taken out); `deliveries`' indexes
+    # and HOT ratio after the run.
+    cost: dict[str, Any] | None = None
+    table: dict[str, Any] | None = None
 
 
 async def end_to_end(
@@ -327,8 +344,17 @@ async def end_to_end(
     unsigned_before = await receiver.unsigned()
     workers.start()
     await producer.start()
+    app_backends = producer.backend_pids() if system == "ours" else None
+    whole_from: cost.Snapshot | None = None
+    delivered_from = 0
     try:
         await _warm_up(receiver, producer, fanout)
+        if app_backends is not None:
+            await _settled(url)
+            whole_from = cost.snapshot(
+                url, cluster.postmaster_pid(), workers.cpu_seconds(), app_backends, receiver.pid
+            )
+            delivered_from = await receiver.count()
         producer_cpu = time.process_time()
         for rate in rates:
             step = await run_step(
@@ -347,6 +373,21 @@ async def end_to_end(
         result.producer_cpu_ms_per_event = round(
             (time.process_time() - producer_cpu) * 1000 / max(published, 1), 3
         )
+        if whole_from is not None and app_backends is not None:
+            await _settled(url)
+            whole_to = cost.snapshot(
+                url, cluster.postmaster_pid(), workers.cpu_seconds(), app_backends, receiver.pid
+            )
+            transactions = sum(
+                max(1, round(step.events_per_s * plan.step_seconds / publish_batch))
+                for step in result.steps
+            )
+            result.cost = cost.window(
+                whole_from,
+                whole_to,
+                await receiver.count() - delivered_from,
+                commits_not_ours=transactions,
+            )
     finally:
         result.worker_peak_rss_mb = workers.peak_rss_mb()
         worker_cpu = workers.cpu_seconds()
@@ -356,12 +397,35 @@ async def end_to_end(
     result.unsigned_requests = await receiver.unsigned() - unsigned_before
     await receiver.arrivals()
     commits_after, wal_after = cluster.counters(database)
+    if system == "ours":
+        result.table = cost.table_stats(url)
     if result.deliveries:
         result.worker_cpu_ms_per_delivery = round(worker_cpu * 1000 / result.deliveries, 3)
         result.commits_per_delivery = round((commits_after - commits_before) / result.deliveries, 3)
         result.wal_bytes_per_delivery = round((wal_after - wal_before) / result.deliveries)
     result.seconds = round(time.perf_counter() - began, 1)
     return result
+
+
+async def _settled(url: str, seconds: float = 30.0) -> None:
+    """Wait until nothing is scheduled or in flight: every outcome so far is written."""
+    engine = create_engine(sqlalchemy_url(url))
+    deadline = time.time() + seconds
+    try:
+        while time.time() < deadline:
+            with engine.connect() as conn:
+                pending = conn.execute(
+                    text(
+                        "SELECT (SELECT count(*) FROM deliveries"
+                        " WHERE state IN ('scheduled', 'in_flight'))"
+                        " + (SELECT count(*) FROM outbox_events WHERE relayed_at IS NULL)"
+                    )
+                ).scalar_one()
+            if not pending:
+                return
+            await asyncio.sleep(0.02)
+    finally:
+        engine.dispose()
 
 
 async def _warm_up(receiver: ReceiverProcess, producer: Producer, fanout: int) -> None:

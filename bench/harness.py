@@ -121,6 +121,9 @@ async def _run(
         if "publish" in plan.sections and "core" not in plan.sections:  # (core runs it too)
             progress("publish() per event, with and without an idempotency key")
             results["publish"] = publish_cost(cluster, plan)
+        if "cost" in plan.sections:
+            progress("cost per delivery: floor, instant drains, open loop (issue 26 alone)")
+            results["cost"] = await cost_section(cluster, receiver, plan, logs, progress)
         if "core" not in plan.sections:
             if "scale" in plan.sections:  # (core runs it too)
                 from bench import scale
@@ -173,6 +176,41 @@ async def _run(
         results["rss"] = await rss_in_flight(cluster, receiver, plan, logs)
     results["ratios"] = ratios(results["end_to_end"])
     return results
+
+
+async def cost_section(
+    cluster: Cluster,
+    receiver: ReceiverProcess,
+    plan: Plan,
+    logs: Path,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """Issue 26's rows alone (`--only cost`): the floor, the instant drain with 1 and 2
+    processes, and ours in the open loop at the highest fan-out with 1 and 2 processes."""
+    from bench import cost
+    from bench.drain import drain, raw_ceiling
+
+    ceiling = await raw_ceiling(receiver, plan)
+    queue = cost.floor_queue(
+        cluster.database_url(cluster.new_database("floor")),
+        cluster.postmaster_pid(),
+        plan.floor_jobs,
+        plan.worker_batch_size,
+    )
+    found: dict[str, Any] = {"ceiling": ceiling, "floor": cost.floor(ceiling, queue)}
+    for processes in (1, 2):
+        progress(f"instant drain, {processes} process(es)")
+        found[f"instant_{processes}"] = await drain(
+            cluster, receiver, plan, logs, backlog=plan.drain_backlog, path="/drain",
+            processes=processes,
+        )  # fmt: skip
+    found["end_to_end"] = []
+    for processes in (1, 2):
+        spec = {"system": "ours", "fanout": max(plan.fanouts), "processes": processes}
+        progress(f"end to end: {spec}")
+        outcome = await end_to_end(cluster, receiver, plan, logs, **spec)  # type: ignore[arg-type]
+        found["end_to_end"].append(_as_json(outcome))
+    return found
 
 
 def sustained_median(runs: list[dict[str, Any]], **match: Any) -> float | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import scale
-from bench.__main__ import _table, drain_report, end_to_end_report, target_table
+from bench.__main__ import _table, cost_report, drain_report, end_to_end_report, target_table
 from bench.components import publish_report
 
 BEGIN = "<!-- bench: {path} -->"
@@ -77,6 +77,8 @@ def render(path: str, results: dict[str, Any]) -> str:
         lines += ["", *end_to_end_report(results)]
     if "drain" in results:
         lines += ["", *drain_report(results["drain"])]
+    if cost_lines := cost_report(results):
+        lines += ["", *cost_lines]
     if "scale" in results:
         lines += [
             "",

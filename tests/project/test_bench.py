@@ -110,6 +110,18 @@ def test_quick_benchmark_measures_every_figure() -> None:
         assert outcome["worker_cpu_ms_per_delivery"] > 0
         assert outcome["producer_cpu_ms_per_event"] > 0
         assert outcome["unsigned_requests"] == 0
+        # Issue 26: the whole cost over the steps, ours with a psycopg application only.
+        measured = outcome["system"] == "ours" and outcome["application"] == "psycopg"
+        assert (outcome["cost"] is not None) == measured, outcome
+        if measured:
+            assert outcome["cost"]["deliveries"] >= step["latency_ms"]["count"]
+            assert outcome["cost"]["service_cpu_ms"] > 0
+            assert outcome["cost"]["postgres_cpu_ms"] > 0
+            assert outcome["cost"]["wal_bytes"] > 0
+            assert outcome["table"]["indexes"] == 14
+            # at least the outcome's update each (a delivery the relay hands to its own
+            # worker is inserted claimed: no claim update)
+            assert outcome["table"]["updates"] >= outcome["deliveries"]
     assert set(results["ratios"]) == {"fanout_1", "fanout_2"}
 
     # Scale (issue 10), at its quick sizes: every drain delivered everything due, the relay
@@ -139,6 +151,21 @@ def test_quick_benchmark_measures_every_figure() -> None:
     assert drain["instant_2"]["processes"] == 2
     assert drain["ceiling"]["requests_per_s"] > 0
     assert set(drain["ratios"]) == set(drain["targets"]) == set(drain["verdicts"])
+    # Issue 26: the whole cost of each instant drain (relay included) and the floor.
+    for key in ("instant_1", "instant_2"):
+        whole = drain[key]["cost"]["whole"]
+        assert whole["whole_cpu_ms"] == pytest.approx(
+            whole["service_cpu_ms"] + whole["postgres_cpu_ms"], abs=1e-3
+        )
+        assert whole["postgres_cpu_ms"] > 0 and whole["wal_bytes"] > 0 and whole["commits"] > 0
+        table = drain[key]["cost"]["table"]
+        assert (table["inserts"], table["updates"]) == (200, 400)  # a claim and an outcome each
+    floor = drain["floor"]
+    assert floor["queue"]["jobs"] == plan.floor_jobs
+    assert floor["cpu_ms"] == pytest.approx(
+        floor["http_client_cpu_ms"] + floor["queue_postgres_cpu_ms"], abs=1e-3
+    )
+    assert floor["http_client_cpu_ms"] > 0 and floor["queue_postgres_cpu_ms"] > 0
 
     flat = results["flat"]
     assert flat["grown"]["backlog"] == plan.flat_backlog
@@ -163,6 +190,9 @@ def test_quick_benchmark_measures_every_figure() -> None:
     assert "slowdown with 300 backlog, 1,000 history" in text
     assert "instant_share_of_ceiling" not in text  # rows are named, ratios shown
     assert "raw aiohttp ceiling" in text and "slow partner (200 ms)" in text
+    assert "whole CPU per delivery / floor, instant drain" in text
+    assert "whole CPU per delivery / floor, open loop fan-out 2" in text
+    assert "floor: raw HTTP client" in text and "14 indexes, HOT" in text
 
 
 class _OneDatabase:
