@@ -1,0 +1,117 @@
+"""A claim that needs more than one round: endpoints whose due rows per-key ordering holds
+are set aside and the same claim goes on to the others, within its batch and its rounds.
+Real PostgreSQL, a manual clock; nothing is sent (the worker only claims)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+
+import httpx
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from delivery.health import EndpointLimits, set_endpoint_limits
+from delivery.worker import Worker, WorkerConfig
+from outbox import publish
+from outbox.clock import ManualClock
+from outbox.crypto import SecretBox
+from outbox.endpoints import CreatedEndpoint
+from outbox.relay import Relay
+from tests.helpers import add_endpoint, rows
+
+
+async def stuck_endpoints(
+    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox, count: int
+) -> list[CreatedEndpoint]:
+    """`count` ordered endpoints whose one due row waits behind its key's dead head (block):
+    each has a head, and nothing a claim may take."""
+    stuck = [add_endpoint(engine, box, f"http://127.0.0.1:1/s{i}", "blk.*") for i in range(count)]
+    with engine.begin() as conn:
+        for endpoint in stuck:
+            set_endpoint_limits(
+                conn, endpoint.endpoint.uid, EndpointLimits(ordered=True), actor="test"
+            )
+        first = publish(conn, "blk.x", {}, ordering_key="k")
+        publish(conn, "blk.x", {}, ordering_key="k")
+    await Relay(async_engine, clock).run_until_idle()
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                """UPDATE deliveries SET state = 'dead', completed_at = now()
+                   WHERE event_id = (SELECT id FROM outbox_events WHERE message_id = :m)"""
+            ),
+            {"m": first},
+        )
+    return stuck
+
+
+def due_since(engine: Engine, endpoint: CreatedEndpoint, at: dt.datetime) -> None:
+    """The endpoint's scheduled rows fell due at `at` (heads' age decides the claim order)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE deliveries SET next_attempt_at = :at"
+                " WHERE endpoint_id = :e AND state = 'scheduled'"
+            ),
+            {"at": at, "e": endpoint.endpoint.id},
+        )
+
+
+async def test_a_second_round_fills_the_batch_to_its_limit_and_keeps_the_first_rounds_claims(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    http: httpx.AsyncClient,
+) -> None:
+    stuck = await stuck_endpoints(engine, async_engine, clock, box, 3)
+    live = add_endpoint(engine, box, "http://127.0.0.1:1/live", "live.*")
+    backlog = add_endpoint(engine, box, "http://127.0.0.1:1/bulk", "bulk.*")
+    with engine.begin() as conn:
+        for i in range(3):
+            publish(conn, "live.x", {"i": i})
+        for i in range(10):
+            publish(conn, "bulk.x", {"i": i})
+    await Relay(async_engine, clock).run_until_idle()
+    now = clock.now()
+    for age, endpoint in enumerate([*stuck, live, backlog]):
+        due_since(engine, endpoint, now - dt.timedelta(hours=10 - age))
+    w = Worker(async_engine, http, box, clock, WorkerConfig())
+    # Round 1 visits the four oldest heads: three stuck endpoints and `live`, which gives
+    # two rows (twice its share of 4). Round 2 sets the stuck ones aside and takes the two
+    # rows the batch has room for, from `live` and `backlog`.
+    batch = await w.claim(4)
+    assert w.claims == 2
+    assert len(batch) == 4
+    assert Counter(c.endpoint_uid for c in batch) == {
+        live.endpoint.uid: 3,
+        backlog.endpoint.uid: 1,
+    }
+    # The batch is exactly what this claim leased: no row is leased and left out of it.
+    leased = rows(engine, "SELECT id FROM deliveries WHERE state = 'in_flight'")
+    assert sorted(r["id"] for r in leased) == sorted(c.id for c in batch)
+
+
+async def test_a_claim_stops_after_three_rounds_and_the_next_one_starts_past_them(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    http: httpx.AsyncClient,
+) -> None:
+    """A claim's cost is bounded: three rounds of `limit` endpoints at most. What they found
+    barren stays set aside for the next claim, which then reaches the rest at once."""
+    stuck = await stuck_endpoints(engine, async_engine, clock, box, 6)
+    live = add_endpoint(engine, box, "http://127.0.0.1:1/live", "live.*")
+    with engine.begin() as conn:
+        publish(conn, "live.x", {})
+    await Relay(async_engine, clock).run_until_idle()
+    now = clock.now()
+    for age, endpoint in enumerate([*stuck, live]):
+        due_since(engine, endpoint, now - dt.timedelta(hours=10 - age))
+    w = Worker(async_engine, http, box, clock, WorkerConfig())
+    assert await w.claim(2) == []
+    assert w.claims == 3
+    batch = await w.claim(2)
+    assert [c.endpoint_uid for c in batch] == [live.endpoint.uid]
