@@ -229,7 +229,7 @@ def _existing(copy: Path, selection: list[str] | tuple[str, ...]) -> list[str]:
         if item == "-k":
             skip_next = True
             out.append(item)
-        elif item.startswith("tests/") and not (copy / item).exists():
+        elif item.startswith("tests/") and not (copy / item.split("::")[0]).exists():
             continue
         else:
             out.append(item)
@@ -345,6 +345,22 @@ def no_match(module: str, only: Sequence[str], functions: set[str]) -> str:
     )
 
 
+def _no_durability(url: str) -> None:
+    """A throwaway server need not survive a power cut (as the suite's own, tests/conftest.py):
+    every test clones the template with CREATE DATABASE, which checkpoints; with fsync on, a
+    clone on a busy disk took minutes and the run stalled on it."""
+    from sqlalchemy import create_engine, text
+
+    from outbox.db import sqlalchemy_url
+
+    engine = create_engine(sqlalchemy_url(url), isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        for setting in ("fsync", "synchronous_commit", "full_page_writes"):
+            conn.execute(text(f"ALTER SYSTEM SET {setting} = off"))
+        conn.execute(text("SELECT pg_reload_conf()"))
+    engine.dispose()
+
+
 def failure_tail(returncode: int, stdout: str, stderr: str, counts: dict[str, int]) -> str:
     """What mutmut said when the run proves nothing: it exited non-zero, or every mutant
     is "not checked" (its clean test run failed, which mutmut 3 reports on stdout with a
@@ -446,6 +462,13 @@ def main(argv: list[str] | None = None) -> int:
         " (`_Pool.*`), or a glob of mutmut's mutant names (with `__mutmut_`); repeatable",
     )
     parser.add_argument(
+        "--tests",
+        metavar="PATH",
+        action="append",
+        help="run these test files (or file::test ids) instead of the module's subset in"
+        " MODULES: a narrower first pass; repeatable",
+    )
+    parser.add_argument(
         "--max-children", type=int, metavar="N", help="mutmut's parallel mutants (default: CPUs)"
     )
     args = parser.parse_args(argv)
@@ -456,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
             f"unknown module {unknown[0]!r}; choose from {', '.join([*MODULES, *sql_files])}"
         )
     modules = [m for m in (args.modules or list(MODULES)) if m in MODULES]
+    if args.tests and len(modules) != 1:
+        parser.error("--tests replaces one module's subset: name that module")
     if args.only:
         if len(modules) != 1:
             parser.error("--only selects functions of one module: name that module")
@@ -474,12 +499,13 @@ def main(argv: list[str] | None = None) -> int:
         _export(args.rev, copy)
         server = EmbeddedPostgres(root / "pg", delete_on_stop=True)
         os.environ["OUTBOX_TEST_DATABASE_URL"] = server.start()
+        _no_durability(os.environ["OUTBOX_TEST_DATABASE_URL"])
         try:
             if not args.sql_only:
                 for module in modules:
                     print(f"mutmut: {module}", flush=True)
                     result = _mutmut_module(
-                        copy, module, MODULES[module], args.only, args.max_children
+                        copy, module, args.tests or MODULES[module], args.only, args.max_children
                     )
                     report["modules"].append(result)
                     if args.out:  # a long run keeps what it has so far

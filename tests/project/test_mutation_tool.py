@@ -18,6 +18,7 @@ from tools.mutation import (
     MODULES,
     SQL_MUTANTS,
     SelectorError,
+    _existing,
     _function_globs,
     apply_mutant,
     failure_tail,
@@ -147,6 +148,7 @@ def test_only_needs_exactly_one_module_and_a_valid_selector(
         ["--only", "claim"],
         ["delivery/worker/claiming.py", "delivery/wire/connect.py", "--only", "claim"],
         ["delivery/worker/claiming.py", "--only", "a.b.c"],
+        ["--tests", "tests/delivery/test_claim_rounds.py"],
     ):
         with pytest.raises(SystemExit) as exited:
             main(argv)
@@ -154,6 +156,15 @@ def test_only_needs_exactly_one_module_and_a_valid_selector(
     said = capsys.readouterr().err
     assert "--only selects functions of one module" in said
     assert "'a.b.c': name a function" in said
+    assert "--tests replaces one module's subset" in said
+
+
+def test_a_narrower_subset_may_name_single_tests() -> None:
+    """`--tests file::test` keeps the test when its file exists (an older revision without
+    the file drops it, as it drops a missing file)."""
+    named = "tests/delivery/test_claim_rounds.py::test_a_second_round_fills_the_batch"
+    kept = _existing(ROOT, [named, "tests/delivery/nothing.py::test_x", "-k", "not slow"])
+    assert kept == [named, "-k", "not slow"]
 
 
 def test_a_selection_that_matched_nothing_names_the_functions_there_are() -> None:
