@@ -115,3 +115,30 @@ async def test_a_claim_stops_after_three_rounds_and_the_next_one_starts_past_the
     assert w.claims == 3
     batch = await w.claim(2)
     assert [c.endpoint_uid for c in batch] == [live.endpoint.uid]
+
+
+async def test_a_claim_whose_first_round_fills_the_batch_runs_no_other(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    http: httpx.AsyncClient,
+) -> None:
+    """A barren endpoint and more left out would call for another round, but the batch is
+    full: another round would lock the gates again to claim nothing."""
+    stuck = await stuck_endpoints(engine, async_engine, clock, box, 1)
+    busy = [add_endpoint(engine, box, f"http://127.0.0.1:1/b{i}", f"b{i}.*") for i in range(4)]
+    with engine.begin() as conn:
+        for i in range(4):
+            for _ in range(2):
+                publish(conn, f"b{i}.x", {})
+    await Relay(async_engine, clock).run_until_idle()
+    now = clock.now()
+    for age, endpoint in enumerate([*stuck, *busy]):
+        due_since(engine, endpoint, now - dt.timedelta(hours=10 - age))
+    w = Worker(async_engine, http, box, clock, WorkerConfig())
+    # The stuck endpoint and three busy ones are visited (the fourth is left out); two
+    # rows from each of two busy endpoints fill the batch.
+    batch = await w.claim(4)
+    assert len(batch) == 4
+    assert w.claims == 1
