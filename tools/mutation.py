@@ -64,7 +64,7 @@ _WORKER_TESTS = [
     "tests/delivery/test_documented_rules.py",
     "tests/delivery/test_handoff.py",
     "tests/delivery/test_claim_on_completion.py",
-    "tests/delivery/test_claim_rounds.py",
+    "tests/delivery/test_claiming.py",
     "tests/delivery/test_worker_outcomes.py",
     "-k",
     "not httpx",

@@ -148,7 +148,7 @@ def test_only_needs_exactly_one_module_and_a_valid_selector(
         ["--only", "claim"],
         ["delivery/worker/claiming.py", "delivery/wire/connect.py", "--only", "claim"],
         ["delivery/worker/claiming.py", "--only", "a.b.c"],
-        ["--tests", "tests/delivery/test_claim_rounds.py"],
+        ["--tests", "tests/delivery/test_claiming.py"],
     ):
         with pytest.raises(SystemExit) as exited:
             main(argv)
@@ -162,7 +162,7 @@ def test_only_needs_exactly_one_module_and_a_valid_selector(
 def test_a_narrower_subset_may_name_single_tests() -> None:
     """`--tests file::test` keeps the test when its file exists (an older revision without
     the file drops it, as it drops a missing file)."""
-    named = "tests/delivery/test_claim_rounds.py::test_a_second_round_fills_the_batch"
+    named = "tests/delivery/test_claiming.py::test_a_second_round_fills_the_batch"
     kept = _existing(ROOT, [named, "tests/delivery/nothing.py::test_x", "-k", "not slow"])
     assert kept == [named, "-k", "not slow"]
 

@@ -1,9 +1,11 @@
-"""A claim that needs more than one round: endpoints whose due rows per-key ordering holds
-are set aside and the same claim goes on to the others, within its batch and its rounds.
-Real PostgreSQL, a manual clock; nothing is sent (the worker only claims)."""
+"""The worker's claims (delivery/worker/claiming.py): a claim that needs more than one
+round (endpoints whose due rows per-key ordering holds are set aside and the same claim
+goes on to the others, within its batch and its rounds), and this worker's share of
+slots per endpoint. Real PostgreSQL, a manual clock, a real receiver on 127.0.0.1."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections import Counter
 
@@ -12,13 +14,14 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.health import EndpointLimits, set_endpoint_limits
-from delivery.worker import Worker, WorkerConfig
+from delivery.receiver import Behaviour, ReceivedRequest, Receiver
+from delivery.worker import BARREN_FOR, Worker, WorkerConfig
 from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.endpoints import CreatedEndpoint
 from outbox.relay import Relay
-from tests.helpers import add_endpoint, rows
+from tests.helpers import add_endpoint, rows, until
 
 
 async def stuck_endpoints(
@@ -113,6 +116,11 @@ async def test_a_claim_stops_after_three_rounds_and_the_next_one_starts_past_the
     w = Worker(async_engine, http, box, clock, WorkerConfig())
     assert await w.claim(2) == []
     assert w.claims == 3
+    # Set aside for BARREN_FOR exactly: then the stuck endpoints' turn comes back (and the
+    # claim spends its rounds on them again), so a key that frees up is not left waiting.
+    clock.advance(BARREN_FOR.total_seconds())
+    assert await w.claim(2) == []
+    assert w.claims == 6
     batch = await w.claim(2)
     assert [c.endpoint_uid for c in batch] == [live.endpoint.uid]
 
@@ -142,3 +150,45 @@ async def test_a_claim_whose_first_round_fills_the_batch_runs_no_other(
     batch = await w.claim(4)
     assert len(batch) == 4
     assert w.claims == 1
+
+
+async def test_an_endpoint_takes_at_most_its_share_of_this_workers_slots(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    http: httpx.AsyncClient,
+    receiver: Receiver,
+) -> None:
+    """Four slots, two per endpoint: with its two attempts still running, an endpoint with
+    older due rows is not claimed again, and a newer one takes the other two slots.
+    (`busy` has an in-flight limit of its own, so the claims read every candidate.)"""
+    release = asyncio.Event()
+
+    async def hold(_: ReceivedRequest) -> Behaviour:
+        await release.wait()
+        return Behaviour()
+
+    busy = add_endpoint(engine, box, receiver.route("/busy", hold), "busy.*")
+    other = add_endpoint(engine, box, receiver.route("/other", hold), "other.*")
+    with engine.begin() as conn:
+        set_endpoint_limits(conn, busy.endpoint.uid, EndpointLimits(max_in_flight=10), actor="t")
+        for _ in range(4):
+            publish(conn, "busy.x", {})
+        for _ in range(2):
+            publish(conn, "other.x", {})
+    await Relay(async_engine, clock).run_until_idle()
+    now = clock.now()
+    due_since(engine, busy, now - dt.timedelta(hours=2))
+    due_since(engine, other, now - dt.timedelta(hours=1))
+    w = Worker(async_engine, http, box, clock, WorkerConfig(max_in_flight=4, batch_size=1))
+    assert w.config.endpoint_slots == 2
+    stop = asyncio.Event()
+    running = asyncio.create_task(w.run(stop))
+    try:
+        await until(lambda: len(receiver.requests) == 4, "four attempts in flight")
+        assert Counter(r.path for r in receiver.requests) == {"/busy": 2, "/other": 2}
+    finally:
+        release.set()
+        stop.set()
+        await running
