@@ -36,9 +36,21 @@ async def read_all(response: WireResponse) -> bytes:
 # -- what a broken answer is called ---------------------------------------------------
 
 
-async def test_a_body_cut_by_the_close_is_a_protocol_error_mid_body() -> None:
+@pytest.mark.parametrize(
+    "truncated",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nonly5",
+        # Chunked bodies end at their last chunk, not at the close: cut inside a chunk,
+        # or after a whole chunk with the last one missing.
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nonl",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n",
+        # The last chunk without the blank line that ends the message.
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n",
+    ],
+    ids=["content-length", "chunked-mid-chunk", "chunked-no-last-chunk", "chunked-no-end"],
+)
+async def test_a_body_cut_by_the_close_is_a_protocol_error_mid_body(truncated: bytes) -> None:
     wire = WireTransport(policy=AddressPolicy(LOOPBACK))
-    truncated = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nonly5"
     async with scripted(truncated, close_after_each=True) as server:
         response = await wire.post(server.url, {}, b"{}", deadline=5.0)
         with pytest.raises(httpx.RemoteProtocolError) as caught:
