@@ -162,7 +162,8 @@ async def test_an_endpoint_takes_at_most_its_share_of_this_workers_slots(
 ) -> None:
     """Four slots, two per endpoint: with its two attempts still running, an endpoint with
     older due rows is not claimed again, and a newer one takes the other two slots.
-    (`busy` has an in-flight limit of its own, so the claims read every candidate.)"""
+    (In-flight limits of their own make both endpoints gated, so the claims read every
+    candidate and this worker's share is applied to the budgets.)"""
     release = asyncio.Event()
 
     async def hold(_: ReceivedRequest) -> Behaviour:
@@ -172,7 +173,9 @@ async def test_an_endpoint_takes_at_most_its_share_of_this_workers_slots(
     busy = add_endpoint(engine, box, receiver.route("/busy", hold), "busy.*")
     other = add_endpoint(engine, box, receiver.route("/other", hold), "other.*")
     with engine.begin() as conn:
-        set_endpoint_limits(conn, busy.endpoint.uid, EndpointLimits(max_in_flight=10), actor="t")
+        for endpoint in (busy, other):
+            limits = EndpointLimits(max_in_flight=10)
+            set_endpoint_limits(conn, endpoint.endpoint.uid, limits, actor="test")
         for _ in range(4):
             publish(conn, "busy.x", {})
         for _ in range(2):
