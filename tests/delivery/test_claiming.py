@@ -21,22 +21,31 @@ from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.endpoints import CreatedEndpoint
 from outbox.relay import Relay
+from outbox.tenants import DEFAULT_TENANT, create_tenant
 from tests.helpers import add_endpoint, rows, until
 
 
 async def stuck_endpoints(
-    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox, count: int
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    count: int,
+    tenant: str = DEFAULT_TENANT,
 ) -> list[CreatedEndpoint]:
     """`count` ordered endpoints whose one due row waits behind its key's dead head (block):
     each has a head, and nothing a claim may take."""
-    stuck = [add_endpoint(engine, box, f"http://127.0.0.1:1/s{i}", "blk.*") for i in range(count)]
+    stuck = [
+        add_endpoint(engine, box, f"http://127.0.0.1:1/s{i}", "blk.*", tenant=tenant)
+        for i in range(count)
+    ]
     with engine.begin() as conn:
         for endpoint in stuck:
             set_endpoint_limits(
                 conn, endpoint.endpoint.uid, EndpointLimits(ordered=True), actor="test"
             )
-        first = publish(conn, "blk.x", {}, ordering_key="k")
-        publish(conn, "blk.x", {}, ordering_key="k")
+        first = publish(conn, "blk.x", {}, ordering_key="k", tenant=tenant)
+        publish(conn, "blk.x", {}, ordering_key="k", tenant=tenant)
     await Relay(async_engine, clock).run_until_idle()
     with engine.begin() as conn:
         conn.execute(
@@ -68,6 +77,9 @@ async def test_a_second_round_fills_the_batch_to_its_limit_and_keeps_the_first_r
     box: SecretBox,
     http: httpx.AsyncClient,
 ) -> None:
+    w = Worker(async_engine, http, box, clock, WorkerConfig(lease_seconds=60))
+    assert await w.claim(4) == []
+    assert w.claims == 1  # nothing due: one round, not three
     stuck = await stuck_endpoints(engine, async_engine, clock, box, 3)
     live = add_endpoint(engine, box, "http://127.0.0.1:1/live", "live.*")
     backlog = add_endpoint(engine, box, "http://127.0.0.1:1/bulk", "bulk.*")
@@ -80,20 +92,20 @@ async def test_a_second_round_fills_the_batch_to_its_limit_and_keeps_the_first_r
     now = clock.now()
     for age, endpoint in enumerate([*stuck, live, backlog]):
         due_since(engine, endpoint, now - dt.timedelta(hours=10 - age))
-    w = Worker(async_engine, http, box, clock, WorkerConfig())
     # Round 1 visits the four oldest heads: three stuck endpoints and `live`, which gives
     # two rows (twice its share of 4). Round 2 sets the stuck ones aside and takes the two
     # rows the batch has room for, from `live` and `backlog`.
     batch = await w.claim(4)
-    assert w.claims == 2
+    assert w.claims == 3
     assert len(batch) == 4
     assert Counter(c.endpoint_uid for c in batch) == {
         live.endpoint.uid: 3,
         backlog.endpoint.uid: 1,
     }
     # The batch is exactly what this claim leased: no row is leased and left out of it.
-    leased = rows(engine, "SELECT id FROM deliveries WHERE state = 'in_flight'")
+    leased = rows(engine, "SELECT id, lease_expires_at FROM deliveries WHERE state = 'in_flight'")
     assert sorted(r["id"] for r in leased) == sorted(c.id for c in batch)
+    assert {r["lease_expires_at"] for r in leased} == {now + dt.timedelta(seconds=60)}
 
 
 async def test_a_claim_stops_after_three_rounds_and_the_next_one_starts_past_them(
@@ -123,6 +135,36 @@ async def test_a_claim_stops_after_three_rounds_and_the_next_one_starts_past_the
     assert w.claims == 6
     batch = await w.claim(2)
     assert [c.endpoint_uid for c in batch] == [live.endpoint.uid]
+
+
+async def test_among_many_tenants_the_quick_path_also_sets_stuck_endpoints_aside(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    http: httpx.AsyncClient,
+) -> None:
+    """With a batch's worth of tenants the batch comes from the oldest due rows alone
+    (queries.QUICK_CLAIM_GATES); the endpoints its first round found stuck go last there
+    too, so the same claim reaches the live one."""
+    stuck = []
+    for t in range(3):
+        with engine.begin() as conn:
+            create_tenant(conn, f"t{t}")
+        stuck += await stuck_endpoints(engine, async_engine, clock, box, 1, tenant=f"t{t}")
+    with engine.begin() as conn:
+        create_tenant(conn, "live")
+    live = add_endpoint(engine, box, "http://127.0.0.1:1/live", "live.*", tenant="live")
+    with engine.begin() as conn:
+        publish(conn, "live.x", {}, tenant="live")
+    await Relay(async_engine, clock).run_until_idle()
+    now = clock.now()
+    for age, endpoint in enumerate([*stuck, live]):
+        due_since(engine, endpoint, now - dt.timedelta(hours=10 - age))
+    w = Worker(async_engine, http, box, clock, WorkerConfig())
+    batch = await w.claim(2)
+    assert [c.endpoint_uid for c in batch] == [live.endpoint.uid]
+    assert w.gate_paths["quick"] >= 1
 
 
 async def test_a_claim_whose_first_round_fills_the_batch_runs_no_other(
