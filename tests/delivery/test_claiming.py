@@ -237,3 +237,26 @@ async def test_an_endpoint_takes_at_most_its_share_of_this_workers_slots(
         release.set()
         stop.set()
         await running
+
+
+async def test_a_round_that_visited_every_candidate_is_not_repeated(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    http: httpx.AsyncClient,
+) -> None:
+    """A stuck endpoint beside all the others: nothing was left out, so another round
+    would visit the same endpoints again and find nothing more."""
+    stuck = await stuck_endpoints(engine, async_engine, clock, box, 1)
+    live = add_endpoint(engine, box, "http://127.0.0.1:1/live", "live.*")
+    with engine.begin() as conn:
+        publish(conn, "live.x", {})
+    await Relay(async_engine, clock).run_until_idle()
+    now = clock.now()
+    for age, endpoint in enumerate([*stuck, live]):
+        due_since(engine, endpoint, now - dt.timedelta(hours=10 - age))
+    w = Worker(async_engine, http, box, clock, WorkerConfig())
+    batch = await w.claim(4)
+    assert [c.endpoint_uid for c in batch] == [live.endpoint.uid]
+    assert w.claims == 1
