@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 from collections import Counter
 
 import httpx
@@ -102,6 +103,11 @@ async def test_a_second_round_fills_the_batch_to_its_limit_and_keeps_the_first_r
         live.endpoint.uid: 3,
         backlog.endpoint.uid: 1,
     }
+    # Each row is sent as its own event type (one claim prepares both types).
+    types = {live.endpoint.uid: "live.x", backlog.endpoint.uid: "bulk.x"}
+    for claimed in batch:
+        assert claimed.event_type == types[claimed.endpoint_uid]
+        assert json.loads(claimed.request.body)["type"] == claimed.event_type
     # The batch is exactly what this claim leased: no row is leased and left out of it.
     leased = rows(engine, "SELECT id, lease_expires_at FROM deliveries WHERE state = 'in_flight'")
     assert sorted(r["id"] for r in leased) == sorted(c.id for c in batch)
