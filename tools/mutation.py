@@ -70,6 +70,14 @@ _WORKER_TESTS = [
     "not httpx",
 ]
 
+# Claims also decide which path finds the batch (the worker's `gate_paths`, pinned there).
+_CLAIM_TESTS = [
+    *_WORKER_TESTS[:-2],
+    "tests/delivery/test_claim_rank.py::"
+    "test_the_worker_tries_the_quick_path_while_a_batch_of_tenants_have_work",
+    *_WORKER_TESTS[-2:],
+]
+
 # Module -> the fastest tests that pin its behaviour. Parametrized transports run on
 # httpx only here: the transport is not what these modules decide.
 MODULES: dict[str, list[str]] = {
@@ -114,7 +122,7 @@ MODULES: dict[str, list[str]] = {
         "not in_every_process and not uvloop",
     ],
     "delivery/worker/model.py": _WORKER_TESTS,
-    "delivery/worker/claiming.py": _WORKER_TESTS,
+    "delivery/worker/claiming.py": _CLAIM_TESTS,
     "delivery/worker/outcomes.py": _WORKER_TESTS,
     "delivery/worker/loop.py": _WORKER_TESTS,
     "outbox/deliveries.py": [
