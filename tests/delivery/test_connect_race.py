@@ -116,11 +116,13 @@ async def test_a_loser_that_connected_anyway_is_closed_and_frees_no_place_in_the
     and, never counted by the pool, does not lower its count (a pool that counted one
     connection too few would open one more than its limit). No receiver produces that
     turn on demand, so the race runs here on real connections with a scripted order."""
-    accepted: list[asyncio.StreamReader] = []
+    accepted: list[asyncio.StreamWriter] = []
+    handlers: list[asyncio.Task[None]] = []
     closed = asyncio.Event()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        accepted.append(reader)
+        accepted.append(writer)
+        handlers.append(asyncio.current_task())  # type: ignore[arg-type]
         await reader.read()  # until the client closes
         closed.set()
         writer.close()
@@ -162,4 +164,7 @@ async def test_a_loser_that_connected_anyway_is_closed_and_frees_no_place_in_the
             winner.abort()
         await wire.aclose()
         server.close()
+        for writer in accepted:
+            writer.transport.abort()
+        await asyncio.gather(*handlers, return_exceptions=True)
         await server.wait_closed()
