@@ -3,6 +3,8 @@
     python -m tools.mutation                       # every module below, this checkout
     python -m tools.mutation delivery/ssrf.py      # one module (or several)
     python -m tools.mutation --rev main --out /tmp/before.json   # another git revision
+    python -m tools.mutation delivery/wire/connection.py --no-sql \
+        --only WireResponse.head_received --only '_Pool.*'     # some functions only
 
 Two kinds of mutant, each judged by the fastest test subset that covers the module:
 
@@ -24,6 +26,7 @@ run takes tens of minutes on a free machine; it is not part of the test suite.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import re
@@ -32,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -60,9 +64,18 @@ _WORKER_TESTS = [
     "tests/delivery/test_documented_rules.py",
     "tests/delivery/test_handoff.py",
     "tests/delivery/test_claim_on_completion.py",
+    "tests/delivery/test_claiming.py",
     "tests/delivery/test_worker_outcomes.py",
     "-k",
     "not httpx",
+]
+
+# Claims also decide which path finds the batch (the worker's `gate_paths`, pinned there).
+_CLAIM_TESTS = [
+    *_WORKER_TESTS[:-2],
+    "tests/delivery/test_claim_rank.py::"
+    "test_the_worker_tries_the_quick_path_while_a_batch_of_tenants_have_work",
+    *_WORKER_TESTS[-2:],
 ]
 
 # Module -> the fastest tests that pin its behaviour. Parametrized transports run on
@@ -109,7 +122,7 @@ MODULES: dict[str, list[str]] = {
         "not in_every_process and not uvloop",
     ],
     "delivery/worker/model.py": _WORKER_TESTS,
-    "delivery/worker/claiming.py": _WORKER_TESTS,
+    "delivery/worker/claiming.py": _CLAIM_TESTS,
     "delivery/worker/outcomes.py": _WORKER_TESTS,
     "delivery/worker/loop.py": _WORKER_TESTS,
     "outbox/deliveries.py": [
@@ -128,6 +141,68 @@ MODULES: dict[str, list[str]] = {
     "delivery/wire/connect.py": _WIRE_TESTS,
     "delivery/wire/transport.py": _WIRE_TESTS,
 }
+
+
+# mutmut names a mutant `<module>.x_<function>__mutmut_<n>` (a module function) or
+# `<module>.xǁ<Class>ǁ<method>__mutmut_<n>` (a method); `mutmut run` takes fnmatch globs
+# of those names.
+_CLASS_MARK = "\u01c1"  # ǁ
+_MUTANT_SUFFIX = "__mutmut_"
+
+
+class SelectorError(ValueError):
+    """An `--only` selector that names no function the way mutmut's names can match."""
+
+
+def mutant_globs(module: str, selectors: Sequence[str]) -> list[str]:
+    """mutmut's globs for `--only`: each selector is a function or method name (`claim`,
+    also any class's method of that name), a method (`Claiming.claim`), either with
+    fnmatch wildcards (`_Pool.*`), or a glob of mutmut's own names (one containing
+    `__mutmut_`, e.g. `delivery.wire.connection.x*head_received__mutmut_1?`)."""
+    dotted = module.removesuffix(".py").replace("/", ".")
+    globs: list[str] = []
+    for selector in selectors:
+        if _MUTANT_SUFFIX in selector:
+            globs.append(selector)
+            continue
+        owner, _, function = selector.rpartition(".")
+        if not function or "." in owner or any(c.isspace() for c in selector):
+            raise SelectorError(
+                f"--only {selector!r}: name a function (`head_received`), a method"
+                " (`WireResponse.head_received`), wildcards allowed (`_Pool.*`), or give a"
+                " glob of mutmut's mutant names (containing `__mutmut_`)"
+            )
+        if owner:
+            globs.append(f"{dotted}.x{_CLASS_MARK}{owner}{_CLASS_MARK}{function}{_MUTANT_SUFFIX}*")
+        else:
+            globs.append(f"{dotted}.x_{function}{_MUTANT_SUFFIX}*")
+            globs.append(f"{dotted}.x{_CLASS_MARK}*{_CLASS_MARK}{function}{_MUTANT_SUFFIX}*")
+    return globs
+
+
+def _function_globs(globs: Sequence[str]) -> list[str]:
+    """The same selection as mutmut's names of the functions themselves. mutmut picks the
+    clean run's tests by matching its run arguments against function names (no
+    `__mutmut_` suffix, and only arguments with a `*` are matched, not looked up): without
+    these, the clean run takes the module's whole subset. They match no mutant."""
+    out = []
+    for glob in globs:
+        if glob.endswith(_MUTANT_SUFFIX + "*"):
+            module, dot, function = glob.removesuffix(_MUTANT_SUFFIX + "*").partition(".x")
+            out.append(f"{module}*{dot}{function}")
+    return out
+
+
+def selected(name: str, globs: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, glob) for glob in globs)
+
+
+def function_of(mutant: str) -> str:
+    """`Claiming.claim` or `head_received`: the function a mutmut mutant name is in."""
+    mangled = mutant.partition(_MUTANT_SUFFIX)[0].rpartition(".")[2]
+    if mangled.startswith("x" + _CLASS_MARK):
+        return ".".join(mangled[2:].split(_CLASS_MARK))
+    return mangled.removeprefix("x_")
 
 
 def _export(rev: str | None, into: Path) -> None:
@@ -162,14 +237,20 @@ def _existing(copy: Path, selection: list[str] | tuple[str, ...]) -> list[str]:
         if item == "-k":
             skip_next = True
             out.append(item)
-        elif item.startswith("tests/") and not (copy / item).exists():
+        elif item.startswith("tests/") and not (copy / item.split("::")[0]).exists():
             continue
         else:
             out.append(item)
     return out
 
 
-def _mutmut_module(copy: Path, module: str, selection: list[str]) -> dict[str, Any]:
+def _mutmut_module(
+    copy: Path,
+    module: str,
+    selection: list[str],
+    only: Sequence[str] = (),
+    max_children: int | None = None,
+) -> dict[str, Any]:
     if not any(item.startswith("tests/") for item in _existing(copy, selection)):
         # Without test files the selection would be the whole suite: report, do not run.
         return {
@@ -214,15 +295,25 @@ def _mutmut_module(copy: Path, module: str, selection: list[str]) -> dict[str, A
         handle.write("\n".join(lines) + "\n")
     began = time.monotonic()
     mutmut = [sys.executable, "-m", "mutmut"]
-    run = subprocess.run([*mutmut, "run"], cwd=work, capture_output=True, text=True)
+    globs = mutant_globs(module, only)
+    children = ["--max-children", str(max_children)] if max_children else []
+    run = subprocess.run(
+        [*mutmut, "run", *children, *globs, *_function_globs(globs)],
+        cwd=work,
+        capture_output=True,
+        text=True,
+    )
     results = subprocess.run(
         [*mutmut, "results", "--all", "true"], cwd=work, capture_output=True, text=True
     ).stdout
     statuses: dict[str, str] = {}
+    functions: set[str] = set()
     for line in results.splitlines():
         match = re.match(r"\s*(\S+): (.+)$", line)
         if match:
-            statuses[match.group(1)] = match.group(2).strip()
+            functions.add(function_of(match.group(1)))
+            if not globs or selected(match.group(1), globs):
+                statuses[match.group(1)] = match.group(2).strip()
     survivors = {}
     for name, status in statuses.items():
         if status in ("survived", "no tests", "timeout", "suspicious"):
@@ -231,19 +322,51 @@ def _mutmut_module(copy: Path, module: str, selection: list[str]) -> dict[str, A
             ).stdout
             survivors[name] = {"status": status, "diff": shown}
     counts: dict[str, int] = {}
-    for status in statuses.values():
+    by_function: dict[str, dict[str, int]] = {}
+    for name, status in statuses.items():
         counts[status] = counts.get(status, 0) + 1
+        of = by_function.setdefault(function_of(name), {})
+        of[status] = of.get(status, 0) + 1
     shutil.rmtree(work, ignore_errors=True)
+    tail = failure_tail(run.returncode, run.stdout, run.stderr, counts)
+    if only and not statuses:
+        tail = no_match(module, only, functions) + "\n" + tail
     return {
         "module": module,
         "tests": selection,
+        "only": list(only),
         "mutants": len(statuses),
         "counts": counts,
+        "by_function": by_function,
         "survivors": survivors,
         "seconds": round(time.monotonic() - began, 1),
         "mutmut_exit": run.returncode,
-        "mutmut_tail": failure_tail(run.returncode, run.stdout, run.stderr, counts),
+        "mutmut_tail": tail,
     }
+
+
+def no_match(module: str, only: Sequence[str], functions: set[str]) -> str:
+    """What to say when `--only` selected nothing: the functions that have mutants."""
+    having = ", ".join(sorted(functions)) or "none (mutmut generated no mutant)"
+    return (
+        f"no mutant of {module} matches --only {' '.join(only)}; functions with mutants: {having}"
+    )
+
+
+def _no_durability(url: str) -> None:
+    """A throwaway server need not survive a power cut (as the suite's own, tests/conftest.py):
+    every test clones the template with CREATE DATABASE, which checkpoints; with fsync on, a
+    clone on a busy disk took minutes and the run stalled on it."""
+    from sqlalchemy import create_engine, text
+
+    from outbox.db import sqlalchemy_url
+
+    engine = create_engine(sqlalchemy_url(url), isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        for setting in ("fsync", "synchronous_commit", "full_page_writes"):
+            conn.execute(text(f"ALTER SYSTEM SET {setting} = off"))
+        conn.execute(text("SELECT pg_reload_conf()"))
+    engine.dispose()
 
 
 def failure_tail(returncode: int, stdout: str, stderr: str, counts: dict[str, int]) -> str:
@@ -338,6 +461,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sql-match", metavar="TEXT", help="only the SQL mutants whose name contains TEXT"
     )
+    parser.add_argument(
+        "--only",
+        metavar="FUNCTION",
+        action="append",
+        default=[],
+        help="only the mutants of this function: `name`, `Class.method`, wildcards allowed"
+        " (`_Pool.*`), or a glob of mutmut's mutant names (with `__mutmut_`); repeatable",
+    )
+    parser.add_argument(
+        "--tests",
+        metavar="PATH",
+        action="append",
+        help="run these test files (or file::test ids) instead of the module's subset in"
+        " MODULES: a narrower first pass; repeatable",
+    )
+    parser.add_argument(
+        "--max-children", type=int, metavar="N", help="mutmut's parallel mutants (default: CPUs)"
+    )
     args = parser.parse_args(argv)
     sql_files = sorted({mutant.file for mutant in SQL_MUTANTS})
     unknown = [m for m in args.modules if m not in MODULES and m not in sql_files]
@@ -346,6 +487,15 @@ def main(argv: list[str] | None = None) -> int:
             f"unknown module {unknown[0]!r}; choose from {', '.join([*MODULES, *sql_files])}"
         )
     modules = [m for m in (args.modules or list(MODULES)) if m in MODULES]
+    if args.tests and len(modules) != 1:
+        parser.error("--tests replaces one module's subset: name that module")
+    if args.only:
+        if len(modules) != 1:
+            parser.error("--only selects functions of one module: name that module")
+        try:
+            mutant_globs(modules[0], args.only)
+        except SelectorError as exc:
+            parser.error(str(exc))
 
     from outbox.embedded import EmbeddedPostgres
 
@@ -357,11 +507,14 @@ def main(argv: list[str] | None = None) -> int:
         _export(args.rev, copy)
         server = EmbeddedPostgres(root / "pg", delete_on_stop=True)
         os.environ["OUTBOX_TEST_DATABASE_URL"] = server.start()
+        _no_durability(os.environ["OUTBOX_TEST_DATABASE_URL"])
         try:
             if not args.sql_only:
                 for module in modules:
                     print(f"mutmut: {module}", flush=True)
-                    result = _mutmut_module(copy, module, MODULES[module])
+                    result = _mutmut_module(
+                        copy, module, args.tests or MODULES[module], args.only, args.max_children
+                    )
                     report["modules"].append(result)
                     if args.out:  # a long run keeps what it has so far
                         args.out.write_text(json.dumps(report, indent=2) + "\n")

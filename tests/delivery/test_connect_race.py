@@ -19,6 +19,8 @@ from delivery.http import DeliveryClient, OutgoingRequest, send_attempt
 from delivery.policy import Outcome
 from delivery.ssrf import AddressPolicy
 from delivery.wire import WireTransport
+from delivery.wire.connect import _close_connection
+from delivery.wire.connection import _Connection
 from outbox.clock import ManualClock
 from tests.delivery.loopback import StartReceiver, answers, blackhole, tls_receiver_recording_sni
 
@@ -107,3 +109,62 @@ async def test_a_refused_address_hands_over_at_once_and_all_failures_are_named()
     assert message.startswith(f"cannot connect to hook.test:{port} (")
     for address in ("127.0.0.1", "127.0.0.2", "127.0.0.3"):
         assert f"{address}: " in message
+
+
+async def test_a_loser_that_connected_anyway_is_closed_and_frees_no_place_in_the_pool() -> None:
+    """Both addresses connect in the same turn of the loop: one wins, the other is closed
+    and, never counted by the pool, does not lower its count (a pool that counted one
+    connection too few would open one more than its limit). No receiver produces that
+    turn on demand, so the race runs here on real connections with a scripted order."""
+    accepted: list[asyncio.StreamWriter] = []
+    handlers: list[asyncio.Task[None]] = []
+    closed = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        handlers.append(asyncio.current_task())  # type: ignore[arg-type]
+        await reader.read()  # until the client closes
+        closed.set()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    wire = WireTransport(policy=AddressPolicy(["127.0.0.0/8"]), connect_stagger=0.01)
+    key = (False, "127.0.0.1", port)
+    first_up, second_up = asyncio.Event(), asyncio.Event()
+
+    async def open_one(address: str) -> _Connection:
+        if address == "second":
+            await first_up.wait()
+        _, connection = await asyncio.get_running_loop().create_connection(
+            lambda: _Connection(wire._pool, key), "127.0.0.1", port
+        )
+        if address == "first":
+            first_up.set()
+            await second_up.wait()  # done in the turn after the second one
+        else:
+            second_up.set()
+        return connection
+
+    winner: _Connection | None = None
+    try:
+        async with asyncio.timeout(5):
+            winner = await wire._pool.acquire(
+                key,
+                lambda: wire._first_to_connect(
+                    ["first", "second"], open_one, "the test", _close_connection
+                ),
+            )
+            await closed.wait()  # the loser's connection was closed
+        assert len(accepted) == 2
+        assert not winner.closed
+        assert wire._pool._open == 1
+    finally:
+        if winner is not None:
+            winner.abort()
+        await wire.aclose()
+        server.close()
+        for writer in accepted:
+            writer.transport.abort()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        await server.wait_closed()

@@ -17,10 +17,12 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from yarl import URL
 
 from delivery.errors import InvalidEndpointURLError
 from delivery.ssrf import AddressPolicy
 from delivery.wire import KEEPALIVE_EXPIRY, MAX_HEAD_BYTES, WireResponse, WireTransport
+from delivery.wire.connect import _Target
 from tests.delivery.loopback import answers
 from tests.delivery.scripted import OK, Monotonic, in_pieces, post_and_read, scripted, wire_with
 from tests.helpers import LOOPBACK, until
@@ -36,9 +38,21 @@ async def read_all(response: WireResponse) -> bytes:
 # -- what a broken answer is called ---------------------------------------------------
 
 
-async def test_a_body_cut_by_the_close_is_a_protocol_error_mid_body() -> None:
+@pytest.mark.parametrize(
+    "truncated",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nonly5",
+        # Chunked bodies end at their last chunk, not at the close: cut inside a chunk,
+        # or after a whole chunk with the last one missing.
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nonl",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n",
+        # The last chunk without the blank line that ends the message.
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n",
+    ],
+    ids=["content-length", "chunked-mid-chunk", "chunked-no-last-chunk", "chunked-no-end"],
+)
+async def test_a_body_cut_by_the_close_is_a_protocol_error_mid_body(truncated: bytes) -> None:
     wire = WireTransport(policy=AddressPolicy(LOOPBACK))
-    truncated = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nonly5"
     async with scripted(truncated, close_after_each=True) as server:
         response = await wire.post(server.url, {}, b"{}", deadline=5.0)
         with pytest.raises(httpx.RemoteProtocolError) as caught:
@@ -856,3 +870,25 @@ async def test_the_httpx_api_says_how_long_it_waited_for_the_head() -> None:
             async with asyncio.timeout(5):
                 await client.post(server.url, content=b"{}")
     assert str(caught.value) == "no response within 0.2s"
+
+
+@pytest.mark.parametrize(
+    ("url", "host_header", "target"),
+    [
+        ("http://hook.test/x?y=1", "hook.test", b"/x?y=1"),
+        ("https://hook.test", "hook.test", b"/"),
+        ("http://hook.test:8080/x", "hook.test:8080", b"/x"),
+        # A port is left out of Host only when it is the scheme's own.
+        ("https://hook.test:80/x", "hook.test:80", b"/x"),
+        ("http://hook.test:443/x", "hook.test:443", b"/x"),
+        ("http://[::1]/x", "[::1]", b"/x"),
+        ("https://[2001:db8::1]:8443/", "[2001:db8::1]:8443", b"/"),
+    ],
+)
+def test_the_host_header_and_request_target_of_an_endpoint_url(
+    url: str, host_header: str, target: bytes
+) -> None:
+    parsed = _Target(URL(url))
+    assert (parsed.host_header, parsed.path) == (host_header, target)
+    assert parsed.key == (url.startswith("https"), parsed.host, URL(url).port)
+    assert parsed.literal is (":" in parsed.host)
