@@ -7,7 +7,9 @@ lock_timeout and starts it over when a lock is not had, so: indexes CONCURRENTLY
 which also drops an INVALID leftover first); columns nullable or with a constant
 default; NOT NULL and foreign keys via NOT VALID + VALIDATE; the previous release must
 keep working on the result (tests/project/test_upgrade.py); squawk must pass
-(tests/project/test_migration_lint.py).
+(tests/project/test_migration_lint.py); one transaction blocks at most one of the
+running service's tables, the others each in a statement of their own in an autocommit
+block (tests/outbox/test_migration_locks.py; see 0025, 0031).
 
 Revision ID: ${up_revision}
 Revises: ${down_revision | comma,n}
