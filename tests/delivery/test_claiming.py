@@ -15,14 +15,19 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.health import EndpointLimits, set_endpoint_limits
+from delivery.policy import Outcome
 from delivery.receiver import Behaviour, ReceivedRequest, Receiver
 from delivery.worker import BARREN_FOR, Worker, WorkerConfig
 from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
-from outbox.endpoints import CreatedEndpoint
+from outbox.endpoint_auth import check_client_certificate, check_oauth_client, set_endpoint_auth
+from outbox.endpoint_rules import DeliveryRules, set_delivery_rules
+from outbox.endpoints import CreatedEndpoint, set_failure_policy, set_proxy
+from outbox.headers import set_headers
 from outbox.relay import Relay
 from outbox.tenants import DEFAULT_TENANT, create_tenant
+from tests.delivery.pki import NOW, Authority
 from tests.helpers import add_endpoint, rows, until
 
 
@@ -266,3 +271,80 @@ async def test_a_round_that_visited_every_candidate_is_not_repeated(
     batch = await w.claim(4)
     assert [c.endpoint_uid for c in batch] == [live.endpoint.uid]
     assert w.claims == 1
+
+
+async def test_each_claimed_row_carries_its_own_endpoints_settings(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    http: httpx.AsyncClient,
+) -> None:
+    """One claim prepares rows of three endpoints: two with every setting of their own
+    (client certificate, OAuth client, proxy, headers, status overrides, hold, timeout,
+    schedule), one with none. Each row gets its own endpoint's values, decrypted, never
+    another's: the decrypted values are memoized per ciphertext, and a wrong memo key
+    would present endpoint a's certificate, token or proxy to endpoint b."""
+    authority = Authority("claims client CA")
+    settings = {}
+    for name, status, timeout in (("a", 404, 3.0), ("b", 500, 4.0)):
+        created = add_endpoint(engine, box, f"https://127.0.0.1:1/{name}", "order.*")
+        uid = created.endpoint.uid
+        cert, key = authority.issue(f"endpoint-{name}")
+        certificate, certificate_summary = check_client_certificate(cert, key, now=NOW)
+        oauth, oauth_summary = check_oauth_client(
+            "https://127.0.0.1:1/token", f"app-{name}", f"secret-{name}", None
+        )
+        proxy = f"http://user-{name}:pw@127.0.0.1:3{status}"
+        rules = DeliveryRules(
+            timeout_seconds=timeout,
+            retry_schedule=(float(status),),
+            status_overrides={status: "retryable"},
+        )
+        with engine.begin() as conn:
+            set_endpoint_auth(
+                conn, box, uid, client_certificate=certificate,
+                certificate_summary=certificate_summary, oauth=oauth,
+                oauth_summary=oauth_summary, actor="t",
+            )  # fmt: skip
+            set_proxy(conn, box, uid, proxy, actor="t")
+            set_headers(conn, box, uid, {"X-Partner": name}, actor="t")
+            set_delivery_rules(conn, uid, rules, actor="t")
+            if name == "a":
+                set_failure_policy(conn, uid, actor="t", on_ambiguous="hold")
+        settings[uid] = (certificate, oauth, proxy, status, timeout, name)
+    plain = add_endpoint(engine, box, "http://127.0.0.1:1/plain", "order.*").endpoint.uid
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with engine.begin() as conn:
+        message = publish(conn, "order.created", {"id": 1})
+        conn.execute(
+            text("UPDATE outbox_events SET traceparent = :t WHERE message_id = :m"),
+            {"t": traceparent, "m": message},
+        )
+    await Relay(async_engine, clock).run_until_idle()
+    config = WorkerConfig(
+        request_timeout=7.0,
+        retry_after_max=123.0,
+        retry_schedule_by_event_type={"order.*": (77.0,)},
+    )
+    batch = await Worker(async_engine, http, box, clock, config).claim(10)
+    assert sorted(c.endpoint_uid for c in batch) == sorted([*settings, plain])
+    for claimed in batch:
+        request = claimed.request
+        assert request.delivery_id == claimed.id
+        assert claimed.traceparent == traceparent
+        assert request.retry_after_max == 123.0
+        if claimed.endpoint_uid == plain:
+            assert claimed.hold_ambiguous is False
+            assert (request.proxy, request.client_certificate, request.oauth) == (None,) * 3
+            assert (dict(request.extra_headers), dict(request.status_overrides)) == ({}, {})
+            assert (request.timeout, claimed.policy.schedule) == (7.0, (77.0,))
+            continue
+        certificate, oauth, proxy, status, timeout, name = settings[claimed.endpoint_uid]
+        assert claimed.hold_ambiguous is (name == "a")
+        assert request.client_certificate == certificate
+        assert request.oauth == oauth
+        assert request.proxy == proxy
+        assert request.extra_headers == {"x-partner": name}
+        assert request.status_overrides == {status: Outcome.RETRYABLE}
+        assert (request.timeout, claimed.policy.schedule) == (timeout, (float(status),))
