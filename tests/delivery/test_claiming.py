@@ -76,6 +76,27 @@ def due_since(engine: Engine, endpoint: CreatedEndpoint, at: dt.datetime) -> Non
         )
 
 
+def due_in_order(engine: Engine, endpoints: list[CreatedEndpoint], now: dt.datetime) -> None:
+    """Each endpoint's rows fell due an hour after the one before it: a claim visits them
+    in this order."""
+    for age, endpoint in enumerate(endpoints):
+        due_since(engine, endpoint, now - dt.timedelta(hours=10 - age))
+
+
+async def stuck_beside_one_live(
+    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox, count: int
+) -> CreatedEndpoint:
+    """`count` stuck endpoints, then one live endpoint (returned) with one due delivery, in
+    that order."""
+    stuck = await stuck_endpoints(engine, async_engine, clock, box, count)
+    live = add_endpoint(engine, box, "http://127.0.0.1:1/live", "live.*")
+    with engine.begin() as conn:
+        publish(conn, "live.x", {})
+    await Relay(async_engine, clock).run_until_idle()
+    due_in_order(engine, [*stuck, live], clock.now())
+    return live
+
+
 async def test_a_second_round_fills_the_batch_to_its_limit_and_keeps_the_first_rounds_claims(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -96,8 +117,7 @@ async def test_a_second_round_fills_the_batch_to_its_limit_and_keeps_the_first_r
             publish(conn, "bulk.x", {"i": i})
     await Relay(async_engine, clock).run_until_idle()
     now = clock.now()
-    for age, endpoint in enumerate([*stuck, live, backlog]):
-        due_since(engine, endpoint, now - dt.timedelta(hours=10 - age))
+    due_in_order(engine, [*stuck, live, backlog], now)
     # Round 1 visits the four oldest heads: three stuck endpoints and `live`, which gives
     # two rows (twice its share of 4). Round 2 sets the stuck ones aside and takes the two
     # rows the batch has room for, from `live` and `backlog`.
@@ -128,14 +148,7 @@ async def test_a_claim_stops_after_three_rounds_and_the_next_one_starts_past_the
 ) -> None:
     """A claim's cost is bounded: three rounds of `limit` endpoints at most. What they found
     barren stays set aside for the next claim, which then reaches the rest at once."""
-    stuck = await stuck_endpoints(engine, async_engine, clock, box, 6)
-    live = add_endpoint(engine, box, "http://127.0.0.1:1/live", "live.*")
-    with engine.begin() as conn:
-        publish(conn, "live.x", {})
-    await Relay(async_engine, clock).run_until_idle()
-    now = clock.now()
-    for age, endpoint in enumerate([*stuck, live]):
-        due_since(engine, endpoint, now - dt.timedelta(hours=10 - age))
+    live = await stuck_beside_one_live(engine, async_engine, clock, box, 6)
     w = Worker(async_engine, http, box, clock, WorkerConfig())
     assert await w.claim(2) == []
     assert w.claims == 3
@@ -169,9 +182,7 @@ async def test_among_many_tenants_the_quick_path_also_sets_stuck_endpoints_aside
     with engine.begin() as conn:
         publish(conn, "live.x", {}, tenant="live")
     await Relay(async_engine, clock).run_until_idle()
-    now = clock.now()
-    for age, endpoint in enumerate([*stuck, live]):
-        due_since(engine, endpoint, now - dt.timedelta(hours=10 - age))
+    due_in_order(engine, [*stuck, live], clock.now())
     w = Worker(async_engine, http, box, clock, WorkerConfig())
     batch = await w.claim(2)
     assert [c.endpoint_uid for c in batch] == [live.endpoint.uid]
@@ -194,9 +205,7 @@ async def test_a_claim_whose_first_round_fills_the_batch_runs_no_other(
             for _ in range(2):
                 publish(conn, f"b{i}.x", {})
     await Relay(async_engine, clock).run_until_idle()
-    now = clock.now()
-    for age, endpoint in enumerate([*stuck, *busy]):
-        due_since(engine, endpoint, now - dt.timedelta(hours=10 - age))
+    due_in_order(engine, [*stuck, *busy], clock.now())
     w = Worker(async_engine, http, box, clock, WorkerConfig())
     # The stuck endpoint and three busy ones are visited (the fourth is left out); two
     # rows from each of two busy endpoints fill the batch.
@@ -259,14 +268,7 @@ async def test_a_round_that_visited_every_candidate_is_not_repeated(
 ) -> None:
     """A stuck endpoint beside all the others: nothing was left out, so another round
     would visit the same endpoints again and find nothing more."""
-    stuck = await stuck_endpoints(engine, async_engine, clock, box, 1)
-    live = add_endpoint(engine, box, "http://127.0.0.1:1/live", "live.*")
-    with engine.begin() as conn:
-        publish(conn, "live.x", {})
-    await Relay(async_engine, clock).run_until_idle()
-    now = clock.now()
-    for age, endpoint in enumerate([*stuck, live]):
-        due_since(engine, endpoint, now - dt.timedelta(hours=10 - age))
+    live = await stuck_beside_one_live(engine, async_engine, clock, box, 1)
     w = Worker(async_engine, http, box, clock, WorkerConfig())
     batch = await w.claim(4)
     assert [c.endpoint_uid for c in batch] == [live.endpoint.uid]
