@@ -20,6 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # The SSRF guard refuses loopback unless allowed; test receivers live there.
 LOOPBACK = ("127.0.0.0/8",)
 
+# For a worker test whose verdict is made after the response (leases, the reaper, retry
+# policy, signing): it runs on the production wire only, not on both transports of the
+# `transport` fixture (the status, connection and deadline rules still run on both).
+WIRE_ONLY = pytest.mark.parametrize("transport", ["wire"])
+
 
 def add_endpoint(
     engine: Engine, box: SecretBox, url: str, events: str = "*", **kwargs: Any

@@ -25,7 +25,10 @@ from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.endpoints import rotate_secret
 from outbox.relay import Relay, RelayConfig
-from tests.helpers import LOOPBACK, add_endpoint, rows
+from tests.helpers import LOOPBACK, WIRE_ONLY, add_endpoint, rows
+
+# Each rule here is decided after the response, the same on either transport.
+pytestmark = WIRE_ONLY
 
 
 @pytest.fixture

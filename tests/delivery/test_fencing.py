@@ -32,9 +32,12 @@ from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
 
 
 @pytest.fixture
-async def http(transport: str) -> AsyncIterator[httpx.AsyncClient]:
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    """The production wire only: fencing is decided in the database after the response,
+    the same whichever transport carried it (tests/delivery/test_rules.py runs the
+    response rules on both)."""
     async with build_http_client(
-        max_connections=10, timeout=5, allowed_networks=LOOPBACK, transport=transport
+        max_connections=10, timeout=5, allowed_networks=LOOPBACK, transport="wire"
     ) as c:
         yield c
 

@@ -33,7 +33,7 @@ from outbox.crypto import SecretBox
 from outbox.endpoint_rules import DeliveryRules, set_delivery_rules
 from outbox.endpoints import set_enabled
 from outbox.relay import Relay, RelayConfig
-from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
+from tests.helpers import LOOPBACK, WIRE_ONLY, add_endpoint, rows, scalar
 
 FAST = DeliveryRules(max_attempts=3, retry_schedule=(10.0,))
 
@@ -400,6 +400,7 @@ async def _first_retry_delay(
     return float((due - clock.now()).total_seconds())
 
 
+@WIRE_ONLY
 async def test_retry_after_in_seconds_on_429_is_honoured(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -412,6 +413,7 @@ async def test_retry_after_in_seconds_on_429_is_honoured(
     assert 120 <= delay <= 144  # never earlier than asked; jitter only upwards
 
 
+@WIRE_ONLY
 async def test_retry_after_as_an_http_date_on_503_is_honoured(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -425,6 +427,7 @@ async def test_retry_after_as_an_http_date_on_503_is_honoured(
     assert 300 <= delay <= 360
 
 
+@WIRE_ONLY
 async def test_retry_after_beyond_the_clamp_is_cut_to_the_maximum(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -439,6 +442,7 @@ async def test_retry_after_beyond_the_clamp_is_cut_to_the_maximum(
     assert 3600 <= delay <= 3600 * 1.2
 
 
+@WIRE_ONLY
 async def test_garbage_retry_after_falls_back_to_the_schedule(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -456,6 +460,7 @@ async def test_garbage_retry_after_falls_back_to_the_schedule(
 # -- overrides and policies -----------------------------------------------------------
 
 
+@WIRE_ONLY
 async def test_endpoint_can_declare_404_transient_and_410_not_fatal(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -519,6 +524,7 @@ async def first_retries(
     return scheduled_retries(engine, clock.now())
 
 
+@WIRE_ONLY
 async def test_retry_policy_per_event_type_and_per_endpoint(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -545,6 +551,7 @@ async def test_retry_policy_per_event_type_and_per_endpoint(
     assert found[("/own", "order.created")][0] == 5
 
 
+@WIRE_ONLY
 async def test_event_types_with_the_same_attempts_keep_their_own_retry_schedules(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -565,6 +572,7 @@ async def test_event_types_with_the_same_attempts_keep_their_own_retry_schedules
 # -- identity -------------------------------------------------------------------------
 
 
+@WIRE_ONLY
 async def test_webhook_id_is_stable_while_timestamp_and_signature_are_fresh(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -600,6 +608,7 @@ def _behaviour(status: int) -> Any:
 # -- leases, rescue and shutdown ---------------------------------------------------------
 
 
+@WIRE_ONLY
 async def test_an_abandoned_claim_is_redelivered_exactly_once_after_the_lease(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -636,6 +645,7 @@ async def test_an_abandoned_claim_is_redelivered_exactly_once_after_the_lease(
     assert (delivery["state"], delivery["attempts"], delivery["rescues"]) == ("succeeded", 1, 1)
 
 
+@WIRE_ONLY
 async def test_a_worker_that_sent_then_died_causes_one_duplicate_and_cannot_overwrite(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -667,6 +677,7 @@ async def test_a_worker_that_sent_then_died_causes_one_duplicate_and_cannot_over
     ]
 
 
+@WIRE_ONLY
 async def test_a_delivery_that_finishes_while_the_reaper_runs_stays_succeeded(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -706,6 +717,7 @@ async def test_a_delivery_that_finishes_while_the_reaper_runs_stays_succeeded(
     )
 
 
+@WIRE_ONLY
 async def test_the_reaper_skips_a_row_whose_outcome_is_being_written(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -731,6 +743,7 @@ async def test_the_reaper_skips_a_row_whose_outcome_is_being_written(
     assert scalar(engine, "SELECT state FROM deliveries WHERE id = 1") == "succeeded"
 
 
+@WIRE_ONLY
 async def test_a_poison_delivery_is_not_rescued_forever(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -758,6 +771,7 @@ async def test_a_poison_delivery_is_not_rescued_forever(
     assert (await make_worker(async_engine, http, box, clock).run_once()).claimed == 0
 
 
+@WIRE_ONLY
 async def test_a_lease_that_moved_on_is_not_rescued(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -780,6 +794,7 @@ async def test_a_lease_that_moved_on_is_not_rescued(
     assert scalar(engine, "SELECT locked_by FROM deliveries WHERE id = 1") == "b"
 
 
+@WIRE_ONLY
 async def test_shutdown_hands_back_queued_claims_at_once(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -835,6 +850,7 @@ async def test_shutdown_hands_back_queued_claims_at_once(
 # -- jitter at scale ----------------------------------------------------------------------
 
 
+@WIRE_ONLY
 async def test_a_thousand_retries_due_in_the_same_second_spread_over_the_jitter_window(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -896,6 +912,7 @@ async def test_an_endpoint_timeout_never_outlives_the_lease(
     assert timeouts == [2, 15]  # 300 s cut to the lease minus its 5 s margin
 
 
+@WIRE_ONLY
 async def test_a_deadline_that_passes_before_sending_is_retryable_not_ambiguous(
     clock: ManualClock, receiver: Receiver
 ) -> None:
@@ -920,6 +937,7 @@ async def test_a_deadline_that_passes_before_sending_is_retryable_not_ambiguous(
     assert len(receiver.requests) == 1
 
 
+@WIRE_ONLY
 async def test_a_delivery_that_crashes_its_attempt_ends_dead_through_the_rescue_count(
     engine: Engine,
     async_engine: AsyncEngine,

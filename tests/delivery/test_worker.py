@@ -16,7 +16,7 @@ from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.relay import Relay, RelayConfig
 from tests.delivery.workers import make_worker
-from tests.helpers import LOOPBACK, add_endpoint, disable, rows, scalar
+from tests.helpers import LOOPBACK, WIRE_ONLY, add_endpoint, disable, rows, scalar
 
 
 async def test_committed_event_reaches_each_subscriber_once_signed_per_spec(
@@ -108,6 +108,7 @@ async def test_server_error_is_scheduled_again_with_the_same_webhook_id(
     assert attempts[0]["response_excerpt"] == "database down"
 
 
+@WIRE_ONLY
 async def test_no_lock_or_connection_is_held_while_a_request_is_in_flight(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -156,6 +157,7 @@ async def test_no_lock_or_connection_is_held_while_a_request_is_in_flight(
     assert observed == [(0, 0, 0)] * 5
 
 
+@WIRE_ONLY
 async def test_two_relays_and_two_workers_neither_duplicate_nor_lose(
     engine: Engine,
     async_engine: AsyncEngine,
