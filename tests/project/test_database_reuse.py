@@ -3,6 +3,9 @@ as the template left it (tests/conftest.py `Clones`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
@@ -12,11 +15,28 @@ from tests.conftest import Clones, _with_database
 from tests.helpers import add_endpoint, scalar
 
 
+@pytest.fixture
+def own_clones(server_url: str, admin_engine: Engine, template_database: str) -> Iterator[Clones]:
+    """A pool of its own, so the order of what it hands out is known."""
+    made = Clones(server_url, admin_engine, template_database)
+    yield made
+    made.close()
+
+
 def _engine(server_url: str, name: str) -> Engine:
     return create_engine(_with_database(server_url, name), poolclass=NullPool)
 
 
-def _state(engine: Engine) -> dict[str, object]:
+def _oid(server_url: str, name: str) -> int:
+    """A database keeps its oid when renamed: the same oid is the same database, reused."""
+    engine = _engine(server_url, name)
+    found = scalar(engine, "SELECT oid FROM pg_database WHERE datname = current_database()")
+    engine.dispose()
+    return int(found)
+
+
+def _state(server_url: str, name: str) -> dict[str, object]:
+    engine = _engine(server_url, name)
     with engine.connect() as conn:
         tables = conn.execute(
             text("SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1")
@@ -28,47 +48,62 @@ def _state(engine: Engine) -> dict[str, object]:
         sequences = conn.execute(
             text("SELECT sequencename, last_value FROM pg_sequences ORDER BY 1")
         ).all()
+    engine.dispose()
     return {"rows": rows, "sequences": sequences}
 
 
-def test_a_given_back_database_comes_back_as_the_template_left_it(
-    server_url: str, clones: Clones, box: SecretBox
+def _given_back_and_taken_again(clones: Clones, name: str) -> str:
+    clones.give_back(name)
+    clones.give_back(clones.take())  # the one made ahead while the first was in use
+    return clones.take()
+
+
+def test_rows_and_sequences_are_reset_in_the_same_database_under_a_new_name(
+    server_url: str, own_clones: Clones, box: SecretBox
 ) -> None:
-    first = clones.take()
+    first = own_clones.take()
+    pristine, oid = _state(server_url, first), _oid(server_url, first)
     engine = _engine(server_url, first)
-    pristine = _state(engine)
     add_endpoint(engine, box, "http://127.0.0.1:9/hook")
     with engine.begin() as conn:
         publish(conn, "order.created", {"id": 1})
-        conn.execute(text("UPDATE tenants SET name = 'renamed'"))
-        conn.execute(text("INSERT INTO tenants (uid, name) VALUES ('extra', 'extra')"))
         for sequence in conn.execute(text("SELECT sequencename FROM pg_sequences")).scalars():
             conn.execute(text("SELECT nextval(:s)"), {"s": sequence})
     left_open = engine.connect()  # a session the test forgot: it must not block the reset
-    assert _state(engine) != pristine
-    clones.give_back(first)
-    # The one made ahead comes first; then the given-back one, reset and renamed.
-    ahead = clones.take()
-    again = clones.take()
-    assert again != first  # renamed: a leftover process cannot reach it
-    assert _state(_engine(server_url, again)) == pristine
+    assert _state(server_url, first) != pristine
+    again = _given_back_and_taken_again(own_clones, first)
+    assert again != first  # renamed: a process left behind cannot reach it
+    assert _oid(server_url, again) == oid  # the same database, reset, not a new clone
+    assert _state(server_url, again) == pristine
     left_open.invalidate()
     engine.dispose()
-    for name in (ahead, again):
-        clones.give_back(name)
+    own_clones.give_back(again)
+
+
+def test_the_rows_the_migrations_seed_are_put_back(server_url: str, own_clones: Clones) -> None:
+    first = own_clones.take()
+    pristine, oid = _state(server_url, first), _oid(server_url, first)
+    engine = _engine(server_url, first)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE tenants SET name = 'renamed'"))
+        conn.execute(text("INSERT INTO tenants (uid, name) VALUES ('extra', 'extra')"))
+    engine.dispose()
+    again = _given_back_and_taken_again(own_clones, first)
+    assert _oid(server_url, again) == oid
+    assert _state(server_url, again) == pristine
+    own_clones.give_back(again)
 
 
 def test_a_database_whose_schema_changed_is_replaced_by_a_new_clone(
-    server_url: str, clones: Clones
+    server_url: str, own_clones: Clones
 ) -> None:
-    first = clones.take()
+    first = own_clones.take()
+    oid = _oid(server_url, first)
     engine = _engine(server_url, first)
     with engine.begin() as conn:
         conn.execute(text("ALTER TABLE deliveries ADD COLUMN scratch int"))
     engine.dispose()
-    clones.give_back(first)
-    ahead = clones.take()
-    again = clones.take()
+    again = _given_back_and_taken_again(own_clones, first)
     replaced = _engine(server_url, again)
     columns = scalar(
         replaced,
@@ -77,5 +112,5 @@ def test_a_database_whose_schema_changed_is_replaced_by_a_new_clone(
     )
     replaced.dispose()
     assert columns == 0
-    for name in (ahead, again):
-        clones.give_back(name)
+    assert _oid(server_url, again) != oid  # dropped, and a new clone in its place
+    own_clones.give_back(again)
