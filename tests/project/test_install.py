@@ -60,11 +60,17 @@ print(json.dumps({
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without what would leak the dev venv into the bare one."""
+    """This process's environment without what would leak the dev venv into the bare one.
+
+    Bytecode is written (PYTHONDONTWRITEBYTECODE dropped): pip installs with
+    --no-compile, so the first process compiles only the modules it imports and the
+    next ones reuse them, instead of pip compiling every file of every dependency.
+    """
     env = {
         key: value
         for key, value in os.environ.items()
-        if key not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME") and not key.startswith("OUTBOX_")
+        if key not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "PYTHONDONTWRITEBYTECODE")
+        and not key.startswith("OUTBOX_")
     }
     env.update(extra)
     return env
@@ -87,6 +93,7 @@ def bare_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             "install",
             "--quiet",
             "--disable-pip-version-check",
+            "--no-compile",
             str(ROOT),
         ],
         env=_clean_env(),
