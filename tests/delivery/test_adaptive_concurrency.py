@@ -248,12 +248,15 @@ def cli(database_url: str, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
     return CliRunner()
 
 
-def test_the_cli_opts_in_needs_a_ceiling_and_shows_the_limit(
+def test_the_cli_opts_in_with_or_without_a_ceiling_and_shows_the_limit(
     cli: CliRunner, engine: Engine, box: SecretBox
 ) -> None:
     uid = add_endpoint(engine, box, "http://127.0.0.1:9/hook").endpoint.uid
-    bad = cli.invoke(main, ["endpoints", "limits", uid, "--concurrency", "adaptive"])
-    assert bad.exit_code == 1 and "--max-in-flight" in bad.output
+    # without a maximum of its own, the default maximum (OUTBOX_ADAPTIVE_DEFAULT_MAX) is
+    # its ceiling (this once refused: a ceiling was required)
+    unbounded = cli.invoke(main, ["endpoints", "limits", uid, "--concurrency", "adaptive"])
+    assert unbounded.exit_code == 0, unbounded.output
+    assert "adaptive limit - of 100" in cli.invoke(main, ["endpoints", "health"]).output
     for hostile in ("adaptiv", "ADAPTIVE", ""):
         wrong = cli.invoke(main, ["endpoints", "limits", uid, "--concurrency", hostile])
         assert wrong.exit_code != 0
