@@ -42,7 +42,7 @@ def _preload_events(
     engine = create_engine(sqlalchemy_url(url))
     with engine.begin() as conn:
         for _ in range(fanout):
-            create_endpoint(conn, box, url=endpoint_url, event_types="*")
+            create_endpoint(conn, box, url=endpoint_url, event_types="*", concurrency="fixed")
         conn.execute(
             text(
                 """
@@ -240,7 +240,13 @@ async def rss_in_flight(
     box = SecretBox.from_setting(key_setting)
     engine = create_engine(sqlalchemy_url(url))
     with engine.begin() as conn:
-        create_endpoint(conn, box, url=receiver.url(f"/slow/{database}"), event_types="*")
+        create_endpoint(
+            conn,
+            box,
+            url=receiver.url(f"/slow/{database}"),
+            event_types="*",
+            concurrency="fixed",
+        )
         conn.execute(
             text(
                 """

@@ -97,7 +97,13 @@ def seed(engine: Engine, box: SecretBox, now: dt.datetime) -> dict[str, str]:
         create_tenant(conn, "globex", name="Globex")
         ids = {
             name: create_endpoint(
-                conn, box, url=url, event_types=types, tenant=tenant, description=name
+                conn,
+                box,
+                url=url,
+                event_types=types,
+                tenant=tenant,
+                description=name,
+                concurrency="fixed",
             ).endpoint.uid
             for name, url, types, tenant in (
                 ("orders", "https://hooks.acme.example/orders", "order.*", "acme"),

@@ -315,7 +315,14 @@ async def end_to_end(
         engine = create_engine(sqlalchemy_url(url))
         with engine.begin() as conn:
             for path in paths:
-                create_endpoint(conn, box, url=receiver.url(path), event_types="*", secret=secret)
+                create_endpoint(
+                    conn,
+                    box,
+                    url=receiver.url(path),
+                    event_types="*",
+                    secret=secret,
+                    concurrency="fixed",
+                )
         engine.dispose()
         workers = WorkerProcesses(
             ours_commands(processes),

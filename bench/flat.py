@@ -78,7 +78,9 @@ def _build(url: str, box: SecretBox, *, backlog: int, history: int) -> dict[str,
     engine = create_engine(sqlalchemy_url(url))
     began = time.perf_counter()
     with engine.begin() as conn:
-        endpoint = create_endpoint(conn, box, url="http://127.0.0.1:9/unused", event_types="*")
+        endpoint = create_endpoint(
+            conn, box, url="http://127.0.0.1:9/unused", event_types="*", concurrency="fixed"
+        )
         ids = conn.execute(
             text("SELECT id, tenant_id FROM endpoints WHERE uid = :uid"),
             {"uid": endpoint.endpoint.uid},

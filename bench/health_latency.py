@@ -111,7 +111,9 @@ async def run_scenario(
         uids = {}
         with engine.begin() as conn:
             for name, target in targets.items():
-                uids[name] = create_endpoint(conn, box, url=target, event_types="*").endpoint.uid
+                uids[name] = create_endpoint(
+                    conn, box, url=target, event_types="*", concurrency="fixed"
+                ).endpoint.uid
         health = HealthConfig(probe_lease_seconds=60.0)
         if scenario == "no-breaker":
             health = HealthConfig(failure_threshold=10**9, ratio_min_attempts=10**9)

@@ -372,26 +372,32 @@ LOCK_CLAIM_GATES = text(
 )
 
 
-# Whether candidate `t` is plainly claimable: enabled, of an enabled tenant without caps
-# (its own tenant: `t.tenant_id` comes from its delivery row), no health gate. Primary-key
+# Whether candidate `t` is claimable but for a health gate: enabled, of an enabled tenant
+# without caps (its own tenant: `t.tenant_id` comes from its delivery row). Primary-key
 # probes (LIMIT 1: never a scan of a small table per candidate), for the few candidates
 # QUICK_CLAIM_GATES returns.
-_PLAIN = f"""
+_CLAIMABLE = """
     COALESCE((SELECT y.enabled AND y.tenant_id = t.tenant_id FROM endpoints y
               WHERE y.id = t.endpoint_id LIMIT 1)
              AND (SELECT y.enabled AND y.max_in_flight IS NULL AND y.max_per_second IS NULL
-                  FROM tenants y WHERE y.id = t.tenant_id LIMIT 1)
-             AND NOT EXISTS (
-                 SELECT 1 FROM endpoint_health h
-                 WHERE h.endpoint_id = t.endpoint_id
-                   AND {HEALTH_GATED}),
+                  FROM tenants y WHERE y.id = t.tenant_id LIMIT 1),
              false)
+"""
+
+# Whether candidate `t` has a health gate (an in-flight limit, fixed or adaptive; a
+# breaker; a ramp or pause): a primary-key probe of its health row (no row: no gate).
+# Such a candidate is still taken by the quick path: open_gates locks just its row and
+# works out its budget, instead of falling back to LOCK_CLAIM_GATES over every endpoint
+# with due work (with every endpoint adaptive, every endpoint is gated).
+_GATED = f"""
+    COALESCE((SELECT {HEALTH_GATED} FROM endpoint_health h
+              WHERE h.endpoint_id = t.endpoint_id LIMIT 1), false)
 """
 
 # A claim's batch among many tenants, from the oldest due rows alone, without reading
 # the head, endpoint, tenant and health rows of every endpoint with due work (with a
-# thousand busy endpoints, LOCK_CLAIM_GATES' probes were most of a claim's cost).
-# It walks the oldest due rows of the top due priority (ix_deliveries_due_ranked, an index
+# thousand busy endpoints, LOCK_CLAIM_GATES' probes were most of a claim's cost). It
+# walks the oldest due rows of the top due priority (ix_deliveries_due_ranked, an index
 # range of at most :walk rows; the priorities in use are found by a probe or two each).
 # Each tenant's first row there (leaving out :excluded endpoints, whose slots this
 # worker has used up) is the head of its first turn: the indexes end with `id`, so it is
@@ -399,15 +405,20 @@ _PLAIN = f"""
 # cost the worker more to read than the statement costs to run): the oldest :limit of
 # those first turns that are not :set_aside (the batch: `endpoint_ids` and their
 # `tenant_ids`, oldest first), whether they and the set-aside ones are all `plain`
-# (_PLAIN), and `walked`, `spread` (tenants in the walk) and `lower` (work at a lower
-# priority). health.open_gates takes the batch when it is :limit endpoints and
-# every row returned is plain: that is then exactly health.choose_endpoints' batch over
-# LOCK_CLAIM_GATES (priority; round robin across tenants; the oldest head; set-aside
-# endpoints last), because every other candidate ranks behind it, and taking out one
-# that is not claimable only moves its tenant's later endpoints up a turn, to places
-# still behind it (a set-aside one ranks last whatever its turn, so its tenant's next
-# endpoint could move ahead: those are checked too). Otherwise the claim falls back to
-# LOCK_CLAIM_GATES. Nothing is locked: no endpoint taken this way has a gate.
+# (_CLAIMABLE without a health gate, _GATED), or else plain but for a health gate
+# (`plain_or_gated`, and the gated ones: `gated_ids`), and `walked`, `spread` (tenants
+# in the walk) and `lower` (work at a lower priority). health.open_gates takes the batch
+# when it is :limit endpoints and every row returned is plain, or plain but for a health
+# gate that it locked and found with budget left (one without budget: left out through
+# :excluded, and the batch looked for again): that is then exactly
+# health.choose_endpoints' batch over LOCK_CLAIM_GATES (priority; round robin across
+# tenants; the oldest head; set-aside endpoints last), because every other candidate
+# ranks behind it, and taking out one that is not claimable only moves its tenant's
+# later endpoints up a turn, to places still behind it (a set-aside one ranks last
+# whatever its turn, so its tenant's next endpoint could move ahead: those are checked
+# too). Otherwise the claim falls back to LOCK_CLAIM_GATES. Nothing is locked here:
+# open_gates locks the `gated_ids` health rows (LOCK_GATED_HEALTH), so an adaptive
+# endpoint costs a claim one row lock, not a visit to every endpoint with due work.
 QUICK_CLAIM_GATES = text(
     f"""
     WITH RECURSIVE levels AS (
@@ -455,13 +466,32 @@ QUICK_CLAIM_GATES = text(
                FILTER (WHERE NOT t.set_aside) AS endpoint_ids,
            array_agg(t.tenant_id ORDER BY t.next_attempt_at, t.id)
                FILTER (WHERE NOT t.set_aside) AS tenant_ids,
-           COALESCE(bool_and({_PLAIN}), false) AS plain,
+           COALESCE(bool_and(t.claimable AND NOT t.gated), false) AS plain,
+           COALESCE(bool_and(t.claimable), false) AS plain_or_gated,
+           array_agg(t.endpoint_id ORDER BY t.endpoint_id) FILTER (WHERE t.claimable AND t.gated)
+               AS gated_ids,
            (SELECT count(*) FROM walk) AS walked,
            (SELECT count(*) FROM firsts) AS spread,
            (SELECT x.priority FROM deliveries x WHERE x.state = 'scheduled'
               AND x.priority < (SELECT l.priority FROM levels l WHERE l.due)
             ORDER BY x.priority DESC LIMIT 1) IS NOT NULL AS lower
-    FROM batch t
+    FROM (
+        -- OFFSET 0: each probe once per row, not inlined into every aggregate using it
+        SELECT t.*, {_CLAIMABLE} AS claimable, {_GATED} AS gated FROM batch t OFFSET 0
+    ) t
+    """
+)
+
+# The health rows of the gated endpoints in a quick batch (QUICK_CLAIM_GATES' `gated_ids`),
+# locked like LOCK_CLAIM_GATES locks them: in id order, SKIP LOCKED (a row another worker
+# holds is missing from the result, and the claim falls back to LOCK_CLAIM_GATES).
+LOCK_GATED_HEALTH = text(
+    f"""
+    SELECT h.endpoint_id, {_HEALTH_COLUMNS}
+    FROM endpoint_health h
+    WHERE h.endpoint_id = ANY(CAST(:ids AS bigint[]))
+    ORDER BY h.endpoint_id
+    FOR UPDATE SKIP LOCKED
     """
 )
 

@@ -209,12 +209,17 @@ def create_endpoint(
     signature: str | None = None,
     delivery_mode: str = "push",
     payload_filter: str | None = None,
+    concurrency: str = "adaptive",
 ) -> CreatedEndpoint:
     """Insert an endpoint of `tenant` in the caller's transaction; the secret is stored
     encrypted. `all_tenants` makes it receive every tenant's matching events.
     `signature` is 'hmac' (v1, the default) or 'ed25519' (v1a). A 'pull' or 'both'
-    endpoint gets a feed token (outbox.feeds), shown once in the answer."""
+    endpoint gets a feed token (outbox.feeds), shown once in the answer. `concurrency`
+    'adaptive' (the default, measured in docs/performance-history.md) lets the worker
+    find its in-flight limit up to OUTBOX_ADAPTIVE_DEFAULT_MAX; 'fixed' means no limit
+    until one is set."""
     tenant = validate_tenant_uid(tenant, error=EndpointError)
+    check_concurrency_mode(concurrency)
     url = validate_endpoint_url(url, https_only=https_only)
     patterns = parse_event_patterns(event_types)
     plain_secret = check_signing_secret(secret, signature)
@@ -237,6 +242,7 @@ def create_endpoint(
             "delivery_mode": delivery_mode,
             "payload_filter": stored_filter,
             "feed_token_hash": feed_token_hash,
+            "adaptive": concurrency == "adaptive",
         },
     ).first()
     if inserted is None:
@@ -248,6 +254,16 @@ def create_endpoint(
     return CreatedEndpoint(
         endpoint=get_endpoint(conn, uid), secret=plain_secret, feed_token=feed_token
     )
+
+
+CONCURRENCY_MODES = ("adaptive", "fixed")
+
+
+def check_concurrency_mode(mode: str) -> None:
+    if mode not in CONCURRENCY_MODES:
+        raise EndpointError(
+            f"concurrency must be 'adaptive' (the default) or 'fixed', not {mode!r}"
+        )
 
 
 def endpoint_not_found(uid: str) -> EndpointNotFoundError:
@@ -352,6 +368,7 @@ def add_endpoint(
     all_tenants: bool = False,
     delivery_mode: str = "push",
     payload_filter: str | None = None,
+    concurrency: str = "adaptive",
 ) -> CreatedEndpoint:
     """`create_endpoint` (which validates the URL) plus an audit row; the secret is never logged."""
     created = create_endpoint(
@@ -367,6 +384,7 @@ def add_endpoint(
         all_tenants=all_tenants,
         delivery_mode=delivery_mode,
         payload_filter=payload_filter,
+        concurrency=concurrency,
     )
     record_audit(
         conn,
@@ -380,6 +398,7 @@ def add_endpoint(
             "all_tenants": all_tenants,
             "delivery_mode": delivery_mode,
             "payload_filter": created.endpoint.payload_filter,
+            "concurrency": concurrency,
         },
         request_id=request_id,
     )

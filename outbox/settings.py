@@ -36,6 +36,9 @@ MAX_RETRY_DELAY_SECONDS = 30 * 86400.0
 # A lease must outlast the attempt deadline by at least this much, so the outcome
 # can be written before the reaper could consider the worker dead.
 LEASE_MARGIN_SECONDS = 5.0
+# The largest OUTBOX_ADAPTIVE_DEFAULT_MAX: the largest max_in_flight an endpoint may have
+# (delivery.health.MAX_IN_FLIGHT; outbox/ cannot import delivery/).
+MAX_ADAPTIVE_DEFAULT_MAX = 100_000
 _COLOR = re.compile(r"^#[0-9a-fA-F]{6}$")
 _ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 _PUBLIC_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?$")
@@ -219,6 +222,12 @@ class Settings(BaseSettings):
         default="gradient",
         description="The limiter of endpoints with adaptive concurrency: 'gradient' or 'aimd' "
         "(docs/performance.md has both measured).",
+    )
+    adaptive_default_max: int = Field(
+        default=100,
+        description="Ceiling of an adaptive endpoint's in-flight limit when it has no "
+        "max_in_flight of its own. 100: what one worker process gives one endpoint at most "
+        "with the defaults (OUTBOX_WORKER_MAX_IN_FLIGHT 200 * OUTBOX_WORKER_ENDPOINT_SHARE 0.5).",
     )
     http_transport: Literal["wire", "httpx"] = Field(
         default="wire",
@@ -428,6 +437,17 @@ class Settings(BaseSettings):
                     "addresses or CIDRs like '10.0.0.5,192.168.1.0/24' (no host names)"
                 ) from exc
         return networks
+
+    @field_validator("adaptive_default_max")
+    @classmethod
+    def _adaptive_ceiling(cls, value: int) -> int:
+        if not 1 <= value <= MAX_ADAPTIVE_DEFAULT_MAX:
+            raise ValueError(
+                f"{value} is not a usable ceiling for adaptive endpoints: give a whole number "
+                f"from 1 to {MAX_ADAPTIVE_DEFAULT_MAX:,} (the default, 100, is one worker "
+                "process's share for one endpoint)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _lease_outlasts_deadline(self) -> Settings:

@@ -29,6 +29,11 @@ WIRE_ONLY = pytest.mark.parametrize("transport", ["wire"])
 def add_endpoint(
     engine: Engine, box: SecretBox, url: str, events: str = "*", **kwargs: Any
 ) -> CreatedEndpoint:
+    """An endpoint with fixed concurrency (no in-flight limit) unless `concurrency` says
+    otherwise: most tests are about something else than the adaptive limiter, which starts
+    new endpoints at 4 in flight (the default for new endpoints: tests/outbox/
+    test_adaptive_default.py)."""
+    kwargs.setdefault("concurrency", "fixed")
     with engine.begin() as conn:
         return create_endpoint(conn, box, url=url, event_types=events, **kwargs)
 

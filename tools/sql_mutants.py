@@ -365,7 +365,7 @@ SQL_MUTANTS = [
         "SELECT y.enabled AND y.max_in_flight IS NULL",
         "SELECT y.max_in_flight IS NULL",
         ("tests/delivery/test_claim_rank.py", "-k", "falls_back"),
-        within='_PLAIN = f"""',
+        within='_CLAIMABLE = """',
     ),
     SqlMutant(
         "claim ranking: set-aside tenants' first turns not checked",

@@ -24,6 +24,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 OVERLOAD_STATUSES = (429, 503)
+# The ceiling of an adaptive endpoint without a max_in_flight of its own
+# (OUTBOX_ADAPTIVE_DEFAULT_MAX): what one worker process gives one endpoint at most with
+# the default settings (OUTBOX_WORKER_MAX_IN_FLIGHT 200 * OUTBOX_WORKER_ENDPOINT_SHARE 0.5),
+# so an adaptive partner is never pushed harder by the fleet than one process would.
+DEFAULT_MAXIMUM = 100
 Algorithm = Literal["aimd", "gradient"]
 ALGORITHMS: tuple[Algorithm, ...] = ("aimd", "gradient")
 
@@ -33,6 +38,7 @@ class AdaptiveConfig:
     """The limiter's tuning, shared by all adaptive endpoints."""
 
     algorithm: Algorithm = "gradient"  # kept over AIMD: docs/performance.md says why
+    default_maximum: int = DEFAULT_MAXIMUM  # the ceiling when max_in_flight is unset
     window_seconds: float = 0.5  # AIMD grows by at most one per window; one decrease per window
     decrease_factor: float = 0.7  # multiplied into the limit on overload
     latency_tolerance: float = 1.5  # AIMD: latency above baseline * this counts as a rise

@@ -19,6 +19,7 @@ from delivery.health.rules import (
     after_claim,
     available_tokens,
     claim_budget,
+    in_flight_limit,
     next_opening,
 )
 from delivery.health.store import save
@@ -130,7 +131,8 @@ class Gates:
     enabled tenants), budgets of gated endpoints and capped tenants (others: unlimited).
 
     On the quick path (`open_gates` with a limit), `batch` holds the chosen endpoints,
-    none of them gated, and `heads` nothing; otherwise `heads` holds every candidate."""
+    their gated ones locked (`locked`, `budgets`), and `heads` nothing; otherwise `heads`
+    holds every candidate."""
 
     budgets: dict[int, int]
     locked: dict[int, Health]
@@ -202,7 +204,7 @@ async def open_gates(
     """
     if quick and limit is not None and limit > 0:
         gates = await _quick_gates(
-            conn, now=now, limit=limit, set_aside=set_aside, local_caps=local_caps
+            conn, now=now, config=config, limit=limit, set_aside=set_aside, local_caps=local_caps
         )
         if gates is not None:
             return gates
@@ -238,7 +240,7 @@ async def open_gates(
         result = await conn.execute(queries.SELECT_LOCKED_HEALTH, {"ids": locked_ids})
         locked = {row.endpoint_id: Health.from_row(row) for row in result}
     in_flight: dict[int, int] = {}
-    counted = [h.endpoint_id for h in locked.values() if h.max_in_flight is not None]
+    counted = [h.endpoint_id for h in locked.values() if in_flight_limit(h, config) is not None]
     if counted:
         result = await conn.execute(queries.COUNT_IN_FLIGHT, {"ids": counted})
         in_flight = {row.endpoint_id: int(row.in_flight) for row in result}
@@ -268,33 +270,58 @@ async def open_gates(
     )
 
 
+# How many times the quick path looks again, leaving out the gated endpoints it found
+# without budget (another worker holds the row, or the limit is reached), before it
+# falls back to every candidate: two workers claiming at once find the same oldest
+# endpoints, and the second one moves on to the next instead of reading them all.
+QUICK_TRIES = 3
+
+
 async def _quick_gates(
     conn: AsyncConnection,
     *,
     now: dt.datetime,
+    config: HealthConfig,
     limit: int,
     set_aside: Collection[int],
     local_caps: Mapping[int, int] | None,
 ) -> Gates | None:
-    """The claim's batch from queries.QUICK_CLAIM_GATES, or None when it cannot tell."""
-    row = (
-        await conn.execute(
-            queries.QUICK_CLAIM_GATES,
-            {
-                "now": now,
-                "limit": limit,
-                "walk": QUICK_WALK * limit,
-                "set_aside": list(set_aside),
-                "excluded": [eid for eid, cap in (local_caps or {}).items() if cap <= 0],
-            },
-        )
-    ).one()
-    batch: list[int] = row.endpoint_ids or []
-    if len(batch) < limit or not row.plain:
+    """The claim's batch from queries.QUICK_CLAIM_GATES, or None when it cannot tell.
+
+    Gated endpoints in the batch get their rows locked and their budgets worked out here.
+    One without budget is left out of the walk and the batch is looked for again, as the
+    walk already leaves out the endpoints whose slots this worker has used up: either
+    way choose_endpoints would not visit it, and the next endpoint takes its turn."""
+    excluded = {eid for eid, cap in (local_caps or {}).items() if cap <= 0}
+    budgets: dict[int, int] = {}
+    locked: dict[int, Health] = {}
+    for _ in range(QUICK_TRIES):
+        row = (
+            await conn.execute(
+                queries.QUICK_CLAIM_GATES,
+                {
+                    "now": now,
+                    "limit": limit,
+                    "walk": QUICK_WALK * limit,
+                    "set_aside": list(set_aside),
+                    "excluded": list(excluded),
+                },
+            )
+        ).one()
+        batch: list[int] = row.endpoint_ids or []
+        if len(batch) < limit or not row.plain_or_gated:
+            return None
+        if row.plain:
+            break
+        refused = await _lock_gated(conn, row.gated_ids, budgets, locked, now=now, config=config)
+        if not refused:
+            break
+        excluded |= refused
+    else:
         return None
     return Gates(
-        budgets={},
-        locked={},
+        budgets=budgets,
+        locked=locked,
         tenant_of=dict(zip(batch, row.tenant_ids, strict=True)),
         # more due rows at this priority than the batch took, or work at a lower one
         more=row.walked > limit or row.lower,
@@ -302,6 +329,40 @@ async def _quick_gates(
         path="quick",
         batch=batch,
     )
+
+
+async def _lock_gated(
+    conn: AsyncConnection,
+    ids: Sequence[int],
+    budgets: dict[int, int],
+    locked: dict[int, Health],
+    *,
+    now: dt.datetime,
+    config: HealthConfig,
+) -> set[int]:
+    """Lock the quick batch's gated health rows (SKIP LOCKED, like LOCK_CLAIM_GATES) and
+    put their budgets in `budgets`; returns the endpoints without budget: their row is
+    held by another worker (budget 0, as on the full path) or their limit is reached."""
+    result = await conn.execute(queries.LOCK_GATED_HEALTH, {"ids": list(ids)})
+    fresh = {row.endpoint_id: Health.from_row(row) for row in result}
+    locked.update(fresh)
+    refused = {eid for eid in ids if eid not in fresh}
+    for endpoint_id in refused:
+        budgets[endpoint_id] = 0
+    counted = [eid for eid, h in fresh.items() if in_flight_limit(h, config) is not None]
+    in_flight: dict[int, int] = {}
+    if counted:
+        result = await conn.execute(queries.COUNT_IN_FLIGHT, {"ids": counted})
+        in_flight = {row.endpoint_id: int(row.in_flight) for row in result}
+    for endpoint_id, health in fresh.items():
+        budget = claim_budget(
+            health, in_flight=in_flight.get(endpoint_id, 0), now=now, config=config
+        )
+        if budget is not None:
+            budgets[endpoint_id] = budget
+            if budget <= 0:
+                refused.add(endpoint_id)
+    return refused
 
 
 async def close_gates(

@@ -10,7 +10,8 @@ from typing import Any
 from sqlalchemy import Connection
 
 from delivery import queries
-from delivery.health.rules import Health, in_flight_limit
+from delivery.health.adaptive import DEFAULT_MAXIMUM, AdaptiveConfig
+from delivery.health.rules import Health, HealthConfig, adaptive_maximum, in_flight_limit
 from outbox.audit import record_audit
 from outbox.endpoints import get_endpoint
 from outbox.errors import EndpointError
@@ -26,7 +27,9 @@ class EndpointLimits:
     max_per_second: float | None = None
     ordered: bool = False
     dead_head: str = "block"
-    adaptive: bool = False  # the in-flight limit adapts between 1 and max_in_flight
+    # the in-flight limit adapts between 1 and max_in_flight (unset: the default maximum,
+    # OUTBOX_ADAPTIVE_DEFAULT_MAX)
+    adaptive: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -65,11 +68,6 @@ def set_endpoint_limits(
         )
     if limits.max_per_second is not None and limits.max_per_second <= 0:
         raise EndpointError("max per second must be a positive number, or unset for no limit")
-    if limits.adaptive and limits.max_in_flight is None:
-        raise EndpointError(
-            "adaptive concurrency needs a ceiling: give a maximum in flight with it "
-            "(--max-in-flight N with --concurrency adaptive; max_in_flight in the API)"
-        )
     if limits.dead_head not in ("block", "skip"):
         raise EndpointError("dead head behaviour must be 'block' or 'skip'")
     row = conn.execute(
@@ -106,9 +104,16 @@ class EndpointConcurrency:
 
 
 def get_endpoint_concurrency(
-    conn: Connection, uid: str, *, scope: str | None = None
+    conn: Connection,
+    uid: str,
+    *,
+    scope: str | None = None,
+    default_maximum: int = DEFAULT_MAXIMUM,
 ) -> EndpointConcurrency:
-    """One endpoint's concurrency: its mode, ceiling, current limit and what is in flight."""
+    """One endpoint's concurrency: its mode, ceiling (for an adaptive endpoint without a
+    maximum of its own, `default_maximum`: OUTBOX_ADAPTIVE_DEFAULT_MAX), current limit and
+    what is in flight."""
+    config = HealthConfig(adaptive=AdaptiveConfig(default_maximum=default_maximum))
     get_endpoint(conn, uid, scope=scope)  # unknown, or another tenant's: not found
     row = conn.execute(queries.SELECT_ENDPOINT_CONCURRENCY, {"uid": uid}).one()
     health = Health(
@@ -120,8 +125,8 @@ def get_endpoint_concurrency(
     return EndpointConcurrency(
         endpoint=uid,
         mode="adaptive" if row.adaptive else "fixed",
-        max_in_flight=row.max_in_flight,
-        limit=in_flight_limit(health),
+        max_in_flight=adaptive_maximum(health, config) or row.max_in_flight,
+        limit=in_flight_limit(health, config),
         in_flight=row.in_flight,
         latency_baseline_ms=row.latency_baseline_ms if row.adaptive else None,
     )

@@ -65,7 +65,7 @@ class Health:
     tokens_at: dt.datetime | None = None
     failing_since: dt.datetime | None = None
     last_failure: str | None = None
-    adaptive: bool = False  # opted in to adaptive concurrency (max_in_flight is its ceiling)
+    adaptive: bool = False  # adaptive concurrency (max_in_flight, else the default, its ceiling)
     adaptive_limit: int | None = None  # the limiter's current in-flight limit
     latency_baseline_ms: float | None = None  # its decaying minimum latency
     adaptive_window_at: dt.datetime | None = None  # when its limit last moved
@@ -84,14 +84,25 @@ STATE_FIELDS = tuple(
 )
 
 
-def in_flight_limit(health: Health) -> int | None:
+def adaptive_maximum(health: Health, config: HealthConfig) -> int | None:
+    """An adaptive endpoint's ceiling: its own max_in_flight, else the default maximum
+    (None: not adaptive)."""
+    if not health.adaptive:
+        return None
+    if health.max_in_flight is not None:
+        return health.max_in_flight
+    return config.adaptive.default_maximum
+
+
+def in_flight_limit(health: Health, config: HealthConfig) -> int | None:
     """The in-flight limit the claim gate applies now: the configured maximum, or for an
-    adaptive endpoint the limiter's current limit under it."""
-    if health.max_in_flight is None or not health.adaptive:
+    adaptive endpoint the limiter's current limit under its ceiling."""
+    maximum = adaptive_maximum(health, config)
+    if maximum is None:
         return health.max_in_flight
     if health.adaptive_limit is None:
-        return initial_limit(health.max_in_flight)
-    return max(1, min(health.max_in_flight, health.adaptive_limit))
+        return initial_limit(maximum)
+    return max(1, min(maximum, health.adaptive_limit))
 
 
 # -- the claim gate ---------------------------------------------------------------------
@@ -124,7 +135,7 @@ def claim_budget(
     if health.paused_until is not None and now < health.paused_until:
         return 0
     budget = math.inf
-    limit = in_flight_limit(health)
+    limit = in_flight_limit(health, config)
     if limit is not None:
         budget = max(0, limit - in_flight)
     if health.breaker_state == OPEN:
@@ -252,15 +263,14 @@ def after_adaptive(
     health: Health, signals: Signals, *, now: dt.datetime, config: HealthConfig
 ) -> Health:
     """The row's limiter after a batch (unchanged unless the endpoint opted in)."""
-    if not health.adaptive or health.max_in_flight is None:
+    maximum = adaptive_maximum(health, config)
+    if maximum is None:
         return health
-    current = health.adaptive_limit or initial_limit(health.max_in_flight)
+    current = health.adaptive_limit or initial_limit(maximum)
     state = Limiter(
         current, health.latency_baseline_ms, health.adaptive_window_at, health.adaptive_estimate
     )
-    after = next_limit(
-        state, signals, maximum=health.max_in_flight, now=now, config=config.adaptive
-    )
+    after = next_limit(state, signals, maximum=maximum, now=now, config=config.adaptive)
     return dataclasses.replace(
         health,
         adaptive_limit=after.limit,

@@ -30,10 +30,18 @@ from outbox.audit import record_audit
 log = logging.getLogger("delivery.health")
 
 
+# The float8[] columns of SAVE_ENDPOINT_HEALTH.
+_FLOAT_FIELDS = ("tokens", "latency_baseline_ms", "adaptive_estimate")
+
+
 async def save(conn: AsyncConnection, rows: Sequence[Health], *, now: dt.datetime) -> None:
     if not rows:
         return
     params: dict[str, Any] = {name: [getattr(r, name) for r in rows] for name in STATE_FIELDS}
+    for name in _FLOAT_FIELDS:
+        # One array per column: a latency measured in whole milliseconds (an int) beside
+        # another endpoint's float would make psycopg refuse the mixed list.
+        params[name] = [None if value is None else float(value) for value in params[name]]
     params["now"] = now
     await conn.execute(queries.SAVE_ENDPOINT_HEALTH, params)
 

@@ -172,7 +172,9 @@ def health_config(settings: Settings) -> HealthConfig:
         auto_disable_after_seconds=settings.auto_disable_after_days * 86400.0,
         # A probe whose worker died may be retried once its lease could have expired.
         probe_lease_seconds=settings.lease_seconds,
-        adaptive=AdaptiveConfig(algorithm=settings.adaptive_algorithm),
+        adaptive=AdaptiveConfig(
+            algorithm=settings.adaptive_algorithm, default_maximum=settings.adaptive_default_max
+        ),
     )
 
 
@@ -213,6 +215,7 @@ def admin_config(settings: Settings) -> AdminConfig:
         trusted_proxies=tuple(settings.trusted_proxies),
         schema_limits=schema_limits(settings),
         validation_budget=settings.validation_budget_ms / 1000,
+        adaptive_default_max=settings.adaptive_default_max,
         console=ConsoleConfig(
             app_name=settings.console_app_name,
             brand_color=settings.console_brand_color,

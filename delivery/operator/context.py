@@ -14,6 +14,7 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
 
+from delivery.health.adaptive import DEFAULT_MAXIMUM
 from delivery.operator.console.config import ConsoleConfig
 from delivery.operator.refusals import RATE_LIMITED, client_address, record_refusal
 from delivery.ssrf import AddressPolicy, refusal_warning
@@ -44,6 +45,8 @@ class AdminConfig:
     # Event-type schemas (OUTBOX_MAX_SCHEMA_*, OUTBOX_VALIDATION_BUDGET_MS).
     schema_limits: SchemaLimits = field(default_factory=SchemaLimits)
     validation_budget: float = DEFAULT_VALIDATION_BUDGET
+    # OUTBOX_ADAPTIVE_DEFAULT_MAX: the ceiling shown for adaptive endpoints without their own
+    adaptive_default_max: int = DEFAULT_MAXIMUM
 
 
 class OperatorContext:

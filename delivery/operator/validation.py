@@ -383,6 +383,9 @@ class EndpointCreate(_Input):
     # push (HTTP POSTs), pull (the catch-up feed only) or both; a feed token is shown once.
     delivery_mode: DeliveryMode = "push"
     payload_filter: PayloadFilter | None = None
+    # adaptive (the default): the worker finds its in-flight limit, up to
+    # OUTBOX_ADAPTIVE_DEFAULT_MAX; fixed: no limit until one is set (PATCH .../concurrency)
+    concurrency: Literal["adaptive", "fixed"] = "adaptive"
 
 
 class EndpointUpdate(_Input):
@@ -451,7 +454,9 @@ class ConcurrencyUpdate(_Input):
         "429/503 answers, between 1 and max_in_flight; fixed: max_in_flight is the limit.",
     )
     max_in_flight: MaxInFlight | None = Field(
-        None, description="The fixed limit, or the adaptive limit's ceiling; null: no limit."
+        None,
+        description="The fixed limit, or the adaptive limit's ceiling; null: no limit "
+        "(adaptive: the default maximum, OUTBOX_ADAPTIVE_DEFAULT_MAX).",
     )
     reason: Reason | None = None
 

@@ -9,17 +9,29 @@ from sqlalchemy import text
 from outbox.sql.retention import TALLY_PRUNED_ATTEMPTS
 from outbox.sql.scope import in_scope
 
-# Create an endpoint of a tenant given by uid (no row: the tenant does not exist).
+# Create an endpoint of a tenant given by uid (no row: the tenant does not exist). An
+# :adaptive one gets its health row at once, adaptive without a maximum of its own (the
+# worker's OUTBOX_ADAPTIVE_DEFAULT_MAX is its ceiling); a fixed one gets none, as before
+# adaptive became the default. Existing endpoints are never touched: the column's
+# default stays false, because health rows are also created later for old endpoints.
 INSERT_ENDPOINT = text(
     """
-    INSERT INTO endpoints
-        (uid, tenant_id, all_tenants, url, description, event_types, signing_secret,
-         signature_scheme, signing_public_key, delivery_mode, payload_filter, feed_token_hash)
-    SELECT :uid, t.id, :all_tenants, :url, :description, :event_types, :signing_secret,
-           :signature_scheme, :public_key, :delivery_mode, CAST(:payload_filter AS text),
-           CAST(:feed_token_hash AS text)
-    FROM tenants t WHERE t.uid = :tenant
-    RETURNING id
+    WITH inserted AS (
+        INSERT INTO endpoints
+            (uid, tenant_id, all_tenants, url, description, event_types, signing_secret,
+             signature_scheme, signing_public_key, delivery_mode, payload_filter,
+             feed_token_hash)
+        SELECT :uid, t.id, :all_tenants, :url, :description, :event_types, :signing_secret,
+               :signature_scheme, :public_key, :delivery_mode, CAST(:payload_filter AS text),
+               CAST(:feed_token_hash AS text)
+        FROM tenants t WHERE t.uid = :tenant
+        RETURNING id
+    ), health AS (
+        INSERT INTO endpoint_health (endpoint_id, adaptive)
+        SELECT id, true FROM inserted WHERE CAST(:adaptive AS boolean)
+        RETURNING endpoint_id
+    )
+    SELECT id FROM inserted
     """
 )
 

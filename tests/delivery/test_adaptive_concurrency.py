@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from delivery.health import EndpointLimits, HealthConfig, set_endpoint_limits
+from delivery.health import EndpointLimits, HealthConfig, save, set_endpoint_limits
 from delivery.health.adaptive import AdaptiveConfig, Limiter, Signals, next_limit
 from delivery.health.rules import Health, Observation, after_outcomes, summarize
 from delivery.http import build_http_client
@@ -248,12 +248,15 @@ def cli(database_url: str, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
     return CliRunner()
 
 
-def test_the_cli_opts_in_needs_a_ceiling_and_shows_the_limit(
+def test_the_cli_opts_in_with_or_without_a_ceiling_and_shows_the_limit(
     cli: CliRunner, engine: Engine, box: SecretBox
 ) -> None:
     uid = add_endpoint(engine, box, "http://127.0.0.1:9/hook").endpoint.uid
-    bad = cli.invoke(main, ["endpoints", "limits", uid, "--concurrency", "adaptive"])
-    assert bad.exit_code == 1 and "--max-in-flight" in bad.output
+    # without a maximum of its own, the default maximum (OUTBOX_ADAPTIVE_DEFAULT_MAX) is
+    # its ceiling (this once refused: a ceiling was required)
+    unbounded = cli.invoke(main, ["endpoints", "limits", uid, "--concurrency", "adaptive"])
+    assert unbounded.exit_code == 0, unbounded.output
+    assert "adaptive limit - of 100" in cli.invoke(main, ["endpoints", "health"]).output
     for hostile in ("adaptiv", "ADAPTIVE", ""):
         wrong = cli.invoke(main, ["endpoints", "limits", uid, "--concurrency", hostile])
         assert wrong.exit_code != 0
@@ -316,3 +319,28 @@ async def test_the_console_endpoint_page_shows_the_adaptive_limit(
         page = await http.get(f"/console/endpoints/{uid}")
     assert page.status_code == 200
     assert "adaptive: limit 7 of 16 in flight" in page.text
+
+
+async def test_one_outcome_batch_saves_whole_and_fractional_latencies_of_several_endpoints(
+    engine: Engine, async_engine: AsyncEngine, box: SecretBox, clock: ManualClock
+) -> None:
+    """Two adaptive endpoints in one outcome batch: one's first latency is whole
+    milliseconds (an int), the other's baseline has drifted to a fraction; both are saved
+    in one statement (psycopg refuses a list mixing int and float)."""
+    ids = [
+        add_endpoint(engine, box, f"http://127.0.0.1:9/{n}", concurrency="adaptive").endpoint.id
+        for n in range(2)
+    ]
+    async with async_engine.begin() as conn:
+        await save(
+            conn,
+            [
+                Health(ids[0], adaptive=True, adaptive_limit=4, latency_baseline_ms=12),
+                Health(ids[1], adaptive=True, adaptive_limit=5, latency_baseline_ms=12.5),
+            ],
+            now=clock.now(),
+        )
+    saved = scalar(
+        engine, "SELECT array_agg(latency_baseline_ms ORDER BY endpoint_id) FROM endpoint_health"
+    )
+    assert saved == [12.0, 12.5]

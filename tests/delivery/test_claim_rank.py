@@ -25,7 +25,7 @@ from delivery.worker import Worker, WorkerConfig
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.tenants import create_tenant
-from tests.helpers import LOOPBACK, add_endpoint, scalar
+from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
 
 CONFIG = health.HealthConfig()
 
@@ -298,13 +298,43 @@ async def test_the_quick_path_falls_back_when_a_gate_a_cap_or_a_disabled_row_is_
         assert await assert_same_batch(async_engine, now, 5) == "all"
         assert (await choose(async_engine, now, 5)).endpoints == expected
 
-    # A gated endpoint in the batch (a concurrency limit, here with budget): every candidate.
+    # A gated endpoint in the batch with budget left (a concurrency limit, fixed or
+    # adaptive): still quick, its row locked and its budget applied.
     execute(
         engine,
         "INSERT INTO endpoint_health (endpoint_id, max_in_flight) VALUES (:i, 4)",
         i=first[2],
     )
-    await fallback(set(first[:5]))
+    assert await assert_same_batch(async_engine, now, 5) == "quick"
+    gated = await choose(async_engine, now, 5)
+    assert gated.endpoints == set(first[:5]) and gated.budgets == {first[2]: 4}
+    execute(
+        engine,
+        "UPDATE endpoint_health SET max_in_flight = NULL, adaptive = true WHERE endpoint_id = :i",
+        i=first[2],
+    )
+    assert await assert_same_batch(async_engine, now, 5) == "quick"
+    # adaptive without a maximum of its own: the limiter's first limit under the default
+    assert (await choose(async_engine, now, 5)).budgets == {first[2]: 4}
+    # ... and at its limit (budget 0): left out of the walk, the next tenant moves up,
+    # still from the quick path (it looks again without that endpoint).
+    execute(
+        engine, "UPDATE endpoint_health SET adaptive_limit = 1 WHERE endpoint_id = :i", i=first[2]
+    )
+    execute(
+        engine,
+        "UPDATE deliveries SET state = 'in_flight', locked_by = 'w', lease_expires_at = :at"
+        " WHERE id = (SELECT max(id) FROM deliveries WHERE endpoint_id = :e)",
+        at=now + dt.timedelta(hours=1),
+        e=first[2],
+    )
+    assert await assert_same_batch(async_engine, now, 5) == "quick"
+    assert (await choose(async_engine, now, 5)).endpoints == {*first[:2], *first[3:6]}
+    execute(
+        engine,
+        "UPDATE deliveries SET state = 'scheduled', locked_by = NULL, lease_expires_at = NULL"
+        " WHERE state = 'in_flight'",
+    )
     execute(engine, "DELETE FROM endpoint_health")
     # A capped tenant in the batch, out of budget: its turn goes to the next tenant.
     execute(engine, "UPDATE tenants SET max_in_flight = 1 WHERE id = :i", i=world.tenants[1])
@@ -485,6 +515,19 @@ async def test_a_claim_among_many_busy_endpoints_reads_a_batch_not_every_endpoin
     assert quick.get("endpoints", 0) <= 20 and quick.get("tenants", 0) <= 20, quick
     assert quick.get("endpoint_health", 0) <= 20, quick
     assert (await choose(async_engine, now, 20)).path == "quick"
+    # Every endpoint adaptive (the default for new endpoints), so every one is gated: the
+    # claim still reads and locks the batch's health rows only, never every endpoint's.
+    execute(
+        engine, "INSERT INTO endpoint_health (endpoint_id, adaptive) SELECT id, true FROM endpoints"
+    )
+    execute(engine, "ANALYZE endpoint_health")
+    quick = await read(delivery_queries.QUICK_CLAIM_GATES)
+    assert quick["deliveries"] <= 80 + 10, quick
+    assert quick.get("endpoints", 0) <= 20 and quick.get("tenants", 0) <= 20, quick
+    assert quick.get("endpoint_health", 0) <= 40, quick  # plain, then gated: one probe each
+    params["ids"] = [r["id"] for r in rows(engine, "SELECT id FROM endpoints ORDER BY id LIMIT 20")]
+    assert (await read(delivery_queries.LOCK_GATED_HEALTH)).get("endpoint_health", 0) <= 20
+    assert await assert_same_batch(async_engine, now, 20) == "quick"
 
 
 @pytest.fixture

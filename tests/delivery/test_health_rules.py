@@ -200,3 +200,27 @@ def test_health_settings_are_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OUTBOX_WORKER_ENDPOINT_SHARE", "1.5")
     with pytest.raises(ConfigurationError, match="OUTBOX_WORKER_ENDPOINT_SHARE"):
         load_settings()
+
+
+def test_an_adaptive_endpoint_without_a_maximum_is_bounded_by_the_default_maximum() -> None:
+    """New endpoints are adaptive without a max_in_flight of their own: the limiter's
+    ceiling is then OUTBOX_ADAPTIVE_DEFAULT_MAX (here 8), never unlimited."""
+    config = dataclasses.replace(
+        CONFIG, adaptive=dataclasses.replace(CONFIG.adaptive, default_maximum=8)
+    )
+    fresh = Health(1, adaptive=True)
+    assert claim_budget(fresh, in_flight=0, now=at(0), config=config) == 4  # starts low
+    runaway = Health(1, adaptive=True, adaptive_limit=500)  # e.g. a ceiling lowered since
+    assert claim_budget(runaway, in_flight=0, now=at(0), config=config) == 8
+    assert claim_budget(runaway, in_flight=3, now=at(0), config=config) == 5
+    # its own maximum wins over the default
+    own = Health(1, adaptive=True, max_in_flight=20, adaptive_limit=15)
+    assert claim_budget(own, in_flight=0, now=at(0), config=config) == 15
+    # fast answers for a long time: the limit grows up to the default maximum, not past it
+    health = fresh
+    for second in range(1, 120):
+        fast = [dataclasses.replace(ok(), latency_ms=10.0)] * 20
+        summary = summarize(fast, config)[1]
+        health = after_outcomes(health, summary, now=at(second), config=config)
+    assert health.adaptive_limit == 8
+    assert claim_budget(health, in_flight=0, now=at(120), config=config) == 8

@@ -83,7 +83,7 @@ async def test_switch_to_adaptive_read_the_limit_and_back(
 @pytest.mark.parametrize(
     ("body", "says"),
     [
-        ({"mode": "adaptive"}, "ceiling"),
+        ({"mode": "adaptive", "max_in_flight": 0}, "max_in_flight"),
         ({"max_in_flight": 0}, "max_in_flight"),
         ({"max_in_flight": -3}, "max_in_flight"),
         ({"max_in_flight": 10**12}, "max_in_flight"),

@@ -267,9 +267,12 @@ async def _set_concurrency(w: World) -> None:
     for theirs in (w.b_endpoint, w.warehouse):
         not_found(await w.patch(f"/v1/endpoints/{theirs}/concurrency", body))
     # Its own endpoint is reached (the change itself: tests/operator/test_concurrency_api.py);
-    # refused here because adaptive needs a ceiling, so the health rows stay as they were.
-    mine = await w.patch(f"/v1/endpoints/{w.a_endpoint}/concurrency", {"mode": "adaptive"})
-    assert mine.status_code == 400 and "ceiling" in mine.text
+    # refused here because a ceiling of 0 is no ceiling, so the health rows stay as they
+    # were (adaptive without a ceiling is allowed since new endpoints are adaptive).
+    mine = await w.patch(
+        f"/v1/endpoints/{w.a_endpoint}/concurrency", {"mode": "adaptive", "max_in_flight": 0}
+    )
+    assert mine.status_code == 400 and "max_in_flight" in mine.text
 
 
 async def _set_workflow(w: World) -> None:
@@ -293,7 +296,9 @@ async def _create_endpoint(w: World) -> None:
         "/v1/endpoints", {"url": url, "event_types": ["*"], "all_tenants": True}
     )
     assert everyone.status_code == 403
-    made = await w.post("/v1/endpoints", {"url": url, "event_types": ["*"]})
+    # fixed: an adaptive one would get a health row, and this test wants every health
+    # row unchanged (tests/operator/test_adaptive_default.py covers the default)
+    made = await w.post("/v1/endpoints", {"url": url, "event_types": ["*"], "concurrency": "fixed"})
     assert made.status_code == 200 and made.json()["tenant"] == A
     assert not made.json()["all_tenants"]
 
@@ -314,7 +319,12 @@ async def _read_feed(w: World) -> None:
     """seller-a's own feed token on seller-b's endpoint: not found, like an unknown id."""
     created = await w.post(
         "/v1/endpoints",
-        {"url": "https://a.example/hook", "event_types": "*", "delivery_mode": "pull"},
+        {
+            "url": "https://a.example/hook",
+            "event_types": "*",
+            "delivery_mode": "pull",
+            "concurrency": "fixed",  # no health row: this test wants every one unchanged
+        },
     )
     token = {"authorization": f"Bearer {created.json()['feed_token']}"}
     own = await w.http.get(f"/feed/v1/{created.json()['id']}", headers=token)

@@ -105,6 +105,8 @@ def test_add_endpoint_passes_every_setting_on_and_audits_it(engine: Engine, box:
                 # issue 25: how it receives its events and what it filters on
                 "delivery_mode": "push",
                 "payload_filter": None,
+                # adaptive unless told fixed (the default for new endpoints)
+                "concurrency": "adaptive",
             },
             "request_id": request_id,
             "tenant_uid": created.endpoint.tenant,

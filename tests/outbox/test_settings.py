@@ -146,3 +146,45 @@ def test_a_bad_trusted_proxy_is_one_clear_line(
         load_settings()
     message = str(raised.value)
     assert why in message and "CIDRs like" in message and "\n" not in message
+
+
+def test_the_adaptive_default_maximum_reaches_the_worker_and_the_admin_api(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from delivery.health import MAX_IN_FLIGHT
+    from delivery.operator.app import admin_config, worker_config
+    from outbox.settings import MAX_ADAPTIVE_DEFAULT_MAX
+
+    # the default: one worker process's share for one endpoint (200 slots * 0.5)
+    settings = load_settings()
+    assert settings.adaptive_default_max == 100
+    assert settings.adaptive_default_max == int(
+        settings.worker_max_in_flight * settings.worker_endpoint_share
+    )
+    assert MAX_ADAPTIVE_DEFAULT_MAX == MAX_IN_FLIGHT  # the largest ceiling an endpoint may have
+    monkeypatch.setenv("OUTBOX_ADAPTIVE_DEFAULT_MAX", "16")
+    settings = load_settings()
+    assert worker_config(settings).health.adaptive.default_maximum == 16
+    assert admin_config(settings).adaptive_default_max == 16
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("0", "from 1 to 100,000"),
+        ("-5", "from 1 to 100,000"),
+        ("100001", "from 1 to 100,000"),
+        (str(10**30), "from 1 to 100,000"),
+        ("many", "valid integer"),
+        ("2.5", "valid integer"),
+        ("1e3", "valid integer"),
+        ("", "valid integer"),
+    ],
+)
+def test_a_bad_adaptive_default_maximum_is_one_clear_line(
+    monkeypatch: pytest.MonkeyPatch, value: str, says: str
+) -> None:
+    monkeypatch.setenv("OUTBOX_ADAPTIVE_DEFAULT_MAX", value)
+    with pytest.raises(ConfigurationError, match="OUTBOX_ADAPTIVE_DEFAULT_MAX") as raised:
+        load_settings()
+    assert says in str(raised.value)

@@ -21,7 +21,10 @@ from delivery.operator.validation import ConcurrencyUpdate
 
 async def get_concurrency(call: Call) -> Any:
     uid, scope = call.path_uid(), call.scope
-    found = await call.api.read(lambda c: get_endpoint_concurrency(c, uid, scope=scope))
+    ceiling = call.api.config.adaptive_default_max
+    found = await call.api.read(
+        lambda c: get_endpoint_concurrency(c, uid, scope=scope, default_maximum=ceiling)
+    )
     return found.as_json()
 
 
@@ -49,7 +52,9 @@ async def set_concurrency(call: Call) -> Any:
                 reason=data.reason,
                 request_id=call.request_id,
             )
-        return get_endpoint_concurrency(conn, uid, scope=call.scope).as_json()
+        return get_endpoint_concurrency(
+            conn, uid, scope=call.scope, default_maximum=call.api.config.adaptive_default_max
+        ).as_json()
 
     return await call.api.write(change)
 
@@ -69,7 +74,8 @@ routes = [
         "/v1/endpoints/{uid}/concurrency",
         "operator",
         "Switch the endpoint between a fixed and an adaptive in-flight limit and set its "
-        "maximum (adaptive needs one); fields not given stay. The limiter starts afresh.",
+        "maximum (adaptive without one: OUTBOX_ADAPTIVE_DEFAULT_MAX); fields not given stay. "
+        "The limiter starts afresh.",
         set_concurrency,
         (UID,),
         body=ConcurrencyUpdate,

@@ -92,6 +92,7 @@ async def create_endpoint_route(call: Call) -> Any:
             all_tenants=all_tenants,
             delivery_mode=data.delivery_mode,
             payload_filter=data.payload_filter,
+            concurrency=data.concurrency,
         )
         if data.proxy is not None:
             endpoint = set_proxy(

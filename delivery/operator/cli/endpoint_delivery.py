@@ -49,8 +49,9 @@ from outbox.headers import get_headers, parse_header_argument, set_headers
     "--concurrency",
     type=click.Choice(["fixed", "adaptive"]),
     default=None,
-    help="adaptive: the in-flight limit follows the endpoint's latency and 429/503 answers, "
-    "between 1 and --max-in-flight (required with it).",
+    help="adaptive (the default for new endpoints): the in-flight limit follows the "
+    "endpoint's latency and 429/503 answers, between 1 and --max-in-flight (unset: "
+    "OUTBOX_ADAPTIVE_DEFAULT_MAX); fixed: --max-in-flight alone, or no limit.",
 )
 @actor_option
 @json_option
@@ -113,8 +114,9 @@ def endpoints_health(as_json: bool) -> None:
     """Circuit breaker state, limits and backlog of every endpoint."""
     from delivery.health import endpoint_health_report
 
-    with database() as (_, db), db.engine.connect() as conn:
+    with database() as (settings, db), db.engine.connect() as conn:
         report = endpoint_health_report(conn)
+    ceiling = settings.adaptive_default_max
     if as_json:
         echo_json(report)
         return
@@ -128,7 +130,7 @@ def endpoints_health(as_json: bool) -> None:
         in_flight = str(item["in_flight"])
         if item["adaptive"]:
             limit = item["adaptive_limit"] or "-"
-            in_flight += f" (adaptive limit {limit} of {item['max_in_flight']})"
+            in_flight += f" (adaptive limit {limit} of {item['max_in_flight'] or ceiling})"
         rows.append(
             [
                 item["endpoint"],

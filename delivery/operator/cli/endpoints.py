@@ -148,6 +148,15 @@ def _print_feed_token(uid: str, token: str | None) -> None:
 @proxy_option
 @mode_option
 @filter_option
+@click.option(
+    "--concurrency",
+    type=click.Choice(["adaptive", "fixed"]),
+    default="adaptive",
+    show_default=True,
+    help="adaptive: the worker finds the endpoint's in-flight limit from its latency and "
+    "429/503 answers, up to OUTBOX_ADAPTIVE_DEFAULT_MAX; fixed: no limit until "
+    "`outbox endpoints limits --max-in-flight` sets one.",
+)
 @json_option
 @friendly_errors
 def endpoints_add(
@@ -161,6 +170,7 @@ def endpoints_add(
     proxy: str | None,
     delivery_mode: str | None,
     payload_filter: str | None,
+    concurrency: str,
     as_json: bool,
 ) -> None:
     """Add an endpoint; prints its id and its signing secret (shown only now), or for
@@ -185,6 +195,7 @@ def endpoints_add(
                 all_tenants=all_tenants,
                 delivery_mode=delivery_mode or "push",
                 payload_filter=payload_filter,
+                concurrency=concurrency,
             )
             if proxy is not None:
                 endpoint = set_proxy(conn, box, created.endpoint.uid, proxy, actor=default_actor())

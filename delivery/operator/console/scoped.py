@@ -233,6 +233,7 @@ def add_endpoint(
     https_only: bool,
     delivery_mode: str = "push",
     payload_filter: str | None = None,
+    concurrency: str = "adaptive",
 ) -> CreatedEndpoint:
     """A new endpoint of `tenant` (never all_tenants from here), audited."""
     return endpoint_ops.add_endpoint(
@@ -246,6 +247,7 @@ def add_endpoint(
         tenant=tenant,
         delivery_mode=delivery_mode,
         payload_filter=payload_filter,
+        concurrency=concurrency,
     )
 
 

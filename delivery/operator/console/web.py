@@ -209,6 +209,7 @@ class Console(DeliveryPages):
                 https_only=https_only,
                 delivery_mode=str(form.get("delivery_mode") or "push"),
                 payload_filter=str(form.get("payload_filter") or "") or None,
+                concurrency=str(form.get("concurrency") or "adaptive"),
             )
         )
         return await self._endpoint_page(
