@@ -10,9 +10,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from delivery import queries
+from delivery.direct import Statements
 from delivery.health.rules import (
     Health,
     HealthConfig,
@@ -178,7 +177,7 @@ class Gates:
 
 
 async def open_gates(
-    conn: AsyncConnection,
+    conn: Statements,
     *,
     now: dt.datetime,
     config: HealthConfig,
@@ -269,7 +268,7 @@ async def open_gates(
 
 
 async def _quick_gates(
-    conn: AsyncConnection,
+    conn: Statements,
     *,
     now: dt.datetime,
     limit: int,
@@ -305,7 +304,7 @@ async def _quick_gates(
 
 
 async def close_gates(
-    conn: AsyncConnection,
+    conn: Statements,
     gates: Gates,
     claimed: Mapping[int, int],
     *,
