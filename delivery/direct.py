@@ -45,9 +45,13 @@ class Rows(list[Any]):
 class DirectConnection:
     """A transaction's statements on one psycopg connection (see `transaction`)."""
 
-    def __init__(self, connection: psycopg.AsyncConnection[Any], dialect: Dialect) -> None:
+    def __init__(
+        self, connection: psycopg.AsyncConnection[Any], dialect: Dialect, *, single: bool = False
+    ) -> None:
         self._connection = connection
         self._dialect = dialect
+        self._single = single  # autocommit: a second statement would not share the first's
+        self._statements = 0
 
     async def execute(
         self, statement: TextClause, parameters: Mapping[str, Any] | None = None
@@ -55,6 +59,12 @@ class DirectConnection:
         """Run one of delivery/queries.py's statements with these parameters (as
         `AsyncConnection.execute` would: the same SQL, the same parameter values)."""
         sql = compiled_sql(statement, self._dialect)
+        self._statements += 1
+        if self._single and self._statements > 1:
+            raise RuntimeError(
+                "a second statement in delivery.direct.transaction(single=True), which "
+                "commits each statement by itself: open it without single=True"
+            )
         async with self._connection.cursor(row_factory=_row_maker, binary=True) as cursor:
             await cursor.execute(sql, parameters, prepare=True)
             if cursor.description is None:
@@ -108,7 +118,7 @@ async def transaction(
         if single:
             await connection.set_autocommit(True)
         try:
-            yield DirectConnection(connection, engine.dialect)
+            yield DirectConnection(connection, engine.dialect, single=single)
             if not single:
                 await connection.commit()
         except BaseException as exc:

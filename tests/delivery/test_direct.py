@@ -222,6 +222,12 @@ async def test_errors_and_lost_connections_leave_the_pool_as_sqlalchemy_expects(
             async with direct.transaction(async_engine, single=single) as conn:
                 await conn.execute(queries.RECORD_OUTCOMES, bad)
         assert await _pooled_autocommit(async_engine) is False
+    # single: each statement commits by itself, so a second one is refused, not run apart
+    with pytest.raises(RuntimeError, match="a second statement"):
+        async with direct.transaction(async_engine, single=True) as conn:
+            await conn.execute(text("SELECT 1"))
+            await conn.execute(text("SELECT 2"))
+    assert await _pooled_autocommit(async_engine) is False
     assert async_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
 
     async with direct.transaction(async_engine) as conn:
