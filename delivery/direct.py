@@ -81,11 +81,14 @@ _compiled: dict[int, tuple[TextClause, str]] = {}
 
 def compiled_sql(statement: TextClause, dialect: Dialect) -> str:
     """The SQL SQLAlchemy sends for `statement` (psycopg's %(name)s placeholders), compiled
-    once. Only untyped parameters are allowed: they reach psycopg as given, so running the
-    string directly cannot change what a parameter means."""
+    once (every psycopg dialect compiles text() alike). Only untyped parameters are
+    allowed: they reach psycopg as given, so running the string directly cannot change
+    what a parameter means."""
     found = _compiled.get(id(statement))
     if found is not None and found[0] is statement:
         return found[1]
+    if len(_compiled) > 1_000:  # queries.py's statements are a few dozen; only bounded
+        _compiled.clear()
     compiled = statement.compile(dialect=dialect)
     typed = sorted(
         name for name, bind in compiled.binds.items() if not isinstance(bind.type, NullType)

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import Engine, event, text
+from sqlalchemy import DateTime, Engine, bindparam, event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
@@ -237,3 +237,19 @@ async def test_errors_and_lost_connections_leave_the_pool_as_sqlalchemy_expects(
     async with direct.transaction(async_engine) as conn:
         again = (await conn.execute(text("SELECT pg_backend_pid() AS pid"))).one().pid
     assert again != pid
+
+
+def test_a_statement_whose_parameters_sqlalchemy_would_convert_is_refused(
+    async_engine: AsyncEngine,
+) -> None:
+    """A typed parameter gets SQLAlchemy's bind processing, which the direct path would
+    skip: refused when compiled, naming the parameter, instead of sent differently."""
+    typed = text("SELECT :at AS at, :n AS n").bindparams(bindparam("at", type_=DateTime()))
+    with pytest.raises(TypeError, match=r"typed parameters \['at'\]"):
+        direct.compiled_sql(typed, async_engine.dialect)
+    # a literal % survives (escaped for psycopg), and a plain statement compiles once
+    plain = text("SELECT '100%' AS share, :n AS n")
+    assert direct.compiled_sql(plain, async_engine.dialect) == "SELECT '100%%' AS share, %(n)s AS n"
+    assert direct.compiled_sql(plain, async_engine.dialect) is direct.compiled_sql(
+        plain, async_engine.dialect
+    )
