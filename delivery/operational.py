@@ -41,16 +41,13 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from delivery import queries
+from delivery.direct import Statements
 
 DEAD_EVENTS_PER_MINUTE = 3
 
 
-async def report_dead(
-    conn: AsyncConnection, delivery_ids: Sequence[int], *, now: dt.datetime
-) -> None:
+async def report_dead(conn: Statements, delivery_ids: Sequence[int], *, now: dt.datetime) -> None:
     """Publish `delivery.dead` for deliveries this transaction made dead (storm-bounded)."""
     if delivery_ids:
         await conn.execute(
@@ -59,9 +56,7 @@ async def report_dead(
         )
 
 
-async def report_held(
-    conn: AsyncConnection, delivery_ids: Sequence[int], *, now: dt.datetime
-) -> None:
+async def report_held(conn: Statements, delivery_ids: Sequence[int], *, now: dt.datetime) -> None:
     """Publish `delivery.held` for deliveries this transaction held, naming the owner."""
     if delivery_ids:
         await conn.execute(queries.REPORT_HELD_DELIVERIES, {"ids": list(delivery_ids), "now": now})

@@ -10,9 +10,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from delivery import queries
+from delivery.direct import Statements
 from delivery.health.rules import (
     Health,
     HealthConfig,
@@ -180,7 +179,7 @@ class Gates:
 
 
 async def open_gates(
-    conn: AsyncConnection,
+    conn: Statements,
     *,
     now: dt.datetime,
     config: HealthConfig,
@@ -278,7 +277,7 @@ QUICK_TRIES = 3
 
 
 async def _quick_gates(
-    conn: AsyncConnection,
+    conn: Statements,
     *,
     now: dt.datetime,
     config: HealthConfig,
@@ -332,7 +331,7 @@ async def _quick_gates(
 
 
 async def _lock_gated(
-    conn: AsyncConnection,
+    conn: Statements,
     ids: Sequence[int],
     budgets: dict[int, int],
     locked: dict[int, Health],
@@ -366,7 +365,7 @@ async def _lock_gated(
 
 
 async def close_gates(
-    conn: AsyncConnection,
+    conn: Statements,
     gates: Gates,
     claimed: Mapping[int, int],
     *,

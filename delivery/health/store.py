@@ -12,6 +12,7 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from delivery import queries
+from delivery.direct import Statements
 from delivery.health.rules import (
     CLOSED,
     HALF_OPEN,
@@ -34,7 +35,7 @@ log = logging.getLogger("delivery.health")
 _FLOAT_FIELDS = ("tokens", "latency_baseline_ms", "adaptive_estimate")
 
 
-async def save(conn: AsyncConnection, rows: Sequence[Health], *, now: dt.datetime) -> None:
+async def save(conn: Statements, rows: Sequence[Health], *, now: dt.datetime) -> None:
     if not rows:
         return
     params: dict[str, Any] = {name: [getattr(r, name) for r in rows] for name in STATE_FIELDS}

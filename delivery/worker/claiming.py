@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from delivery import health, queries
+from delivery import direct, health, queries
 from delivery.http import OutgoingRequest
 from delivery.policy import RetryPolicy, matching_rule, parse_status_overrides
 from delivery.worker.model import (
@@ -87,7 +87,8 @@ class Claiming:
         self.claims += 1
         self._barren = {eid: until for eid, until in self._barren.items() if until > now}
         local = self._slots_left()
-        async with self._engine.begin() as conn:
+        # On psycopg directly (delivery/direct.py): the claim is the worker's hot path.
+        async with direct.transaction(self._engine) as conn:
             gates = await health.open_gates(
                 conn,
                 now=now,

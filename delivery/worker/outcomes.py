@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -11,7 +12,8 @@ from collections.abc import Sequence
 import httpx
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from delivery import health, operational, queries
+from delivery import direct, health, operational, queries
+from delivery.direct import Statements
 from delivery.http import AttemptResult, send_attempt
 from delivery.policy import Decision, Outcome, decide, exhausted_reason
 from delivery.worker.model import BatchStats, ClaimedDelivery, WorkerConfig, _iso
@@ -104,7 +106,7 @@ class Recording:
         await health.ensure_health_rows(
             self._engine, (item.endpoint_id for item in observations), self._health_rows
         )
-        async with self._engine.begin() as conn:
+        async with self._outcome_transaction(outcomes, decisions, observations) as conn:
             decisions = await self._explain_exhausted(conn, outcomes, decisions)
             kept = await self._write_outcome_rows(conn, now, outcomes, decisions)
             await operational.report_dead(
@@ -127,13 +129,15 @@ class Recording:
             )
             await self._disable_gone_endpoints(conn, now, outcomes)
             # Every attempt that happened informs its endpoint's breaker, kept or not.
-            await health.record_observations(
-                conn,
-                observations,
-                now=now,
-                config=self.config.health,
-                names={claimed.endpoint_id: claimed.endpoint_uid for claimed, _ in outcomes},
-            )
+            if observations:
+                assert isinstance(conn, AsyncConnection)  # see _outcome_transaction
+                await health.record_observations(
+                    conn,
+                    observations,
+                    now=now,
+                    config=self.config.health,
+                    names={claimed.endpoint_id: claimed.endpoint_uid for claimed, _ in outcomes},
+                )
         self._log_outcomes(outcomes, decisions, kept)
         lost = len(outcomes) - len(kept)
         if lost:
@@ -148,6 +152,22 @@ class Recording:
             lost,
         )
         return stats
+
+    def _outcome_transaction(
+        self,
+        outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]],
+        decisions: Sequence[Decision],
+        observations: Sequence[health.Observation],
+    ) -> contextlib.AbstractAsyncContextManager[Statements]:
+        """The record's transaction: on psycopg directly (delivery/direct.py) unless a
+        breaker learns from it (its writes may audit an endpoint disabled, which takes
+        SQLAlchemy). Only the outcome rows to write: one statement, committing by itself."""
+        if observations:
+            return self._engine.begin()
+        only_rows = not any(
+            d.exhausted or d.state in ("dead", "held") for d in decisions
+        ) and not any(result.disables_endpoint for _, result in outcomes)
+        return direct.transaction(self._engine, single=only_rows)
 
     def _log_outcomes(
         self,
@@ -190,7 +210,7 @@ class Recording:
 
     async def _explain_exhausted(
         self,
-        conn: AsyncConnection,
+        conn: Statements,
         outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]],
         decisions: list[Decision],
     ) -> list[Decision]:
@@ -220,7 +240,7 @@ class Recording:
 
     async def _disable_gone_endpoints(
         self,
-        conn: AsyncConnection,
+        conn: Statements,
         now: dt.datetime,
         outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]],
     ) -> None:
@@ -254,7 +274,7 @@ class Recording:
 
     async def _write_outcome_rows(
         self,
-        conn: AsyncConnection,
+        conn: Statements,
         now: dt.datetime,
         outcomes: Sequence[tuple[ClaimedDelivery, AttemptResult]],
         decisions: Sequence[Decision],
