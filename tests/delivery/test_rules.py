@@ -794,7 +794,6 @@ async def test_a_lease_that_moved_on_is_not_rescued(
     assert scalar(engine, "SELECT locked_by FROM deliveries WHERE id = 1") == "b"
 
 
-@WIRE_ONLY
 async def test_shutdown_hands_back_queued_claims_at_once(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -850,7 +849,6 @@ async def test_shutdown_hands_back_queued_claims_at_once(
 # -- jitter at scale ----------------------------------------------------------------------
 
 
-@WIRE_ONLY
 async def test_a_thousand_retries_due_in_the_same_second_spread_over_the_jitter_window(
     engine: Engine,
     async_engine: AsyncEngine,
@@ -912,7 +910,6 @@ async def test_an_endpoint_timeout_never_outlives_the_lease(
     assert timeouts == [2, 15]  # 300 s cut to the lease minus its 5 s margin
 
 
-@WIRE_ONLY
 async def test_a_deadline_that_passes_before_sending_is_retryable_not_ambiguous(
     clock: ManualClock, receiver: Receiver
 ) -> None:
@@ -937,7 +934,6 @@ async def test_a_deadline_that_passes_before_sending_is_retryable_not_ambiguous(
     assert len(receiver.requests) == 1
 
 
-@WIRE_ONLY
 async def test_a_delivery_that_crashes_its_attempt_ends_dead_through_the_rescue_count(
     engine: Engine,
     async_engine: AsyncEngine,
