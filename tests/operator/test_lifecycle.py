@@ -22,9 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox.db import make_engine
 from outbox.embedded import EmbeddedPostgres
-from outbox.migrate import upgrade
 from tests.helpers import ROOT
 
 # Real `outbox` processes, each on its own embedded server.
@@ -57,17 +55,6 @@ def _outbox(data_dir: Path, *args: str, **extra: str) -> subprocess.CompletedPro
     )
 
 
-def _stop_server_in(path: Path) -> None:
-    """Stop whatever embedded server runs on `path`, whatever the test did."""
-    server = EmbeddedPostgres(path)
-    if server.running():
-        pid = int((server.pgdata / "postmaster.pid").read_text().split()[0])
-        os.kill(pid, signal.SIGINT)  # "fast" shutdown (SIGTERM waits for every client)
-        deadline = time.monotonic() + 30
-        while server.running() and time.monotonic() < deadline:
-            time.sleep(0.1)
-
-
 @pytest.fixture
 def data_dir() -> Iterator[Path]:
     """A private data directory whose embedded server is stopped whatever the test did.
@@ -77,33 +64,14 @@ def data_dir() -> Iterator[Path]:
     """
     path = Path(tempfile.mkdtemp(prefix="outbox-lifecycle-"))
     yield path
-    _stop_server_in(path)
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def migrated_pgdata() -> Iterator[Path]:
-    """A data directory's `pgdata` made once per module (initdb, every migration, server
-    stopped), for the tests about a server's start and stop rather than its creation."""
-    path = Path(tempfile.mkdtemp(prefix="outbox-lifecycle-template-"))
     server = EmbeddedPostgres(path)
-    engine = make_engine(server.start())
-    try:
-        upgrade(engine)
-    finally:
-        engine.dispose()
-        server.stop()
-    yield server.pgdata
-    _stop_server_in(path)
+    if server.running():
+        pid = int((server.pgdata / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGINT)  # "fast" shutdown (SIGTERM waits for every client)
+        deadline = time.monotonic() + 30
+        while server.running() and time.monotonic() < deadline:
+            time.sleep(0.1)
     shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def migrated_data_dir(data_dir: Path, migrated_pgdata: Path) -> Path:
-    """`data_dir` holding a copy of `migrated_pgdata` (cp -a: PostgreSQL's own user
-    keeps owning its files)."""
-    subprocess.run(["cp", "-a", str(migrated_pgdata), str(data_dir / "pgdata")], check=True)
-    return data_dir
 
 
 def test_an_invalid_setting_is_one_line_before_anything_starts(data_dir: Path) -> None:
@@ -154,9 +122,8 @@ def _wait_for_text(log: Path, text: str, process: subprocess.Popen[bytes]) -> No
 
 
 def test_a_server_left_by_a_sigkill_is_reused_with_a_message_and_stopped_after(
-    migrated_data_dir: Path, tmp_path: Path
+    data_dir: Path, tmp_path: Path
 ) -> None:
-    data_dir = migrated_data_dir
     server = EmbeddedPostgres(data_dir)
     first_log = tmp_path / "first.log"
     first = _start_run(data_dir, first_log)
@@ -184,10 +151,9 @@ def test_a_server_left_by_a_sigkill_is_reused_with_a_message_and_stopped_after(
 
 
 def test_sigterm_before_the_service_runs_still_stops_the_embedded_server(
-    migrated_data_dir: Path,
+    data_dir: Path, tmp_path: Path
 ) -> None:
     """SIGTERM while the command holds the server but before asyncio's handlers exist."""
-    data_dir = migrated_data_dir
     server = EmbeddedPostgres(data_dir)
     script = (
         "import os, signal\n"
