@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import json
 import tomllib
+import uuid
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from click.testing import CliRunner, Result
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, make_url, text
 
 from delivery.operator.api import create_app
 from delivery.operator.app import open_database
 from delivery.operator.cli import main
 from outbox.crypto import SecretBox, generate_key
-from outbox.db import make_async_engine, make_engine
+from outbox.db import make_async_engine, make_engine, sqlalchemy_url
 from outbox.errors import ConfigurationError
 from outbox.migrate import current_revision, head_revision, release_version, upgrade
 from outbox.settings import load_settings
@@ -25,18 +26,52 @@ from tests.helpers import ROOT
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
-@pytest.fixture
-def at_0019(empty_database_url: str) -> Iterator[Engine]:
-    """A database where the previous release (0.1.0) left it."""
-    engine = make_engine(empty_database_url)
+@pytest.fixture(scope="module")
+def template_0019(server_url: str, admin_engine: Engine) -> Iterator[str]:
+    """A database where the previous release (0.1.0) left it, migrated once per module."""
+    name = f"outbox_at_0019_{uuid.uuid4().hex[:8]}"
+    with admin_engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine = make_engine(_named(server_url, name))
     upgrade(engine, "0019")
+    engine.dispose()  # a template may have no connections when it is copied
+    yield name
+    with admin_engine.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def database_0019_url(server_url: str, admin_engine: Engine, template_0019: str) -> Iterator[str]:
+    """A copy of the 0019 template for one test (the migrations run once, not per test)."""
+    name = f"outbox_0019_{uuid.uuid4().hex[:12]}"
+    with admin_engine.connect() as conn:
+        conn.execute(
+            text(f'CREATE DATABASE "{name}" TEMPLATE "{template_0019}" STRATEGY FILE_COPY')
+        )
+    yield _named(server_url, name)
+    with admin_engine.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def _named(server_url: str, database: str) -> str:
+    return (
+        make_url(sqlalchemy_url(server_url))
+        .set(database=database)
+        .render_as_string(hide_password=False)
+    )
+
+
+@pytest.fixture
+def at_0019(database_0019_url: str) -> Iterator[Engine]:
+    """The engine of this test's database at 0019 (the one `cli` runs on)."""
+    engine = make_engine(database_0019_url)
     yield engine
     engine.dispose()
 
 
 @pytest.fixture
-def cli(empty_database_url: str, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
-    monkeypatch.setenv("OUTBOX_DATABASE_URL", empty_database_url)
+def cli(database_0019_url: str, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", database_0019_url)
     monkeypatch.setenv("OUTBOX_SECRET_KEYS", generate_key("cli"))
     return CliRunner()
 
@@ -129,9 +164,7 @@ def _stamp(engine: Engine, revision: str) -> None:
         conn.execute(text("UPDATE outbox_alembic_version SET version_num = :r"), {"r": revision})
 
 
-def test_a_newer_schema_is_usable_and_a_pending_one_is_not(
-    cli: CliRunner, at_0019: Engine, empty_database_url: str
-) -> None:
+def test_a_newer_schema_is_usable_and_a_pending_one_is_not(cli: CliRunner, at_0019: Engine) -> None:
     settings = load_settings()
     refused = pytest.raises(ConfigurationError, match=rf"at 0019, this version \({VERSION}\) needs")
     with refused, open_database(settings):
@@ -157,9 +190,9 @@ async def _readyz(url: str) -> httpx.Response:
 
 
 async def test_readyz_shows_the_release_and_the_schema_it_needs(
-    at_0019: Engine, empty_database_url: str
+    at_0019: Engine, database_0019_url: str
 ) -> None:
-    pending = await _readyz(empty_database_url)
+    pending = await _readyz(database_0019_url)
     assert pending.status_code == 503
     assert pending.json() == {
         "status": "unavailable",
@@ -169,7 +202,7 @@ async def test_readyz_shows_the_release_and_the_schema_it_needs(
         "needs": head_revision(),
     }
     upgrade(at_0019)
-    ready = await _readyz(empty_database_url)
+    ready = await _readyz(database_0019_url)
     assert ready.status_code == 200
     assert ready.json() == {
         "status": "ready",
@@ -179,7 +212,7 @@ async def test_readyz_shows_the_release_and_the_schema_it_needs(
         "needs": head_revision(),
     }
     _stamp(at_0019, "9999")
-    newer = await _readyz(empty_database_url)
+    newer = await _readyz(database_0019_url)
     assert newer.status_code == 200 and newer.json()["schema_state"] == "newer"
 
 

@@ -22,17 +22,25 @@ ROOT = Path(__file__).resolve().parents[2]
 OUTBOX = [sys.executable, "-c", "from delivery.operator.cli import main; main()"]
 
 
-@pytest.mark.slow  # its own embedded server
-def test_demo_delivers_retries_and_verifies(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(demo, "DEMO_SECONDS", 4.0)
-    result = CliRunner().invoke(main, ["demo"], catch_exceptions=False)
+@pytest.fixture(scope="module")
+def tour() -> str:
+    """The output of one `outbox demo` for the module: a tour starts its own embedded
+    server (initdb and every migration), which its two tests can share."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(demo, "DEMO_SECONDS", 4.0)
+        result = CliRunner().invoke(main, ["demo"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert "the healthy partner received 4 requests" in result.output
-    assert "signature verifies with the endpoint secret: yes" in result.output
-    assert "retrying: HTTP 500" in result.output
-    assert "succeeded" in result.output
+    return result.output
+
+
+@pytest.mark.slow  # its own embedded server
+def test_demo_delivers_retries_and_verifies(tour: str) -> None:
+    assert "the healthy partner received 4 requests" in tour
+    assert "signature verifies with the endpoint secret: yes" in tour
+    assert "retrying: HTTP 500" in tour
+    assert "succeeded" in tour
     # Five 500s in a row open the failing partner's breaker within the tour.
-    assert "circuit breaker open" in result.output
+    assert "circuit breaker open" in tour
 
 
 def next_steps(output: str) -> list[list[str]]:
@@ -41,15 +49,11 @@ def next_steps(output: str) -> list[list[str]]:
     return [shlex.split(line, comments=True) for line in section if line.startswith("  outbox ")]
 
 
-def test_the_demos_next_steps_run_as_printed(
-    monkeypatch: pytest.MonkeyPatch, database_url: str, tmp_path: Path
-) -> None:
-    monkeypatch.setattr(demo, "DEMO_SECONDS", 1.0)
-    shown = CliRunner().invoke(main, ["demo"], catch_exceptions=False)
-    assert shown.exit_code == 0, shown.output
-    commands = next_steps(shown.output)
-    assert len(commands) >= 6, shown.output
-    assert any(words[1] == "replay" for words in commands), shown.output
+@pytest.mark.slow  # a real `outbox run`, after the tour it shares with the test above
+def test_the_demos_next_steps_run_as_printed(tour: str, database_url: str, tmp_path: Path) -> None:
+    commands = next_steps(tour)
+    assert len(commands) >= 6, tour
+    assert any(words[1] == "replay" for words in commands), tour
 
     # The user's own database from here on.
     env = {

@@ -37,6 +37,17 @@ def children(pid: int) -> set[int]:
     return found
 
 
+def _in_mask(pid: int, field: str, signum: int) -> bool:
+    """Whether `signum` is in process `pid`'s signal mask `field` (SigBlk, SigIgn, ShdPnd
+    in /proc/PID/status); False once the process is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith(f"{field}:"))
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
 def test_each_child_gets_its_own_worker_id() -> None:
     spec = ProcessSpec(
         url="postgresql://x/y",
@@ -155,8 +166,19 @@ def test_a_ctrl_c_while_a_child_is_still_starting_does_not_kill_it(database_url:
     child = supervisor._children[0]
     assert child.pid is not None
     os.kill(child.pid, signal.SIGINT)  # at once: the spawned interpreter is importing
-    child.join(3)
-    assert child.is_alive(), f"the child died of the Ctrl-C (exit code {child.exitcode})"
+    # Wait for the Ctrl-C itself, not a fixed time: while SIGINT is blocked it is held
+    # pending; once it is neither, it has been acted on, and it must have been ignored.
+    deadline = time.monotonic() + 60
+    while child.is_alive() and (
+        _in_mask(child.pid, "SigBlk", signal.SIGINT) or _in_mask(child.pid, "ShdPnd", signal.SIGINT)
+    ):
+        assert time.monotonic() < deadline, "the child held the Ctrl-C pending for a minute"
+        time.sleep(0.02)
+    assert _in_mask(child.pid, "SigIgn", signal.SIGINT), (
+        f"the child does not ignore the Ctrl-C (exit code {child.exitcode})"
+    )
+    assert child.is_alive()
     os.kill(child.pid, signal.SIGTERM)
     child.join(30)
+    # Not -SIGINT (nor 1, a KeyboardInterrupt): it died of the SIGTERM, or stopped on it.
     assert child.exitcode in (0, -signal.SIGTERM)
