@@ -64,7 +64,7 @@ class ScalePlan:
             busy_tenants=5,
             deliveries=400,
             relay_events=300,
-            pairs=2,
+            pairs=1,  # the median of one pair takes the same path as of three
         )
 
 
