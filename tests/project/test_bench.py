@@ -66,7 +66,7 @@ def test_quick_benchmark_measures_every_figure() -> None:
         fanouts=(2,),
         relay_events=300,
         claim_deliveries=300,
-        transport_seconds=0.2,
+        transport_seconds=0.1,
         rss_in_flight=20,
         slow_delay=1.0,
         drain_slow_backlog=150,
