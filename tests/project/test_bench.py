@@ -64,8 +64,8 @@ def test_quick_benchmark_measures_every_figure() -> None:
         # processes, pgqueuer, the ratio) and more (several endpoints per event); the
         # batched and SQLAlchemy runs stay at fan-out 1. Three worker starts fewer.
         fanouts=(2,),
-        relay_events=300,
-        claim_deliveries=300,
+        relay_events=100,
+        claim_deliveries=100,
         transport_seconds=0.1,
         rss_in_flight=20,
         slow_delay=1.0,
@@ -75,18 +75,18 @@ def test_quick_benchmark_measures_every_figure() -> None:
         publish_events=10,
         flat_backlog=300,
         flat_history=1_000,
-        flat_events=200,
+        flat_events=50,
     )
     messages: list[str] = []
     results = run(plan, messages.append)
 
-    assert results["relay"]["events"] == 300
-    assert results["relay"]["deliveries"] == 300
-    assert results["relay_fanout"]["deliveries"] == 600  # fan-out 2
-    assert results["claim_complete"]["deliveries"] == 300
-    assert results["claim_complete_2"]["deliveries"] == 300  # two processes, none twice
+    assert results["relay"]["events"] == 100
+    assert results["relay"]["deliveries"] == 100
+    assert results["relay_fanout"]["deliveries"] == 200  # fan-out 2
+    assert results["claim_complete"]["deliveries"] == 100
+    assert results["claim_complete_2"]["deliveries"] == 100  # two processes, none twice
     assert all(results["transports"][f"{t}_{c}"] > 0 for t in ("httpx", "wire") for c in (10, 100))
-    assert results["relay_batch_2000"]["deliveries"] == 300
+    assert results["relay_batch_2000"]["deliveries"] == 100
     assert results["rss"]["in_flight"] == 20
     assert results["rss"]["worker_peak_rss_mb"] > 0
 
