@@ -261,6 +261,12 @@ class ReceiverProcess:
         assert self._client is not None
         return int((await self._client.get(self.url("/_count"))).json()["count"])
 
+    async def wait_for(self, count: int) -> int:
+        """The count once it reaches `count`, or sooner (about a second at most) if it does
+        not: the receiver answers when the request arrives, so nothing polls meanwhile."""
+        assert self._client is not None
+        return int((await self._client.get(self.url(f"/_wait/{count}"))).json()["count"])
+
     async def unsigned(self) -> int:
         assert self._client is not None
         return int((await self._client.get(self.url("/_count"))).json()["unsigned"])

@@ -31,6 +31,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 
 from bench import cost
+from bench.ceiling import client_in_process
 from bench.cluster import (
     EVENT_TYPE,
     LOOPBACK,
@@ -101,7 +102,11 @@ async def drain(
     # (arrived, worker CPU s, whole-cost snapshot) once the drain began
     cpu_from: tuple[int, float, cost.Snapshot] | None = None
     try:
-        while (arrived := await receiver.count() - before) < backlog:
+        # The receiver answers at the first arrival (the window starts), then at the
+        # backlog's last: nothing polls while the workers start and deliver.
+        arrived = 0
+        while arrived < backlog:
+            arrived = await receiver.wait_for(before + (backlog if cpu_from else 1)) - before
             if cpu_from is None and arrived:
                 worker_cpu = workers.cpu_seconds()
                 cpu_from = (
@@ -109,9 +114,8 @@ async def drain(
                     worker_cpu,
                     cost.snapshot(url, postmaster, worker_cpu, receiver=receiver.pid),
                 )
-            if time.time() > deadline:
+            if arrived < backlog and time.time() > deadline:
                 raise RuntimeError(f"drain of {backlog} did not finish; see {logs}")
-            await asyncio.sleep(0.02)
         cpu_to = workers.cpu_seconds()
         await _recorded(url, backlog, deadline)
         whole_to = cost.snapshot(url, postmaster, workers.cpu_seconds(), receiver=receiver.pid)
@@ -169,44 +173,6 @@ async def _recorded(url: str, backlog: int, deadline: float) -> None:
         engine.dispose()
 
 
-def _ceiling_in_process(
-    url: str, body: bytes, concurrency: int, seconds: float
-) -> tuple[int, float]:
-    """(requests/s, client CPU ms per request) of a bare aiohttp client."""
-
-    async def measure() -> tuple[int, float]:
-        import aiohttp
-
-        connector = aiohttp.TCPConnector(limit=concurrency)
-        async with aiohttp.ClientSession(connector=connector) as session:
-
-            async def post() -> None:
-                async with session.post(url, data=body) as response:
-                    await response.read()
-                    response.raise_for_status()
-
-            await asyncio.gather(*(post() for _ in range(concurrency)))  # open the pool
-            done = 0
-            stop_at = time.perf_counter() + seconds
-
-            async def one() -> None:
-                nonlocal done
-                while time.perf_counter() < stop_at:
-                    await post()
-                    done += 1
-
-            began, cpu = time.perf_counter(), time.process_time()
-            await asyncio.gather(*(one() for _ in range(concurrency)))
-            rate = round(done / (time.perf_counter() - began))
-            return rate, round((time.process_time() - cpu) * 1000 / max(done, 1), 4)
-
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(measure())
-    return uvloop.run(measure())
-
-
 async def raw_ceiling(receiver: ReceiverProcess, plan: Plan) -> dict[str, Any]:
     """Requests/s of a bare aiohttp client in its own process, the webhook body, one endpoint."""
     body = render_body(EVENT_TYPE, SystemClock().now(), _payload_json())
@@ -216,7 +182,7 @@ async def raw_ceiling(receiver: ReceiverProcess, plan: Plan) -> dict[str, Any]:
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
         rate, cpu_ms = await loop.run_in_executor(
             pool,
-            _ceiling_in_process,
+            client_in_process,
             receiver.url("/ceiling"),
             body,
             concurrency,

@@ -440,10 +440,9 @@ async def _warm_up(receiver: ReceiverProcess, producer: Producer, fanout: int) -
     before = await receiver.count()
     await producer.publish(1)
     deadline = time.time() + 60
-    while await receiver.count() - before < fanout:
+    while await receiver.wait_for(before + fanout) - before < fanout:
         if time.time() > deadline:
             raise RuntimeError("the worker delivered nothing within 60 s; see the worker log")
-        await asyncio.sleep(0.05)
     await receiver.arrivals()
 
 

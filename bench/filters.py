@@ -41,7 +41,7 @@ class FilterPlan:
 
     @classmethod
     def quick(cls) -> FilterPlan:
-        return cls(endpoints=100, events_per_round=50, rounds=2)
+        return cls(endpoints=20, events_per_round=20, rounds=2)
 
 
 def _setup(url: str, plan: FilterPlan) -> None:
@@ -138,7 +138,7 @@ def report(result: dict[str, Any]) -> str:
 
 
 @click.command()
-@click.option("--quick", is_flag=True, help="100 endpoints of each kind, 2 rounds.")
+@click.option("--quick", is_flag=True, help="20 endpoints of each kind, 2 rounds.")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Write JSON here.")
 def main(quick: bool, out: Path | None) -> None:
     """Run the filter rows alone on an embedded PostgreSQL of their own."""

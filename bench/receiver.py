@@ -10,6 +10,8 @@ scheduled publish times (same host, same clock).
 Paths:
     /_count     -> {"count": n, "unsigned": u}   requests so far (control, not counted)
     /_arrivals  -> [[webhook-id, unix time], ...] and forgets them (control)
+    /_wait/N    -> as /_count, once the count reaches N or after WAIT_SECONDS (control):
+                   a caller waits on the arrivals themselves instead of polling
     /slow/...   -> answered after SLOW_DELAY seconds (keeps deliveries in flight)
     /wait/MS/...-> answered after MS milliseconds (a partner with that latency)
     anything    -> 200 at once
@@ -25,9 +27,12 @@ import asyncio
 import json
 import signal
 import time
+from collections.abc import Callable
 from typing import cast
 
 _OK = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+# The longest a /_wait/N answer is held back: its caller checks its own deadline between.
+WAIT_SECONDS = 1.0
 
 
 class State:
@@ -37,6 +42,13 @@ class State:
         self.count = 0
         self.unsigned = 0
         self.slow_delay = slow_delay
+        # /_wait/N callers not answered yet: (N, answer)
+        self.waiters: list[tuple[int, Callable[[], None]]] = []
+
+    def wake(self) -> None:
+        """Answer the /_wait callers whose count is reached."""
+        for answer in [answer for target, answer in self.waiters if target <= self.count]:
+            answer()
 
 
 def _header(head: bytes, name: bytes) -> bytes | None:
@@ -75,11 +87,16 @@ class HttpProtocol(asyncio.Protocol):
     def _answer(self, head: bytes, arrived: float) -> None:
         assert self.transport is not None
         path = head[head.find(b" ") + 1 : head.find(b" ", head.find(b" ") + 1)]
+        if path.startswith(b"/_wait/"):
+            self._wait(int(path.split(b"/")[2]))
+            return
         if path.startswith(b"/_"):
             self.transport.write(self._control(path))
             return
         state = self.state
         state.count += 1
+        if state.waiters:
+            state.wake()
         webhook_id = _header(head, b"webhook-id")
         if webhook_id is not None:
             state.ids.append(webhook_id.decode())
@@ -93,6 +110,27 @@ class HttpProtocol(asyncio.Protocol):
             asyncio.get_running_loop().call_later(millis / 1000, self._write_ok)
         else:
             self.transport.write(_OK)
+
+    def _wait(self, target: int) -> None:
+        """Answer /_wait/N (the count) once `target` requests arrived, or after WAIT_SECONDS."""
+        state = self.state
+        if state.count >= target:
+            self._write_control(b"/_count")
+            return
+
+        def answer() -> None:
+            if waiter in state.waiters:
+                state.waiters.remove(waiter)
+                timer.cancel()
+                self._write_control(b"/_count")
+
+        waiter = (target, answer)
+        timer = asyncio.get_running_loop().call_later(WAIT_SECONDS, answer)
+        state.waiters.append(waiter)
+
+    def _write_control(self, path: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(self._control(path))
 
     def _write_ok(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
