@@ -182,3 +182,49 @@ def test_a_ctrl_c_while_a_child_is_still_starting_does_not_kill_it(database_url:
     child.join(30)
     # Not -SIGINT (nor 1, a KeyboardInterrupt): it died of the SIGTERM, or stopped on it.
     assert child.exitcode in (0, -signal.SIGTERM)
+
+
+def test_a_ctrl_c_that_arrives_while_a_child_starts_still_stops_the_supervisor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The supervisor blocks SIGINT while it starts a child. A Ctrl-C that lands right
+    after the block is held and handled once the child is started, never discarded (as
+    it was when the supervisor also set SIGINT to ignored meanwhile)."""
+    spec = ProcessSpec(
+        url="postgresql://x/y",
+        secret_keys=generate_key("supervisor"),
+        relay=RelayConfig(),
+        worker=WorkerConfig(),
+        reaper=ReaperConfig(),
+    )
+    supervisor = Supervisor(spec, 1)
+    started: list[bool] = []
+
+    class Child:
+        def __init__(self, **_: object) -> None:
+            pass
+
+        def start(self) -> None:
+            started.append(True)
+
+    class Context:
+        Process = Child
+
+    monkeypatch.setattr(supervisor, "_context", Context())
+    real_mask = signal.pthread_sigmask
+
+    def mask_then_ctrl_c(how: int, signals: set[int]) -> set[int]:
+        before = real_mask(how, signals)
+        if how == signal.SIG_BLOCK and signal.SIGINT in signals:
+            os.kill(os.getpid(), signal.SIGINT)  # the Ctrl-C, in the gap after the block
+        return before
+
+    monkeypatch.setattr(signal, "pthread_sigmask", mask_then_ctrl_c)
+    handled: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: handled.append(signum))
+    try:
+        supervisor._start(0)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert started == [True]
+    assert handled == [signal.SIGINT]
