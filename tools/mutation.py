@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import importlib.util
 import json
 import os
 import re
@@ -120,6 +121,14 @@ MODULES: dict[str, list[str]] = {
         "-k",
         # uvloop's handles warn when collected under mutmut's stats run (warnings are errors)
         "not in_every_process and not uvloop",
+    ],
+    # The claim and the outcome record on psycopg directly: the differential test against
+    # SQLAlchemy's own execution, then the worker tests that run through it.
+    "delivery/direct.py": [
+        "tests/delivery/test_direct.py",
+        "tests/delivery/test_claiming.py",
+        "tests/delivery/test_worker_outcomes.py",
+        "tests/delivery/test_fencing.py",
     ],
     "delivery/worker/model.py": _WORKER_TESTS,
     "delivery/worker/claiming.py": _CLAIM_TESTS,
@@ -497,6 +506,10 @@ def main(argv: list[str] | None = None) -> int:
         except SelectorError as exc:
             parser.error(str(exc))
 
+    if not args.sql_only and modules and importlib.util.find_spec("mutmut") is None:
+        # Without it every module would report 0 mutants: a run that proves nothing.
+        parser.error("mutmut is not installed: pip install -e '.[mutation]'")
+
     from outbox.embedded import EmbeddedPostgres
 
     report: dict[str, Any] = {"rev": args.rev or "working tree", "modules": [], "sql": []}
@@ -534,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(text + "\n")
     else:
         print(text)
-    return 0
+    # A module whose mutmut run failed, or proved nothing, fails the command too.
+    return 1 if any(result["mutmut_tail"] for result in report["modules"]) else 0
 
 
 if __name__ == "__main__":

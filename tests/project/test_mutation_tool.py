@@ -171,3 +171,19 @@ def test_a_selection_that_matched_nothing_names_the_functions_there_are() -> Non
     said = no_match("delivery/worker/claiming.py", ["clam"], {"Claiming.claim", "_prepare"})
     assert "no mutant of delivery/worker/claiming.py matches --only clam" in said
     assert "Claiming.claim, _prepare" in said
+
+
+def test_without_mutmut_the_command_says_how_to_install_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a run of 0 mutants that exits 0: that proved nothing and looked clean."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "mutmut" else real(name, *a)
+    )
+    with pytest.raises(SystemExit) as exited:
+        main(["delivery/direct.py", "--no-sql"])
+    assert exited.value.code == 2
+    assert "mutmut is not installed: pip install -e '.[mutation]'" in capsys.readouterr().err
