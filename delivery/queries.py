@@ -229,8 +229,6 @@ RESCUE_EXPIRED_LEASES = text(
     """
 )
 
-# Per-endpoint status overrides of the endpoints in a claimed batch (read in the
-# claim's transaction, so a batch sees one consistent set of rules).
 # When each delivery's first attempt started: the span in "8 attempts over 17 h".
 SELECT_FIRST_ATTEMPT_TIMES = text(
     """

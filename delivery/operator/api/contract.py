@@ -14,15 +14,15 @@ from sqlalchemy import Connection
 
 from delivery.operator.api.core import ApiError, Call, Operation, Param
 from delivery.operator.api.feed import feed_openapi
-from delivery.operator.validation import (
+from delivery.operator.handler_inputs import (
     ContractExportQuery,
     EventTypeCreate,
     EventTypeUpdate,
     RejectedQuery,
     RequeueRejected,
     SendTestEvent,
-    WorkflowSettings,
 )
+from delivery.operator.validation import WorkflowSettings
 from outbox import catalogue, workflows
 from outbox.schema_rules import vet_schema
 from outbox.testevents import read_test_outcome, send_test_event

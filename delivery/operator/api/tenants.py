@@ -11,7 +11,7 @@ from sqlalchemy import Connection
 
 from delivery.operator.api.core import ApiError, Call, Operation, Param
 from delivery.operator.console.sessions import MAX_LINK_TTL, issue_portal_link, portal_link
-from delivery.operator.validation import (
+from delivery.operator.handler_inputs import (
     PortalLinkCreate,
     TenantAction,
     TenantCreate,

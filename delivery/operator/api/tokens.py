@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from delivery.operator.api.core import ApiError, Call, Operation, Param
-from delivery.operator.validation import TokenCreate
+from delivery.operator.handler_inputs import TokenCreate
 from outbox.tokens import MAX_TOKEN_LIFETIME, create_token, list_tokens, revoke_token
 
 
