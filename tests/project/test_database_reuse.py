@@ -114,3 +114,29 @@ def test_a_database_whose_schema_changed_is_replaced_by_a_new_clone(
     assert columns == 0
     assert _oid(server_url, again) != oid  # dropped, and a new clone in its place
     own_clones.give_back(again)
+
+
+def test_a_bulk_load_is_truncated_not_deleted_and_still_comes_back_pristine(
+    server_url: str, own_clones: Clones
+) -> None:
+    """Past a few pages a table is truncated (its dead rows would slow later tests)."""
+    first = own_clones.take()
+    pristine, oid = _state(server_url, first), _oid(server_url, first)
+    engine = _engine(server_url, first)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO tenants (uid, name) SELECT 'bulk-' || g, repeat('x', 100) "
+                "FROM generate_series(1, 2000) AS g"
+            )
+        )
+    heap = scalar(engine, "SELECT pg_relation_size('tenants')")
+    engine.dispose()
+    assert heap > 8 * 8192  # past the quick delete's limit
+    again = _given_back_and_taken_again(own_clones, first)
+    assert _oid(server_url, again) == oid
+    assert _state(server_url, again) == pristine
+    engine = _engine(server_url, again)
+    assert scalar(engine, "SELECT pg_relation_size('tenants')") < heap  # a new, small file
+    engine.dispose()
+    own_clones.give_back(again)
