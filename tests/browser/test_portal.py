@@ -94,6 +94,9 @@ def test_a_tenant_adds_an_endpoint_sends_a_test_event_and_sees_it_arrive(
         u=uid,
     )
     assert owner == "acme"
+    # The form's default: adaptive concurrency, as for every new endpoint.
+    adaptive = "SELECT h.adaptive FROM endpoint_health h JOIN endpoints e ON e.id = h.endpoint_id"
+    assert scalar(site.engine, f"{adaptive} WHERE e.uid = :u", u=uid) is True
 
     with page.expect_navigation():
         page.click("button[value=test]")

@@ -37,11 +37,13 @@ def test_a_tenant_adds_a_filtered_pull_endpoint_and_reads_its_feed(site: Site, p
     page.fill("#add-endpoint input[name=patterns]", "order.*")
     page.select_option("#add-endpoint select[name=delivery_mode]", "pull")
     page.fill("#add-endpoint input[name=payload_filter]", "$.amount >= 100")
+    page.select_option("#add-endpoint select[name=concurrency]", "fixed")  # opting out
     with page.expect_navigation():
         page.click("#add-endpoint button[type=submit]")
     token = page.inner_text("#feed-token")
     secret = page.inner_text("#secret")
     uid = str(scalar(site.engine, "SELECT uid FROM endpoints"))
+    assert scalar(site.engine, "SELECT count(*) FROM endpoint_health WHERE adaptive") == 0
     assert token.startswith(f"obf_{uid}.")
     assert page.inner_text("#delivery-mode").startswith("pull")
     assert "$.amount >= 100" in page.inner_text("#payload-filter")
