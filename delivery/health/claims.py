@@ -238,17 +238,7 @@ async def open_gates(
     if locked_ids:
         result = await conn.execute(queries.SELECT_LOCKED_HEALTH, {"ids": locked_ids})
         locked = {row.endpoint_id: Health.from_row(row) for row in result}
-    in_flight: dict[int, int] = {}
-    counted = [h.endpoint_id for h in locked.values() if in_flight_limit(h, config) is not None]
-    if counted:
-        result = await conn.execute(queries.COUNT_IN_FLIGHT, {"ids": counted})
-        in_flight = {row.endpoint_id: int(row.in_flight) for row in result}
-    for endpoint_id, health in locked.items():
-        budget = claim_budget(
-            health, in_flight=in_flight.get(endpoint_id, 0), now=now, config=config
-        )
-        if budget is not None:
-            budgets[endpoint_id] = budget
+    budgets.update(await _budgets(conn, locked, now=now, config=config))
     tenant_in_flight: dict[int, int] = {}
     counted = [c.tenant_id for c in tenants_locked.values() if c.max_in_flight is not None]
     if counted:
@@ -348,20 +338,31 @@ async def _lock_gated(
     refused = {eid for eid in ids if eid not in fresh}
     for endpoint_id in refused:
         budgets[endpoint_id] = 0
-    counted = [eid for eid, h in fresh.items() if in_flight_limit(h, config) is not None]
+    found = await _budgets(conn, fresh, now=now, config=config)
+    budgets.update(found)
+    refused.update(eid for eid, budget in found.items() if budget <= 0)
+    return refused
+
+
+async def _budgets(
+    conn: Statements, healths: Mapping[int, Health], *, now: dt.datetime, config: HealthConfig
+) -> dict[int, int]:
+    """The claim budget of each gated endpoint among `healths` (by endpoint id), from its
+    health row and its deliveries in flight, counted only where an in-flight limit needs
+    them; an endpoint without a gate has none."""
+    counted = [eid for eid, h in healths.items() if in_flight_limit(h, config) is not None]
     in_flight: dict[int, int] = {}
     if counted:
         result = await conn.execute(queries.COUNT_IN_FLIGHT, {"ids": counted})
         in_flight = {row.endpoint_id: int(row.in_flight) for row in result}
-    for endpoint_id, health in fresh.items():
+    found: dict[int, int] = {}
+    for endpoint_id, health in healths.items():
         budget = claim_budget(
             health, in_flight=in_flight.get(endpoint_id, 0), now=now, config=config
         )
         if budget is not None:
-            budgets[endpoint_id] = budget
-            if budget <= 0:
-                refused.add(endpoint_id)
-    return refused
+            found[endpoint_id] = budget
+    return found
 
 
 async def close_gates(
