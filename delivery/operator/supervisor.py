@@ -112,7 +112,7 @@ def _child_main(spec: ProcessSpec, parent_pid: int | None = None) -> None:
     # The supervisor alone answers a terminal's Ctrl-C, which reaches the whole process
     # group: it tells each child SIGTERM (finish what is in flight), then SIGUSR1 (now).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked since its start
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while it started
     if parent_pid is not None:
         _stop_with_parent(parent_pid)
 
@@ -235,18 +235,18 @@ class Supervisor:
             name=f"outbox-{index}",
             daemon=False,
         )
-        # A child starts with SIGINT blocked (the mask survives fork and exec): a Ctrl-C
-        # while it is still importing stays pending, and `_child_main` discards it by
-        # ignoring SIGINT before it unblocks it, so it never dies with a traceback. The
-        # supervisor only blocks, never ignores, meanwhile: ignoring a signal discards one
-        # already pending, and its own Ctrl-C, arriving while a child starts, would be lost.
+        # A child starts with SIGINT ignored (the disposition survives exec): a Ctrl-C while
+        # it is still importing must not kill it with a traceback. Blocked meanwhile, the
+        # supervisor's own Ctrl-C waits until the child is started instead of being lost.
         if threading.current_thread() is not threading.main_thread():
-            child.start()  # the signal mask is per thread: the main thread's is the one
+            child.start()  # only the main thread may change signal handlers
         else:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
             try:
                 child.start()
             finally:
+                signal.signal(signal.SIGINT, previous)
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         self._children[index] = child
 
