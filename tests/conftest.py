@@ -198,7 +198,7 @@ class _Pristine:
             # set back below, in place.
             conn.execute(text(f"TRUNCATE {listed} CASCADE"))
         for table, (digest, seeded) in self.seeds.items():
-            if conn.execute(text(_ROWS_DIGEST.format(table=table))).scalar_one() != digest:
+            if _rows_digest(conn, table) != digest:
                 columns = ", ".join(
                     f'"{c}"'
                     for c in conn.execute(
@@ -263,9 +263,9 @@ class Clones:
     catalog), 1,700 of them a run on a CPU-bound box. So a database a test gives back is
     made pristine again and reused: its sessions are ended, it is renamed (a process the
     test left behind cannot reach the next test's database), its changed tables are
-    truncated and the seeded rows and sequences put back. A database whose schema,
-    settings or statistics changed, or that cannot be reset, is dropped and a new clone
-    takes its place.
+    emptied (`_Pristine.restore`) and the seeded rows and sequences put back. A database
+    whose schema, settings or statistics changed, or that cannot be reset, is dropped and
+    a new clone takes its place.
     """
 
     def __init__(self, server_url: str, admin: Engine, template: str) -> None:
