@@ -79,6 +79,13 @@ def targets(results: dict[str, Any]) -> list[list[str]]:
         ]
         baseline = fanout_1[0] if fanout_1 else None
         p99_1000 = [p for r in fanout_1 if r["processes"] == 1 if (p := _p99_at(r, 1000))]
+        top_fanout = max(r["fanout"] for r in ours)
+        p99_1000_wide = [
+            p
+            for r in ours
+            if r["fanout"] == top_fanout > 1 and r["processes"] == 1 and r["publish_batch"] == 1
+            if (p := _p99_at(r, 1000))
+        ]
         ratios = results["ratios"]
         checks += [
             ("end to end deliveries/s (best median)", best, TARGETS["end_to_end"], True),
@@ -92,6 +99,12 @@ def targets(results: dict[str, Any]) -> list[list[str]]:
             (
                 "p99 ms at 1000/s (fan-out 1, worst run)",
                 max(p99_1000, default=None),
+                TARGETS["p99_ms_at_1000"],
+                False,
+            ),
+            (
+                f"p99 ms at 1000/s (fan-out {top_fanout}, 1 process, worst run)",
+                max(p99_1000_wide, default=None),
                 TARGETS["p99_ms_at_1000"],
                 False,
             ),
@@ -120,6 +133,16 @@ def targets(results: dict[str, Any]) -> list[list[str]]:
                     True,
                 )
             )
+        for other in results.get("consecutive", []):  # bench/readme.py's full-run supplements
+            checks += [
+                (
+                    f"ours / pgqueuer, {key.replace('_', ' ')} ({other['file']})",
+                    value,
+                    TARGETS["peer_ratio"],
+                    True,
+                )
+                for key, value in sorted(other["ratios"].items())
+            ]
         checks.append(
             (
                 "worker peak RSS MB, 1,000 in flight",
@@ -141,6 +164,11 @@ def targets(results: dict[str, Any]) -> list[list[str]]:
         checks.append(
             (f"whole CPU per delivery / floor, {run_name}", over_floor, cost.TARGET, False)
         )
+    if model := capacity(results):
+        checks.append(
+            ("capacity model, 2 processes: |predicted / measured - 1|", abs(model["error"]),
+             cost.CAPACITY_ERROR, False)
+        )  # fmt: skip
     flat = results.get("flat")
     checks.append(
         (
@@ -215,7 +243,11 @@ def _cost_runs(results: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[
     """(row name, whole cost, table stats) of each measured run, drains first."""
     found: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = []
     drain = _cost_source(results)
-    for key, name in (("instant_1", "instant drain, 1 process"), ("instant_2", "instant drain, 2")):
+    for key, name in (
+        ("instant_1", "instant drain, 1 process"),
+        ("instant_2", "instant drain, 2"),
+        ("instant_adaptive", "instant drain, 1 process, adaptive endpoint"),
+    ):
         if "cost" in drain.get(key, {}):
             found.append((name, drain[key]["cost"]["whole"], drain[key]["cost"]["table"]))
     for run_ in _end_to_end_runs(results):
@@ -244,6 +276,9 @@ def cost_ratios(results: dict[str, Any]) -> dict[str, float]:
     drain = _cost_source(results)["instant_1"]
     if "cost" in drain:
         found["instant drain"] = cost.ratio(drain["cost"]["whole"], floor)
+    adaptive = _cost_source(results).get("instant_adaptive", {})
+    if "cost" in adaptive:
+        found["instant drain, adaptive endpoint"] = cost.ratio(adaptive["cost"]["whole"], floor)
     ours = [
         r
         for r in _end_to_end_runs(results)
@@ -255,6 +290,12 @@ def cost_ratios(results: dict[str, Any]) -> dict[str, float]:
         each = [cost.ratio(r["cost"], floor) for r in ours if r["fanout"] == top]
         found[f"open loop fan-out {top}"] = round(statistics.median(each), 2)
     return found
+
+
+def capacity(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The capacity model's check on this run's drains (bench/cost.py `capacity`)."""
+    cpus = results.get("machine", {}).get("cpus")
+    return cost.capacity(_cost_source(results), cpus) if cpus else None
 
 
 def cost_report(results: dict[str, Any]) -> list[str]:
@@ -308,6 +349,16 @@ def cost_report(results: dict[str, Any]) -> list[str]:
         "",
         _table(rows, headers),
     ]
+    if model := capacity(results):
+        lines += [
+            "",
+            f"capacity model (docs/scaling.md): 2 processes predicted "
+            f"{model['predicted_2_per_s']}/s = min(2 x 1 process's "
+            f"{model['one_process_per_s']}/s, {model['cpus']} cores / "
+            f"{model['cpu_ms_per_delivery']:.3f} ms whole + partner = "
+            f"{model['box_bound_per_s']}/s); measured {model['measured_2_per_s']}/s "
+            f"({model['error']:+.0%})",
+        ]
     tables = [(name, table) for name, _, table in runs if table]
     if tables:
         lines += [

@@ -36,13 +36,18 @@ from outbox.relay import Relay, RelayConfig
 
 
 def _preload_events(
-    url: str, count: int, fanout: int, endpoint_url: str, box: SecretBox | None = None
+    url: str,
+    count: int,
+    fanout: int,
+    endpoint_url: str,
+    box: SecretBox | None = None,
+    concurrency: str = "fixed",
 ) -> None:
     box = box or SecretBox.from_setting(generate_key("bench"))
     engine = create_engine(sqlalchemy_url(url))
     with engine.begin() as conn:
         for _ in range(fanout):
-            create_endpoint(conn, box, url=endpoint_url, event_types="*", concurrency="fixed")
+            create_endpoint(conn, box, url=endpoint_url, event_types="*", concurrency=concurrency)
         conn.execute(
             text(
                 """

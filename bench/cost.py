@@ -37,6 +37,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from outbox.db import libpq_url
 
 TARGET = 1.5
+CAPACITY_ERROR = 0.25  # the model's predicted 2-process rate within this of the measured
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -305,3 +306,27 @@ def floor(ceiling: dict[str, Any], queue: dict[str, Any]) -> dict[str, Any]:
 
 def ratio(whole: dict[str, Any], floor_: dict[str, Any]) -> float:
     return round(float(whole["whole_cpu_ms"]) / max(float(floor_["cpu_ms"]), 1e-9), 2)
+
+
+def capacity(drains: dict[str, Any], cpus: int) -> dict[str, Any] | None:
+    """docs/scaling.md's model, checked on this run's instant drains: the rate of N
+    processes is the lesser of N times what one process drains (one event loop, bound by
+    its round trips as much as its core) and the box's cores over the whole CPU a
+    delivery costs (service, PostgreSQL and the partner, from the 1-process drain)."""
+    one, two = drains.get("instant_1", {}), drains.get("instant_2", {})
+    if "cost" not in one or "cost" not in two or not one["deliveries_per_s"]:
+        return None
+    spent = one["cost"]["drain"]
+    per_delivery = spent["whole_cpu_ms"] + spent["receiver_cpu_ms"]
+    box_bound = cpus * 1000 / per_delivery
+    predicted = min(2 * one["deliveries_per_s"], box_bound)
+    measured = two["deliveries_per_s"]
+    return {
+        "cpus": cpus,
+        "cpu_ms_per_delivery": round(per_delivery, 4),
+        "one_process_per_s": one["deliveries_per_s"],
+        "box_bound_per_s": round(box_bound),
+        "predicted_2_per_s": round(predicted),
+        "measured_2_per_s": measured,
+        "error": round(predicted / measured - 1, 3) if measured else None,
+    }

@@ -186,7 +186,8 @@ async def cost_section(
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
     """Issue 26's rows alone (`--only cost`): the floor, the instant drain with 1 and 2
-    processes, and ours in the open loop at the highest fan-out with 1 and 2 processes."""
+    processes (and 1 with an adaptive endpoint), and ours in the open loop at the highest
+    fan-out with 1 and 2 processes."""
     from bench import cost
     from bench.drain import drain, raw_ceiling
 
@@ -204,6 +205,11 @@ async def cost_section(
             cluster, receiver, plan, logs, backlog=plan.drain_backlog, path="/drain",
             processes=processes,
         )  # fmt: skip
+    progress("instant drain, 1 process, adaptive endpoint")
+    found["instant_adaptive"] = await drain(
+        cluster, receiver, plan, logs, backlog=plan.drain_backlog, path="/drain",
+        concurrency="adaptive",
+    )  # fmt: skip
     found["end_to_end"] = []
     for processes in (1, 2):
         spec = {"system": "ours", "fanout": max(plan.fanouts), "processes": processes}

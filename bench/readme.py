@@ -7,6 +7,8 @@
 A `+` joins supplements to the full run: files of `python -m bench --only SECTION` whose
 sections the full run does not have (publish() per event, say), each shown with its own
 file, duration and box load, so a figure measured alone still comes from a JSON file.
+A supplement that is itself a full run (the run before, on the same code) adds its
+ours / pgqueuer ratios to the verdicts: that target asks for two consecutive runs.
 
 The docs site's performance page (docs/performance.md) holds the block between
 `<!-- bench: FILE -->` and `<!-- /bench -->`; tests/project/test_readme_figures.py renders
@@ -48,6 +50,13 @@ def load(spec: str, root: Path = PAGE.parent.parent) -> dict[str, Any]:
     results["supplements"] = {}
     for path in extra:
         supplement = json.loads((root / path).read_text())
+        if supplement.get("end_to_end") and supplement.get("ratios"):
+            # Another full run (the one before, same code): its ours / pgqueuer ratios
+            # join the verdicts, for the targets asked of two consecutive runs.
+            results.setdefault("consecutive", []).append(
+                {"file": path, "ratios": supplement["ratios"]}
+            )
+            continue
         for section in SUPPLEMENTS:
             if section in supplement and section not in results:
                 results[section] = supplement[section]

@@ -164,6 +164,12 @@ def test_quick_benchmark_measures_every_figure() -> None:
         assert whole["postgres_cpu_ms"] > 0 and whole["wal_bytes"] > 0 and whole["commits"] > 0
         table = drain[key]["cost"]["table"]
         assert (table["inserts"], table["updates"]) == (100, 200)  # a claim and an outcome each
+    # The default endpoint (adaptive) drained too, its cost beside the fixed one's.
+    adaptive = drain["instant_adaptive"]
+    assert adaptive["concurrency"] == "adaptive" and drain["instant_1"]["concurrency"] == "fixed"
+    assert adaptive["arrived"] == adaptive["distinct"] == 100
+    assert adaptive["cost"]["whole"]["whole_cpu_ms"] > 0
+    assert adaptive["cost"]["table"]["inserts"] == 100
     floor = drain["floor"]
     assert floor["queue"]["jobs"] == plan.floor_jobs
     assert floor["cpu_ms"] == pytest.approx(
@@ -197,6 +203,10 @@ def test_quick_benchmark_measures_every_figure() -> None:
     assert "whole CPU per delivery / floor, instant drain" in text
     assert "whole CPU per delivery / floor, open loop fan-out 2" in text
     assert "floor: raw HTTP client" in text and "14 indexes, HOT" in text
+    assert "instant drain, 1 process, adaptive endpoint" in text
+    assert "whole CPU per delivery / floor, instant drain, adaptive endpoint" in text
+    assert "capacity model (docs/scaling.md): 2 processes predicted" in text
+    assert "capacity model, 2 processes: |predicted / measured - 1|" in text
 
 
 class _OneDatabase:
@@ -240,3 +250,29 @@ def test_the_longest_delivery_gap_counts_a_gap_across_the_window_edges() -> None
     assert _longest_gap(arrivals, 2.0, 3.0) == pytest.approx(2.7)
     assert _longest_gap([], 2.0, 3.0) == pytest.approx(1.0)
     assert _longest_gap(arrivals, 0.5, 1.25) == pytest.approx(1.0)  # 0.0 -> 1.0
+
+
+def test_the_capacity_model_takes_the_lesser_of_processes_and_cores() -> None:
+    """bench/cost.py `capacity`: 2 processes drain at most twice what one does, and at most
+    the box's cores over the whole CPU a delivery costs (service, PostgreSQL, partner)."""
+    from bench.cost import capacity
+
+    def drains(one_rate: int, whole_ms: float, two_rate: int) -> dict[str, object]:
+        spent = {"whole_cpu_ms": whole_ms, "receiver_cpu_ms": 0.05}
+        return {
+            "instant_1": {"deliveries_per_s": one_rate, "cost": {"drain": spent}},
+            "instant_2": {"deliveries_per_s": two_rate, "cost": {"drain": {}}},
+        }
+
+    # the box bounds it: 2 cores / 0.5 ms = 4,000/s, under 2 x 2,500
+    box = capacity(drains(2500, 0.45, 3200), cpus=2)
+    assert box is not None
+    assert (box["box_bound_per_s"], box["predicted_2_per_s"], box["error"]) == (4000, 4000, 0.25)
+    # the processes bound it: 2 x 1,000 under 4,000
+    slow = capacity(drains(1000, 0.45, 2500), cpus=2)
+    assert slow is not None and (slow["predicted_2_per_s"], slow["error"]) == (2000, -0.2)
+    # more cores raise only the box's bound
+    wide = capacity(drains(2500, 0.45, 3200), cpus=4)
+    assert wide is not None and wide["box_bound_per_s"] == 8000
+    assert wide["predicted_2_per_s"] == 5000
+    assert capacity({"instant_1": {"deliveries_per_s": 1}}, cpus=2) is None

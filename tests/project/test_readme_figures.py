@@ -107,3 +107,25 @@ def test_a_supplement_is_rendered_from_its_own_file_with_its_box_load(tmp_path: 
     supplement["publish"]["small"]["hash_alone_us"] = 1.6  # type: ignore[index]
     (tmp_path / "bench/results/publish-x.json").write_text(json.dumps(supplement))
     assert render(spec, load(spec, tmp_path)) != rendered
+
+
+def test_a_second_full_run_adds_its_peer_ratios_to_the_verdicts(tmp_path: Path) -> None:
+    """Issue 26 asks for ours / pgqueuer in two consecutive runs: a full run joined with
+    `+` puts its ratios in the target table, each with its file and its own verdict."""
+    [block] = list(BLOCK.finditer(performance_section()))
+    main = block["path"].split("+")[0]
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    whole = json.loads((ROOT / main).read_text())
+    (tmp_path / main).write_text(json.dumps(whole))
+    other = {**whole, "ratios": {"fanout_1": 2.25, "fanout_10": 1.5}}
+    (tmp_path / "bench/results/run-before.json").write_text(json.dumps(other))
+    spec = f"{main}+bench/results/run-before.json"
+    rendered = render(spec, load(spec, tmp_path))
+    row = re.compile(r"\| ours / pgqueuer, (fanout \d+) \(bench/results/run-before\.json\) +\| "
+                     r"(\S+) +\| >= 2 +\| (.+?) +\|")  # fmt: skip
+    assert {m[1]: (m[2], m[3]) for m in row.finditer(rendered)} == {
+        "fanout 1": ("2.25", "met"),
+        "fanout 10": ("1.5", "missed by 25%"),
+    }
+    # the run's own ratios are still there, once each
+    assert rendered.count("| ours / pgqueuer, fanout 10 ") == 2
