@@ -60,6 +60,11 @@ class Claiming:
     # Whether the last claim found the gates with nothing to say, so the next one tries
     # them folded into the claim (queries.CLAIM_FOLDED); the first claim goes through them.
     _plain: bool = False
+    # The last claim took a full batch only from endpoints whose share of this worker's
+    # slots it used up, and left none out: claiming again at once would find nothing
+    # more (new work notifies; `run` waits for that, or for a slot, instead).
+    saturated: bool = False
+    _round_saturated: bool = False
 
     # -- claiming -------------------------------------------------------------------
 
@@ -75,19 +80,25 @@ class Claiming:
         # over (whoever reads it meanwhile sees the last claim's answer), and a failed claim
         # leaves no stale wake-up behind.
         self._opening = None
+        self.saturated = False
+        rounds = 0
         try:
-            for _ in range(3):
+            while rounds < 3:
+                rounds += 1
                 found, retry = await self._claim_round(limit - len(claimed))
                 claimed += found
                 if len(claimed) >= limit or not retry:
                     break
         finally:
             self.next_gate_at = self._opening
+        # (after several rounds `_capped` holds the last one's endpoints only)
+        self.saturated = rounds == 1 and self._round_saturated
         return claimed
 
     async def _claim_round(self, limit: int) -> tuple[list[ClaimedDelivery], bool]:
         now = self._clock.now()
         self.claims += 1
+        self._round_saturated = False
         self._barren = {eid: until for eid, until in self._barren.items() if until > now}
         local = self._slots_left()
         if self._plain:
@@ -143,6 +154,7 @@ class Claiming:
                 await health.close_gates(conn, gates, taken, now=now, config=self.config.health)
             )
         self._note_gates(gates, local, taken)
+        self._note_saturated(taken, more=more)
         served = {row.endpoint_id for row in rows}
         barren = [eid for eid in params["endpoint_ids"] if eid not in served]
         for endpoint_id in barren:
@@ -179,9 +191,16 @@ class Claiming:
         claimed = [row for row in rows if row.id is not None]
         taken = health.claimed_per_endpoint(row.endpoint_id for row in claimed)
         self._note_gates(health.Gates(budgets={}, locked={}), local, taken)
+        self._note_saturated(taken, more=False)
         for endpoint_id in verdict.gates_barren:
             self._barren[endpoint_id] = now + BARREN_FOR
         return [self._prepare(row, now) for row in claimed]
+
+    def _note_saturated(self, taken: Mapping[int, int], *, more: bool) -> None:
+        """Whether this round served only endpoints it left capped (see `saturated`)."""
+        self._round_saturated = (
+            not more and bool(taken) and all(eid in self._capped for eid in taken)
+        )
 
     def _note_gate_opening(self, at: dt.datetime | None) -> None:
         """Keep the earliest gate opening seen by this claim's rounds."""
