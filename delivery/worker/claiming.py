@@ -168,7 +168,7 @@ class Claiming:
         commits by itself. None when the gates have something to say after all (a health
         gate, a tenant cap, more endpoints with due work than one claim visits): it
         claimed nothing then, and the claim goes through the gates."""
-        async with direct.transaction(self._engine, single=True) as conn:
+        async with direct.transaction(self._engine, generic_plans=True) as conn:
             rows = await conn.execute(
                 queries.CLAIM_FOLDED,
                 {
