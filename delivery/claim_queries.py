@@ -259,9 +259,11 @@ LOCK_CLAIM_GATES = text(
 # and at most :limit of them have a slot left here (:gate_ids / :gate_budgets: this
 # worker's slots per endpoint, nothing else). Then choose_endpoints would visit every
 # one of them (their order only matters when some are left out), `more` is false and
-# no gate row needs a lock or a write, so the claim needs no transaction of its own:
-# no BEGIN, no gate statement, no COMMIT. Otherwise it claims nothing and says so
-# (`gates_plain` false), and the worker claims through the gates (health.open_gates).
+# no gate row needs a lock or a write, so the claim is this one statement: no gate
+# statement before it, no gate write after it, and its transaction's BEGIN goes out
+# with it (delivery.direct, generic_plans: two round trips, not four). Otherwise it
+# claims nothing and says so (`gates_plain` false), and the worker claims through the
+# gates (health.open_gates).
 # One row per claimed delivery (the claim's columns), each with `gates_plain`,
 # `gates_spread` (tenants with due work) and `gates_barren` (endpoints visited that had
 # nothing claimable: per-key ordering held every due row); one row with NULL claim

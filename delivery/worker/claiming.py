@@ -164,10 +164,11 @@ class Claiming:
     async def _claim_folded(
         self, limit: int, now: dt.datetime, local: Mapping[int, int]
     ) -> list[ClaimedDelivery] | None:
-        """The claim with the gates folded in (queries.CLAIM_FOLDED): one statement that
-        commits by itself. None when the gates have something to say after all (a health
-        gate, a tenant cap, more endpoints with due work than one claim visits): it
-        claimed nothing then, and the claim goes through the gates."""
+        """The claim with the gates folded in (queries.CLAIM_FOLDED): one statement, on
+        its generic plan (planned once per connection, not on every claim). None when
+        the gates have something to say after all (a health gate, a tenant cap, more
+        endpoints with due work than one claim visits): it claimed nothing then, and the
+        claim goes through the gates."""
         async with direct.transaction(self._engine, generic_plans=True) as conn:
             rows = await conn.execute(
                 queries.CLAIM_FOLDED,
