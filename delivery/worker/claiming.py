@@ -57,6 +57,14 @@ class Claiming:
     _barren: dict[int, dt.datetime]
     _spread: int
     gate_paths: collections.Counter[str]
+    # Whether the last claim found the gates with nothing to say, so the next one tries
+    # them folded into the claim (queries.CLAIM_FOLDED); the first claim goes through them.
+    _plain: bool = False
+    # The last claim took a full batch only from endpoints whose share of this worker's
+    # slots it used up, and left none out: claiming again at once would find nothing
+    # more (new work notifies; `run` waits for that, or for a slot, instead).
+    saturated: bool = False
+    _round_saturated: bool = False
 
     # -- claiming -------------------------------------------------------------------
 
@@ -72,21 +80,31 @@ class Claiming:
         # over (whoever reads it meanwhile sees the last claim's answer), and a failed claim
         # leaves no stale wake-up behind.
         self._opening = None
+        self.saturated = False
+        rounds = 0
         try:
-            for _ in range(3):
+            while rounds < 3:
+                rounds += 1
                 found, retry = await self._claim_round(limit - len(claimed))
                 claimed += found
                 if len(claimed) >= limit or not retry:
                     break
         finally:
             self.next_gate_at = self._opening
+        # (after several rounds `_capped` holds the last one's endpoints only)
+        self.saturated = rounds == 1 and self._round_saturated
         return claimed
 
     async def _claim_round(self, limit: int) -> tuple[list[ClaimedDelivery], bool]:
         now = self._clock.now()
         self.claims += 1
+        self._round_saturated = False
         self._barren = {eid: until for eid, until in self._barren.items() if until > now}
         local = self._slots_left()
+        if self._plain:
+            folded = await self._claim_folded(limit, now, local)
+            if folded is not None:
+                return folded, False
         # On psycopg directly (delivery/direct.py): the claim is the worker's hot path.
         async with direct.transaction(self._engine) as conn:
             gates = await health.open_gates(
@@ -102,6 +120,16 @@ class Claiming:
             self.gate_paths[gates.path] += 1
             params = gates.params(limit, local, self._barren.keys())
             more = params.pop("more")
+            # Gates with nothing to say (no health gate, no tenant cap, every endpoint
+            # with due work fits one claim): the next claim tries them folded into it.
+            self._plain = (
+                gates.path == "all"
+                and not gates.locked
+                and not gates.budgets
+                and not gates.tenant_budgets
+                and not gates.tenants_locked
+                and len(gates.heads) <= limit
+            )
             if not params["endpoint_ids"]:
                 # Nothing due (or all held: disabled tenants, no budget left).
                 self._note_gates(gates, local, {})
@@ -126,11 +154,54 @@ class Claiming:
                 await health.close_gates(conn, gates, taken, now=now, config=self.config.health)
             )
         self._note_gates(gates, local, taken)
+        self._note_saturated(taken, more=more)
         served = {row.endpoint_id for row in rows}
         barren = [eid for eid in params["endpoint_ids"] if eid not in served]
         for endpoint_id in barren:
             self._barren[endpoint_id] = now + BARREN_FOR
         return [self._prepare(row, now) for row in rows], bool(barren) and more
+
+    async def _claim_folded(
+        self, limit: int, now: dt.datetime, local: Mapping[int, int]
+    ) -> list[ClaimedDelivery] | None:
+        """The claim with the gates folded in (queries.CLAIM_FOLDED): one statement, on
+        its generic plan (planned once per connection, not on every claim). None when
+        the gates have something to say after all (a health gate, a tenant cap, more
+        endpoints with due work than one claim visits): it claimed nothing then, and the
+        claim goes through the gates."""
+        async with direct.transaction(self._engine, generic_plans=True) as conn:
+            rows = await conn.execute(
+                queries.CLAIM_FOLDED,
+                {
+                    "now": now,
+                    "limit": limit,
+                    "worker_id": self.config.worker_id,
+                    "lease_expires_at": now + dt.timedelta(seconds=self.config.lease_seconds),
+                    "gate_ids": list(local),
+                    "gate_budgets": list(local.values()),
+                    "tenant_gate_ids": [],
+                    "tenant_gate_budgets": [],
+                },
+            )
+        verdict = rows[0]
+        self._plain = verdict.gates_plain
+        if not verdict.gates_plain:
+            return None
+        self._spread = verdict.gates_spread
+        self.gate_paths["folded"] += 1
+        claimed = [row for row in rows if row.id is not None]
+        taken = health.claimed_per_endpoint(row.endpoint_id for row in claimed)
+        self._note_gates(health.Gates(budgets={}, locked={}), local, taken)
+        self._note_saturated(taken, more=False)
+        for endpoint_id in verdict.gates_barren:
+            self._barren[endpoint_id] = now + BARREN_FOR
+        return [self._prepare(row, now) for row in claimed]
+
+    def _note_saturated(self, taken: Mapping[int, int], *, more: bool) -> None:
+        """Whether this round served only endpoints it left capped (see `saturated`)."""
+        self._round_saturated = (
+            not more and bool(taken) and all(eid in self._capped for eid in taken)
+        )
 
     def _note_gate_opening(self, at: dt.datetime | None) -> None:
         """Keep the earliest gate opening seen by this claim's rounds."""

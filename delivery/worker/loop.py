@@ -142,7 +142,7 @@ class Worker(Claiming, Recording):
                         # Nothing more was due that this worker could take: fresh
                         # deliveries may come straight from the relay until a claim
                         # is due again.
-                        self._caught_up = len(claimed) < want
+                        self._caught_up = len(claimed) < want or self.saturated
                     except Exception as exc:
                         OUTAGE.failed("worker claim", exc)
                         claimed = []
@@ -159,7 +159,7 @@ class Worker(Claiming, Recording):
                     for endpoint_id in meanwhile:
                         if endpoint_id in self._waiting:
                             self._note_freed()
-                    if len(claimed) == want and not self._full:
+                    if len(claimed) == want and not (self._full or self.saturated):
                         continue  # a full batch: more may be due
                 await wait_for_any(stop, wake, self._slot_free, timeout=self._idle_timeout())
                 if self._slot_free.is_set() and not (wake.is_set() or stop.is_set()):

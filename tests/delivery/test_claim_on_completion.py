@@ -217,3 +217,32 @@ def test_next_opening_of_each_gate() -> None:
         next_opening(Health(1, max_per_second=2, tokens=1.0, tokens_at=now), now=now, config=config)
         is None
     )
+
+
+async def test_a_full_claim_that_used_up_its_endpoints_share_claims_again_on_a_completion(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+) -> None:
+    """A full batch usually means more is due, so the worker claims again at once; not
+    when the batch came only from endpoints whose share of its slots it used up: that
+    claim would find nothing (new work notifies). It waits for a completion instead."""
+    add_endpoint(engine, box, receiver.route("/slow", delay=0.3))
+    publish_many(engine, 8)
+    await Relay(async_engine, clock).run_until_idle()
+    stop = asyncio.Event()
+    async with build_http_client(max_connections=8, timeout=5, allowed_networks=LOOPBACK) as http:
+        # 8 slots, 4 for one endpoint, batches of 4: the first claim is full and uses up
+        # the endpoint's share.
+        worker = make_worker(async_engine, http, box, clock, max_in_flight=8, batch_size=4)
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            await received(receiver, 4)
+            assert worker.claims == 1  # no second claim while all four are in flight
+            await received(receiver, 8)
+        finally:
+            stop.set()
+            await running
+    assert worker.claims <= 3, worker.claims

@@ -253,3 +253,27 @@ def test_a_statement_whose_parameters_sqlalchemy_would_convert_is_refused(
     assert direct.compiled_sql(plain, async_engine.dialect) is direct.compiled_sql(
         plain, async_engine.dialect
     )
+
+
+async def test_generic_plans_hold_for_their_transaction_alone(
+    engine: Engine, async_engine: AsyncEngine
+) -> None:
+    """The folded claim's transaction runs its statements on their generic plans (SET
+    LOCAL, pipelined with BEGIN); the setting ends with the transaction, committed or
+    rolled back, so no other statement on that pooled connection gets it."""
+    mode = text("SELECT current_setting('plan_cache_mode') AS mode, pg_backend_pid() AS pid")
+    async with direct.transaction(async_engine, generic_plans=True) as conn:
+        inside = (await conn.execute(mode)).one()
+    assert inside.mode == "force_generic_plan"
+    with pytest.raises(Exception, match="division by zero"):
+        async with direct.transaction(async_engine, generic_plans=True) as conn:
+            await conn.execute(text("SELECT 1 / 0 AS x"))
+    for _ in range(2):  # every connection the pool holds
+        async with direct.transaction(async_engine) as conn:
+            after = (await conn.execute(mode)).one()
+        assert after.mode == "auto"
+    assert async_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    assert await _pooled_autocommit(async_engine) is False
+    with pytest.raises(ValueError, match="generic_plans needs a transaction"):
+        async with direct.transaction(async_engine, single=True, generic_plans=True):
+            pass
