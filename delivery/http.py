@@ -7,7 +7,6 @@ records whatever happened and decides what comes next from it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import datetime as dt
 import time
@@ -33,7 +32,7 @@ from delivery.policy import (
 )
 from delivery.signing import SigningKey, signature_header
 from delivery.ssrf import AddressPolicy, build_guarded_transport
-from delivery.wire import IDENTITY_EXTENSION, PROXY_EXTENSION, WireTransport
+from delivery.wire import IDENTITY_EXTENSION, PROXY_EXTENSION, WireResponse, WireTransport
 from outbox.clock import Clock
 from outbox.endpoint_auth import ClientCertificate, OAuthClient
 from outbox.urls import parse_proxy_url
@@ -119,6 +118,8 @@ class DeliveryClient(httpx.AsyncClient):
         self.delivery_transport = transport
         # The default egress proxy as host:port (never its credentials), or None.
         self.proxy = proxy
+        # The default headers as a dict, taken at the first direct attempt (_client_headers).
+        self.base_headers: dict[str, str] | None = None
 
 
 def build_http_client(
@@ -209,6 +210,8 @@ class _Response(Protocol):
 
     def aiter_raw(self) -> AsyncIterator[bytes]: ...
 
+    async def aclose(self) -> None: ...
+
 
 def _direct_wire(client: httpx.AsyncClient) -> WireTransport | None:
     """The wire when the client adds nothing of its own (no hooks, auth): then the
@@ -217,42 +220,45 @@ def _direct_wire(client: httpx.AsyncClient) -> WireTransport | None:
     return wire if isinstance(wire, WireTransport) else None
 
 
-_BASE_HEADERS: weakref.WeakKeyDictionary[httpx.AsyncClient, dict[str, str]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _client_headers(client: httpx.AsyncClient) -> dict[str, str]:
-    found = _BASE_HEADERS.get(client)
+def _client_headers(client: DeliveryClient) -> dict[str, str]:
+    """The client's default headers (lower-case names), read once per client."""
+    found = client.base_headers
     if found is None:
-        found = _BASE_HEADERS[client] = dict(client.headers)  # lower-case names
+        found = client.base_headers = dict(client.headers)
     return found
 
 
-@contextlib.asynccontextmanager
-async def _post(
-    client: httpx.AsyncClient,
+async def _post_direct(
+    client: DeliveryClient,
+    wire: WireTransport,
     request: OutgoingRequest,
     headers: dict[str, str],
     progress: _Progress,
-) -> AsyncIterator[_Response]:
-    """POST with the client's headers and transport; the response streams and is closed."""
-    transport = _direct_transport(client)
-    if isinstance(transport, WireTransport):
-        direct = await transport.post(
-            request.url,
-            {**_client_headers(client), **headers},
-            request.body,
-            deadline=request.timeout,
-            trace=progress,
-            proxy=request.proxy,
-            identity=request.client_certificate,
-        )
-        try:
-            yield direct
-        finally:
-            await direct.aclose()
-        return
+) -> WireResponse:
+    """POST straight through the wire (see `_direct_transport`); the caller closes it.
+
+    A plain coroutine, not a context manager: an async generator per attempt (and
+    asyncio's bookkeeping of each) cost more CPU than the wire's own framing."""
+    return await wire.post(
+        request.url,
+        {**_client_headers(client), **headers},
+        request.body,
+        deadline=request.timeout,
+        trace=progress,
+        proxy=request.proxy,
+        identity=request.client_certificate,
+    )
+
+
+async def _post_httpx(
+    client: httpx.AsyncClient,
+    transport: httpx.AsyncBaseTransport | None,
+    request: OutgoingRequest,
+    headers: dict[str, str],
+    progress: _Progress,
+) -> httpx.Response:
+    """POST through httpx's API (a client with hooks or auth, or the httpx transport);
+    the response streams, and the caller closes it."""
     extensions: dict[str, Any] = {
         "timeout": httpx.Timeout(request.timeout).as_dict(),
         "trace": progress,
@@ -279,14 +285,22 @@ async def _post(
         extensions=extensions,
     )
     if transport is None:
-        response = await client.send(outgoing, stream=True, follow_redirects=False)
-    else:
-        response = await transport.handle_async_request(outgoing)
-        response.request = outgoing
-    try:
-        yield response
-    finally:
-        await response.aclose()
+        return await client.send(outgoing, stream=True, follow_redirects=False)
+    response = await transport.handle_async_request(outgoing)
+    response.request = outgoing
+    return response
+
+
+async def _read_capped(response: _Response, body_cap: int) -> bytearray:
+    """The body's bytes as they come, until its end or past `body_cap`."""
+    if isinstance(response, WireResponse):
+        return await response.read_capped(body_cap)
+    body = bytearray()
+    async for chunk in response.aiter_raw():
+        body += chunk
+        if len(body) >= body_cap:
+            break
+    return body
 
 
 def _through_proxy(client: httpx.AsyncClient, request: OutgoingRequest) -> bool:
@@ -492,21 +506,31 @@ async def _send_once(
         duration_ms=0,
         outcome=Outcome.AMBIGUOUS,
         # Custom headers are often credentials: the attempt row keeps their names only.
-        request_headers={**dict.fromkeys(request.extra_headers, "[redacted]"), **headers},
+        # (`headers` itself is never changed below: it may be the row's dict.)
+        request_headers=(
+            {**dict.fromkeys(request.extra_headers, "[redacted]"), **headers}
+            if request.extra_headers
+            else headers
+        ),
     )
     if request.extra_headers:
         headers = {**request.extra_headers, **headers}
     progress = _Progress(on_start)
     status: int | None = None
+    transport = _direct_transport(client)
     try:
         async with asyncio.timeout(request.timeout):
-            async with _post(client, request, headers, progress) as response:
+            response: _Response
+            if isinstance(transport, WireTransport):
+                assert isinstance(client, DeliveryClient)  # _direct_transport said so
+                response = await _post_direct(client, transport, request, headers, progress)
+            else:
+                response = await _post_httpx(client, transport, request, headers, progress)
+            try:
                 status = response.status_code
-                body = bytearray()
-                async for chunk in response.aiter_raw():
-                    body += chunk
-                    if len(body) >= body_cap:
-                        break
+                body = await _read_capped(response, body_cap)
+            finally:
+                await response.aclose()
         classification = classify_status(response.status_code, request.status_overrides)
         result.status_code = response.status_code
         result.outcome = classification.outcome
