@@ -98,6 +98,14 @@ class _Progress:
         if event.endswith("send_request_headers.started"):
             self.sending = True
 
+    def send_started(self) -> None:
+        """The wire's `on_send`: the same as the trace's send-started event, as a plain call."""
+        if not self.started:
+            self.started = True
+            if self.on_start is not None:
+                self.on_start()
+        self.sending = True
+
 
 TRANSPORTS = ("wire", "httpx")
 DEFAULT_TRANSPORT = "wire"
@@ -226,28 +234,6 @@ def _client_headers(client: DeliveryClient) -> dict[str, str]:
     if found is None:
         found = client.base_headers = dict(client.headers)
     return found
-
-
-async def _post_direct(
-    client: DeliveryClient,
-    wire: WireTransport,
-    request: OutgoingRequest,
-    headers: dict[str, str],
-    progress: _Progress,
-) -> WireResponse:
-    """POST straight through the wire (see `_direct_transport`); the caller closes it.
-
-    A plain coroutine, not a context manager: an async generator per attempt (and
-    asyncio's bookkeeping of each) cost more CPU than the wire's own framing."""
-    return await wire.post(
-        request.url,
-        {**_client_headers(client), **headers},
-        request.body,
-        deadline=request.timeout,
-        trace=progress,
-        proxy=request.proxy,
-        identity=request.client_certificate,
-    )
 
 
 async def _post_httpx(
@@ -522,8 +508,18 @@ async def _send_once(
         async with asyncio.timeout(request.timeout):
             response: _Response
             if isinstance(transport, WireTransport):
+                # Straight through the wire (see `_direct_transport`), in this coroutine:
+                # no context manager or coroutine of its own per attempt.
                 assert isinstance(client, DeliveryClient)  # _direct_transport said so
-                response = await _post_direct(client, transport, request, headers, progress)
+                response = await transport.post(
+                    request.url,
+                    {**_client_headers(client), **headers},
+                    request.body,
+                    deadline=request.timeout,
+                    proxy=request.proxy,
+                    identity=request.client_certificate,
+                    on_send=progress.send_started,
+                )
             else:
                 response = await _post_httpx(client, transport, request, headers, progress)
             try:

@@ -3,8 +3,10 @@
 `WireResponse.read_capped` (what `send_attempt` reads a body with, instead of an async
 generator) against `aiter_raw` read the way `send_attempt` used to read it, as a
 property over any split of the body into reads, arriving before or during the read;
-and the reuse check's poller, kept per connection, still sees a close or stray bytes
-that arrived after an earlier check.
+`post`'s `on_send` (a plain call where httpx's trace needs a coroutine) fires once,
+before the request's bytes go out, and never for a request that sends nothing; and
+the reuse check's poller, kept per connection, still sees a close or stray bytes that
+arrived after an earlier check.
 """
 
 from __future__ import annotations
@@ -12,11 +14,16 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from delivery.wire import WireResponse
+from delivery.errors import AddressRefusedError
+from delivery.ssrf import AddressPolicy
+from delivery.wire import WireResponse, WireTransport
 from delivery.wire.connection import _READ_HIGH_WATER, _Connection, _Pool
+from tests.delivery.scripted import scripted
+from tests.helpers import LOOPBACK
 
 
 class _Flow:
@@ -130,3 +137,28 @@ async def test_the_reuse_check_sees_stray_bytes_after_an_earlier_check() -> None
     finally:
         transport.abort()
         theirs.close()
+
+
+async def test_on_send_fires_once_before_the_request_goes_out() -> None:
+    wire = WireTransport(policy=AddressPolicy(LOOPBACK))
+    async with scripted() as server:
+        seen: list[int] = []
+        response = await wire.post(
+            server.url, {}, b"{}", deadline=5.0, on_send=lambda: seen.append(len(server.heads))
+        )
+        await response.read_capped(1024)
+        await response.aclose()
+        assert seen == [0]  # called once, before the receiver had the request
+        assert len(server.heads) == 1
+    await wire.aclose()
+
+
+async def test_on_send_does_not_fire_for_a_request_that_sends_nothing() -> None:
+    wire = WireTransport(policy=AddressPolicy(()))  # loopback refused by the guard
+    seen: list[str] = []
+    with pytest.raises(AddressRefusedError):
+        await wire.post(
+            "http://127.0.0.1:9/hook", {}, b"{}", deadline=5.0, on_send=lambda: seen.append("x")
+        )
+    assert seen == []
+    await wire.aclose()
