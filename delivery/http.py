@@ -76,7 +76,7 @@ class AttemptResult:
 
 
 class _Progress:
-    """How far one request got, from httpx's trace hook.
+    """How far one request got, from httpx's trace hook or the wire's `on_send`.
 
     The line between "nothing was sent" (safe to retry) and "it may have arrived"
     (ambiguous) is the moment the request headers start going out. A timeout that
@@ -91,15 +91,16 @@ class _Progress:
         self.sending = False
 
     async def __call__(self, event: str, info: Mapping[str, Any]) -> None:
-        if not self.started:
+        if event.endswith("send_request_headers.started"):
+            self.send_started()
+        elif not self.started:
             self.started = True
             if self.on_start is not None:
                 self.on_start()
-        if event.endswith("send_request_headers.started"):
-            self.sending = True
 
     def send_started(self) -> None:
-        """The wire's `on_send`: the same as the trace's send-started event, as a plain call."""
+        """The request's first byte is going out: the trace's send-started event, and
+        the wire's `on_send` (a plain call, no coroutine per attempt)."""
         if not self.started:
             self.started = True
             if self.on_start is not None:
