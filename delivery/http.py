@@ -7,7 +7,6 @@ records whatever happened and decides what comes next from it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import datetime as dt
 import time
@@ -33,7 +32,7 @@ from delivery.policy import (
 )
 from delivery.signing import SigningKey, signature_header
 from delivery.ssrf import AddressPolicy, build_guarded_transport
-from delivery.wire import IDENTITY_EXTENSION, PROXY_EXTENSION, WireTransport
+from delivery.wire import IDENTITY_EXTENSION, PROXY_EXTENSION, WireResponse, WireTransport
 from outbox.clock import Clock
 from outbox.endpoint_auth import ClientCertificate, OAuthClient
 from outbox.urls import parse_proxy_url
@@ -77,7 +76,7 @@ class AttemptResult:
 
 
 class _Progress:
-    """How far one request got, from httpx's trace hook.
+    """How far one request got, from httpx's trace hook or the wire's `on_send`.
 
     The line between "nothing was sent" (safe to retry) and "it may have arrived"
     (ambiguous) is the moment the request headers start going out. A timeout that
@@ -92,12 +91,21 @@ class _Progress:
         self.sending = False
 
     async def __call__(self, event: str, info: Mapping[str, Any]) -> None:
+        if event.endswith("send_request_headers.started"):
+            self.send_started()
+        elif not self.started:
+            self.started = True
+            if self.on_start is not None:
+                self.on_start()
+
+    def send_started(self) -> None:
+        """The request's first byte is going out: the trace's send-started event, and
+        the wire's `on_send` (a plain call, no coroutine per attempt)."""
         if not self.started:
             self.started = True
             if self.on_start is not None:
                 self.on_start()
-        if event.endswith("send_request_headers.started"):
-            self.sending = True
+        self.sending = True
 
 
 TRANSPORTS = ("wire", "httpx")
@@ -119,6 +127,8 @@ class DeliveryClient(httpx.AsyncClient):
         self.delivery_transport = transport
         # The default egress proxy as host:port (never its credentials), or None.
         self.proxy = proxy
+        # The default headers as a dict, taken at the first direct attempt (_client_headers).
+        self.base_headers: dict[str, str] | None = None
 
 
 def build_http_client(
@@ -209,6 +219,8 @@ class _Response(Protocol):
 
     def aiter_raw(self) -> AsyncIterator[bytes]: ...
 
+    async def aclose(self) -> None: ...
+
 
 def _direct_wire(client: httpx.AsyncClient) -> WireTransport | None:
     """The wire when the client adds nothing of its own (no hooks, auth): then the
@@ -217,42 +229,23 @@ def _direct_wire(client: httpx.AsyncClient) -> WireTransport | None:
     return wire if isinstance(wire, WireTransport) else None
 
 
-_BASE_HEADERS: weakref.WeakKeyDictionary[httpx.AsyncClient, dict[str, str]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _client_headers(client: httpx.AsyncClient) -> dict[str, str]:
-    found = _BASE_HEADERS.get(client)
+def _client_headers(client: DeliveryClient) -> dict[str, str]:
+    """The client's default headers (lower-case names), read once per client."""
+    found = client.base_headers
     if found is None:
-        found = _BASE_HEADERS[client] = dict(client.headers)  # lower-case names
+        found = client.base_headers = dict(client.headers)
     return found
 
 
-@contextlib.asynccontextmanager
-async def _post(
+async def _post_httpx(
     client: httpx.AsyncClient,
+    transport: httpx.AsyncBaseTransport | None,
     request: OutgoingRequest,
     headers: dict[str, str],
     progress: _Progress,
-) -> AsyncIterator[_Response]:
-    """POST with the client's headers and transport; the response streams and is closed."""
-    transport = _direct_transport(client)
-    if isinstance(transport, WireTransport):
-        direct = await transport.post(
-            request.url,
-            {**_client_headers(client), **headers},
-            request.body,
-            deadline=request.timeout,
-            trace=progress,
-            proxy=request.proxy,
-            identity=request.client_certificate,
-        )
-        try:
-            yield direct
-        finally:
-            await direct.aclose()
-        return
+) -> httpx.Response:
+    """POST through httpx's API (a client with hooks or auth, or the httpx transport);
+    the response streams, and the caller closes it."""
     extensions: dict[str, Any] = {
         "timeout": httpx.Timeout(request.timeout).as_dict(),
         "trace": progress,
@@ -279,14 +272,22 @@ async def _post(
         extensions=extensions,
     )
     if transport is None:
-        response = await client.send(outgoing, stream=True, follow_redirects=False)
-    else:
-        response = await transport.handle_async_request(outgoing)
-        response.request = outgoing
-    try:
-        yield response
-    finally:
-        await response.aclose()
+        return await client.send(outgoing, stream=True, follow_redirects=False)
+    response = await transport.handle_async_request(outgoing)
+    response.request = outgoing
+    return response
+
+
+async def _read_capped(response: _Response, body_cap: int) -> bytearray:
+    """The body's bytes as they come, until its end or past `body_cap`."""
+    if isinstance(response, WireResponse):
+        return await response.read_capped(body_cap)
+    body = bytearray()
+    async for chunk in response.aiter_raw():
+        body += chunk
+        if len(body) >= body_cap:
+            break
+    return body
 
 
 def _through_proxy(client: httpx.AsyncClient, request: OutgoingRequest) -> bool:
@@ -492,21 +493,41 @@ async def _send_once(
         duration_ms=0,
         outcome=Outcome.AMBIGUOUS,
         # Custom headers are often credentials: the attempt row keeps their names only.
-        request_headers={**dict.fromkeys(request.extra_headers, "[redacted]"), **headers},
+        # (`headers` itself is never changed below: it may be the row's dict.)
+        request_headers=(
+            {**dict.fromkeys(request.extra_headers, "[redacted]"), **headers}
+            if request.extra_headers
+            else headers
+        ),
     )
     if request.extra_headers:
         headers = {**request.extra_headers, **headers}
     progress = _Progress(on_start)
     status: int | None = None
+    transport = _direct_transport(client)
     try:
         async with asyncio.timeout(request.timeout):
-            async with _post(client, request, headers, progress) as response:
+            response: _Response
+            if isinstance(transport, WireTransport):
+                # Straight through the wire (see `_direct_transport`), in this coroutine:
+                # no context manager or coroutine of its own per attempt.
+                assert isinstance(client, DeliveryClient)  # _direct_transport said so
+                response = await transport.post(
+                    request.url,
+                    {**_client_headers(client), **headers},
+                    request.body,
+                    deadline=request.timeout,
+                    proxy=request.proxy,
+                    identity=request.client_certificate,
+                    on_send=progress.send_started,
+                )
+            else:
+                response = await _post_httpx(client, transport, request, headers, progress)
+            try:
                 status = response.status_code
-                body = bytearray()
-                async for chunk in response.aiter_raw():
-                    body += chunk
-                    if len(body) >= body_cap:
-                        break
+                body = await _read_capped(response, body_cap)
+            finally:
+                await response.aclose()
         classification = classify_status(response.status_code, request.status_overrides)
         result.status_code = response.status_code
         result.outcome = classification.outcome

@@ -50,4 +50,6 @@ def sign(key: SigningKey, msg_id: str, timestamp: int, body: bytes) -> str:
 
 
 def signature_header(keys: list[SigningKey], msg_id: str, timestamp: int, body: bytes) -> str:
-    return " ".join(sign(key, msg_id, timestamp, body) for key in keys)
+    if len(keys) == 1:  # the usual case, no secret rotating: no generator and join per attempt
+        return sign(keys[0], msg_id, timestamp, body)
+    return " ".join([sign(key, msg_id, timestamp, body) for key in keys])

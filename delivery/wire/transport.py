@@ -131,6 +131,7 @@ class WireTransport(Connecting, httpx.AsyncBaseTransport):
         trace: Trace | None = None,
         proxy: str | None = None,
         identity: ClientCertificate | None = None,
+        on_send: Callable[[], None] | None = None,
     ) -> WireResponse:
         """POST `body` with exactly `headers` (plus Host and Content-Length); returns once
         the response head is in. The caller's own deadline bounds the whole exchange;
@@ -142,6 +143,9 @@ class WireTransport(Connecting, httpx.AsyncBaseTransport):
         overridden: the wire writes them from the URL and the body, and a second one
         beside them would let the receiver (or a proxy before it) frame the request
         differently. `InvalidEndpointURLError` then says which; nothing is sent.
+
+        `on_send` is called, like `trace` with its send-started event, just before the
+        request's first byte is written: a plain call, no coroutine per request.
         """
         target = (
             self._targets.get(url)
@@ -176,7 +180,9 @@ class WireTransport(Connecting, httpx.AsyncBaseTransport):
             + f" HTTP/1.1\r\nHost: {target.host_header}\r\n{target.proxy_lines}{lines}"
             f"Content-Length: {len(body)}\r\n\r\n".encode()
         )
-        return await self._exchange(target, head + body, trace, connect_timeout=deadline)
+        return await self._exchange(
+            target, head + body, trace, connect_timeout=deadline, on_send=on_send
+        )
 
     async def _exchange(
         self,
@@ -186,6 +192,7 @@ class WireTransport(Connecting, httpx.AsyncBaseTransport):
         *,
         connect_timeout: float | None,
         read_timeout: float | None = None,
+        on_send: Callable[[], None] | None = None,
     ) -> WireResponse:
         connection = self._pool.take_idle(target.key)
         if connection is None:
@@ -208,6 +215,8 @@ class WireTransport(Connecting, httpx.AsyncBaseTransport):
         try:
             if trace is not None:
                 await trace(_SEND_STARTED, {})
+            if on_send is not None:
+                on_send()
             connection.send(data, response)  # unwritable by now: ConnectError, as above
             if read_timeout is None:
                 await response._head  # the caller's deadline bounds it

@@ -6,6 +6,7 @@ import asyncio
 import collections
 import contextlib
 import datetime as dt
+import functools
 import logging
 import random
 from collections.abc import Sequence
@@ -191,11 +192,12 @@ class Worker(Claiming, Recording):
     def _start(self, claimed: Sequence[ClaimedDelivery]) -> None:
         """Start the attempts of claimed deliveries (in `run`), each holding a slot."""
         in_flight = self._in_flight
+        finished = functools.partial(self._finished, in_flight)  # one for the whole batch
         for item in claimed:
             task = asyncio.create_task(self._attempt_and_buffer(item))
             in_flight[task] = item
             self._slots_held[item.endpoint_id] += 1
-            task.add_done_callback(lambda done: self._finished(in_flight, done))
+            task.add_done_callback(finished)
         self._full = len(in_flight) >= self.config.max_in_flight
 
     # -- taking fresh deliveries from the relay (outbox.relay.Handoff) ----------------
