@@ -55,6 +55,7 @@ _ROUTING = (
     "tests/outbox/test_publish.py",
 )
 Q = "delivery/queries.py"
+C = "delivery/claim_queries.py"  # the claim and its gates
 # outbox/'s SQL, by subject (before, all of it was in outbox/queries.py: see _sql_mutants).
 RELAY_SQL = "outbox/sql/relay.py"
 DELIVERIES_SQL = "outbox/sql/deliveries.py"
@@ -92,14 +93,14 @@ SQL_MUTANTS = [
     # claim
     SqlMutant(
         "claim: no claim number bump",
-        Q,
+        C,
         "updated_at = :now, claims = d.claims + 1",
         "updated_at = :now, claims = d.claims",
         _LEASES,
     ),
     SqlMutant(
         "claim: final re-check of state dropped",
-        Q,
+        C,
         "WHERE d.id = due.id AND ev.id = d.event_id AND e.id = d.endpoint_id\n"
         "      AND d.state = 'scheduled'",
         "WHERE d.id = due.id AND ev.id = d.event_id AND e.id = d.endpoint_id",
@@ -352,11 +353,11 @@ SQL_MUTANTS = [
     # a disabled tenant's deliveries wait (the claim only visits enabled tenants' heads)
     SqlMutant(
         "claim: disabled tenant not held",
-        Q,
+        C,
         "WHERE x.id = e.tenant_id AND x.enabled LIMIT 1",
         "WHERE x.id = e.tenant_id LIMIT 1",
         ("tests/delivery/test_tenant_claims.py", "-k", "disabled_tenant"),
-        within="LOCK_CLAIM_GATES = text(",
+        within='_DUE_HEADS = """',  # both the gates and the folded claim read it
     ),
     # the quick path (QUICK_CLAIM_GATES) answers only when its batch is plain
     SqlMutant(
