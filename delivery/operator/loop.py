@@ -10,6 +10,7 @@ without it (or with OUTBOX_EVENT_LOOP=asyncio) the standard loop runs the same c
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -21,6 +22,19 @@ T = TypeVar("T")
 
 def uvloop_available() -> bool:
     return importlib.util.find_spec("uvloop") is not None
+
+
+def settle_heap() -> None:
+    """Put what start-up built (the modules, the service's objects) out of the cyclic
+    collector's reach, once, before the loop starts. Why: a full collection walks every
+    tracked object, about 130,000 after `outbox run`'s imports, and stops the event
+    loop while it does (115 to 307 ms measured on this 2-core box under load), which
+    lands in the latency of every delivery behind it. Start-up alone triggers such
+    collections; a long-running service meets them whenever its long-lived objects grow
+    by a quarter. Frozen objects are still freed by reference counting; only cycles among
+    them are never collected, and start-up's garbage is collected first."""
+    gc.collect()
+    gc.freeze()
 
 
 def run_loop(main: Coroutine[Any, Any, T], choice: str = "auto") -> T:

@@ -33,7 +33,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any, Protocol
 
-from delivery.operator.loop import run_loop
+from delivery.operator.loop import run_loop, settle_heap
 from delivery.reaper import ReaperConfig
 from delivery.retention import RetentionConfig
 from delivery.worker import WorkerConfig
@@ -130,6 +130,7 @@ def _child_main(spec: ProcessSpec, parent_pid: int | None = None) -> None:
         http_proxy=spec.http_proxy,
         summary_interval=spec.summary_interval,
     )
+    settle_heap()
     run_loop(run_until_signalled(service, supervised=True), spec.event_loop)
 
 

@@ -34,7 +34,7 @@ from delivery.operator.cli.common import (
     rearm_terminate,
     settings,
 )
-from delivery.operator.loop import run_loop
+from delivery.operator.loop import run_loop, settle_heap
 from delivery.operator.supervisor import default_processes, run_until_signalled
 from outbox import migrate as migrations
 from outbox.crypto import SecretBox
@@ -301,6 +301,7 @@ def run(admin: bool, processes: int | None) -> None:
             runners = (
                 [] if admin_socket is None else [_admin_runner(current, db, box, sock=admin_socket)]
             )
+            settle_heap()
             run_loop(run_until_signalled(service, runners, on_ready=running), current.event_loop)
         finally:
             rearm_terminate()  # the loop reset SIGTERM; the embedded server still has to stop
