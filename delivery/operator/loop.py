@@ -32,8 +32,8 @@ def settle_heap() -> None:
     lands in the latency of every delivery behind it. Start-up alone triggers such
     collections; a long-running service meets them whenever its long-lived objects grow
     by a quarter. Frozen objects are still freed by reference counting; only cycles among
-    them are never collected, and start-up's garbage is collected first."""
-    gc.collect()
+    them are never collected. No collection first: it would cost every start a full walk,
+    and start-up's own collections have already run."""
     gc.freeze()
 
 
