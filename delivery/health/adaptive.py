@@ -47,6 +47,12 @@ class AdaptiveConfig:
     gradient_tolerance: float = 1.25
     gradient_floor: float = 0.5  # one update never more than halves the target
     smoothing_seconds: float = 1.0  # time constant of the move towards the target
+    # Latencies below this count as this, in both limiters: the worker times attempts in
+    # whole milliseconds, so a partner on the same network reads 0 ms unloaded, and any
+    # answer after that looked like an unbounded queue (the limit sat near 10 against a
+    # partner that took a hundred at once). A few milliseconds of "queue" is the worker's
+    # own event loop, not the partner's.
+    latency_floor_ms: float = 5.0
     # the unloaded latency climbs towards a higher fastest answer with this time constant:
     # slow, so a partner that stays loaded does not become its own "unloaded" reference
     baseline_seconds: float = 30.0
@@ -145,7 +151,7 @@ def _aimd(
     rose = (
         baseline is not None
         and signals.slowest_ms is not None
-        and signals.slowest_ms > baseline * config.latency_tolerance
+        and signals.slowest_ms > max(baseline, config.latency_floor_ms) * config.latency_tolerance
     )
     if rose:
         if state.window_at is not None and now < state.window_at:
@@ -175,8 +181,9 @@ def _gradient(
         return Limiter(limit, baseline, state.window_at, estimate)
     if state.window_at is not None and now < state.window_at:
         return Limiter(limit, baseline, state.window_at, estimate)  # holding after a decrease
-    mean_ms = signals.total_ms / signals.timed
-    ratio = 1.0 if mean_ms <= 0 else config.gradient_tolerance * baseline / mean_ms
+    floor = config.latency_floor_ms
+    mean_ms = max(signals.total_ms / signals.timed, floor)
+    ratio = config.gradient_tolerance * max(baseline, floor) / mean_ms
     gradient = max(config.gradient_floor, min(1.0, ratio))
     target = estimate * gradient + math.sqrt(estimate)
     # A new limiter's first update moves as if a whole window had passed.

@@ -333,6 +333,7 @@ class Worker(Claiming, Recording):
             try:
                 self.stats.merge(await self.record(batch))
                 OUTAGE.succeeded()
+                self._recorded(batch)
             except asyncio.CancelledError:
                 self._pending[:0] = batch
                 raise
@@ -340,6 +341,16 @@ class Worker(Claiming, Recording):
                 OUTAGE.failed(f"recording {len(batch)} outcomes", exc)
                 self._pending[:0] = batch
                 await asyncio.sleep(self.config.poll_interval)
+
+    def _recorded(self, batch: Sequence[tuple[ClaimedDelivery, AttemptResult]]) -> None:
+        """Outcomes written: their slots are free in the database's count now too. An
+        in-flight limit or tenant cap counts the rows in flight there, and a claim woken by
+        the completions themselves may have run before this write and found the limit
+        used up: wake it again, or the endpoint waits for the poll."""
+        waiting = self._waiting
+        if waiting and any(item.endpoint_id in waiting for item, _ in batch):
+            self._slot_free.set()
+            self._refilled.set()
 
     async def _drain(self, in_flight: dict[asyncio.Task[None], ClaimedDelivery]) -> None:
         """Hand back queued claims at once, let running attempts finish, release the rest.

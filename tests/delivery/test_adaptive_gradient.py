@@ -204,3 +204,22 @@ def test_the_setting_chooses_the_limiter_and_refuses_others(
     monkeypatch.setenv("OUTBOX_ADAPTIVE_ALGORITHM", hostile)
     with pytest.raises(ConfigurationError, match="OUTBOX_ADAPTIVE_ALGORITHM"):
         load_settings()
+
+
+@pytest.mark.parametrize("algorithm", ["gradient", "aimd"])
+def test_a_partner_answering_within_a_millisecond_gets_the_whole_maximum(algorithm: str) -> None:
+    """Attempts are timed in whole milliseconds: a partner on the same network answers in
+    0 ms unloaded and 1-4 ms with the worker's own loop busy. That is no queue at the
+    partner, so the limit climbs to the maximum instead of sitting near ten."""
+    config = AdaptiveConfig(algorithm=algorithm)  # type: ignore[arg-type]
+    clock = ManualClock(T0)
+    state = Limiter(4)
+    for step in range(1200):  # a minute of batches every 50 ms (AIMD adds one per window)
+        clock.advance(0.05)
+        fast = Signals(answered=4, fastest_ms=0, slowest_ms=4, total_ms=step % 5, timed=4)
+        state = next_limit(state, fast, maximum=100, now=clock.now(), config=config)
+    assert state.limit == 100, state
+    # and past the floor a real queue still pulls it down
+    clock.advance(5)
+    slow = next_limit(state, answers(60.0), maximum=100, now=clock.now(), config=config)
+    assert slow.limit < 100

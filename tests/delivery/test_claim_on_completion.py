@@ -246,3 +246,41 @@ async def test_a_full_claim_that_used_up_its_endpoints_share_claims_again_on_a_c
             stop.set()
             await running
     assert worker.claims <= 3, worker.claims
+
+
+async def test_an_in_flight_limit_drains_as_outcomes_are_recorded_not_per_poll(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+) -> None:
+    """An endpoint's in-flight limit (fixed or adaptive) is counted from the deliveries
+    in flight in the database, and a finished attempt leaves that state only when its
+    outcome is written. A claim woken by the completion itself can run before that and
+    find the limit still used up; the write must wake it again, or the endpoint gets
+    one limit's worth per poll (here a minute)."""
+    endpoint = add_endpoint(engine, box, receiver.route("/hook")).endpoint
+    with engine.begin() as conn:
+        set_endpoint_limits(conn, endpoint.uid, EndpointLimits(max_in_flight=2), actor="test")
+    publish_many(engine, 20)
+    await Relay(async_engine, clock).run_until_idle()
+    stop = asyncio.Event()
+    async with build_http_client(max_connections=8, timeout=5, allowed_networks=LOOPBACK) as http:
+        worker = make_worker(async_engine, http, box, clock, max_in_flight=20, batch_size=20)
+        record = worker.record
+
+        async def slow_record(batch: Any) -> Any:
+            # A write slower than the claim the completions wake (claim_gather, 10 ms):
+            # the race as a fast partner and a busy database make it.
+            await asyncio.sleep(0.1)
+            return await record(batch)
+
+        worker.record = slow_record  # type: ignore[method-assign]
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            await received(receiver, 20, seconds=15)
+        finally:
+            stop.set()
+            await running
+    assert len({r.headers["webhook-id"] for r in receiver.requests}) == 20
