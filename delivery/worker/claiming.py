@@ -6,13 +6,13 @@ import collections
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery import direct, health, queries
 from delivery.http import OutgoingRequest
-from delivery.policy import RetryPolicy, matching_rule, parse_status_overrides
+from delivery.policy import Outcome, RetryPolicy, matching_rule, parse_status_overrides
 from delivery.worker.model import (
     _NO_HEADERS,
     _NO_OVERRIDES,
@@ -159,7 +159,7 @@ class Claiming:
         barren = [eid for eid in params["endpoint_ids"] if eid not in served]
         for endpoint_id in barren:
             self._barren[endpoint_id] = now + BARREN_FOR
-        return [self._prepare(row, now) for row in rows], bool(barren) and more
+        return self._prepare_all(rows, now), bool(barren) and more
 
     async def _claim_folded(
         self, limit: int, now: dt.datetime, local: Mapping[int, int]
@@ -195,7 +195,7 @@ class Claiming:
         self._note_saturated(taken, more=False)
         for endpoint_id in verdict.gates_barren:
             self._barren[endpoint_id] = now + BARREN_FOR
-        return [self._prepare(row, now) for row in claimed]
+        return self._prepare_all(claimed, now)
 
     def _note_saturated(self, taken: Mapping[int, int], *, more: bool) -> None:
         """Whether this round served only endpoints it left capped (see `saturated`)."""
@@ -257,16 +257,30 @@ class Claiming:
             ),
         )
 
-    def _prepare(self, row: Any, now: dt.datetime) -> ClaimedDelivery:
-        keys = [self._key(row.signing_secret, row.endpoint_uid)]
-        if row.previous_signing_secret and (
-            row.previous_secret_expires_at is None or row.previous_secret_expires_at > now
-        ):
-            keys.append(self._key(row.previous_signing_secret, row.endpoint_uid))
-        timeout = min(
-            row.timeout_seconds or self.config.request_timeout, self.config.longest_deadline
-        )
-        type_json = _memo(self._type_json, row.event_type, lambda: json.dumps(row.event_type))
+    def _prepare_all(self, rows: Sequence[Any], now: dt.datetime) -> list[ClaimedDelivery]:
+        """What each claimed row needs to be sent. Within one batch (one statement's
+        rows, one snapshot) what derives from the endpoint's columns is worked out once
+        per endpoint, and the envelope once per event: a fan-out's rows share both."""
+        endpoints: dict[int, _EndpointParts] = {}
+        bodies: dict[tuple[str, dt.datetime, str], bytes] = {}
+        prepared = []
+        for row in rows:
+            parts = endpoints.get(row.endpoint_id)
+            if parts is None:
+                parts = endpoints[row.endpoint_id] = self._endpoint_parts(row, now)
+            event = (row.event_type, row.event_created_at, row.payload_json)
+            body = bodies.get(event)
+            if body is None:
+                body = bodies[event] = _envelope(
+                    self._type_json_of(row.event_type), row.event_created_at, row.payload_json
+                )
+            prepared.append(self._claimed(row, parts, body))
+        return prepared
+
+    def _type_json_of(self, event_type: str) -> str:
+        return _memo(self._type_json, event_type, lambda: json.dumps(event_type))
+
+    def _claimed(self, row: Any, parts: _EndpointParts, body: bytes) -> ClaimedDelivery:
         return ClaimedDelivery(
             id=row.id,
             claim=row.claim,
@@ -281,39 +295,60 @@ class Claiming:
             policy=self._policy(row.retry_schedule, row.event_type, row.max_attempts),
             request=OutgoingRequest(
                 delivery_id=row.id,
-                url=row.url,
+                url=parts.url,
                 message_id=row.message_id,
-                body=_envelope(type_json, row.event_created_at, row.payload_json),
-                keys=keys,
-                timeout=timeout,
-                status_overrides=(
-                    parse_status_overrides(row.status_overrides)
-                    if row.status_overrides
-                    else _NO_OVERRIDES
-                ),
+                body=body,
+                keys=parts.keys,
+                timeout=parts.timeout,
+                status_overrides=parts.status_overrides,
                 retry_after_max=self.config.retry_after_max,
-                extra_headers=self._custom_headers(row.custom_headers, row.endpoint_uid),
-                proxy=self._proxy(row.proxy_url, row.endpoint_uid) if row.proxy_url else None,
-                client_certificate=(
-                    _memo(
-                        self._client_certificates,
-                        row.client_certificate,
-                        lambda: decrypt_client_certificate(
-                            self._box, row.endpoint_uid, row.client_certificate
-                        ),
-                    )
-                    if row.client_certificate
-                    else None
-                ),
-                oauth=(
-                    _memo(
-                        self._oauth_clients,
-                        row.oauth_client,
-                        lambda: decrypt_oauth_client(self._box, row.endpoint_uid, row.oauth_client),
-                    )
-                    if row.oauth_client
-                    else None
-                ),
+                extra_headers=parts.extra_headers,
+                proxy=parts.proxy,
+                client_certificate=parts.client_certificate,
+                oauth=parts.oauth,
+            ),
+        )
+
+    def _endpoint_parts(self, row: Any, now: dt.datetime) -> _EndpointParts:
+        """What a row's request takes from its endpoint's columns (the same for every row
+        of that endpoint in one batch)."""
+        keys = [self._key(row.signing_secret, row.endpoint_uid)]
+        if row.previous_signing_secret and (
+            row.previous_secret_expires_at is None or row.previous_secret_expires_at > now
+        ):
+            keys.append(self._key(row.previous_signing_secret, row.endpoint_uid))
+        return _EndpointParts(
+            url=row.url,
+            keys=keys,
+            timeout=min(
+                row.timeout_seconds or self.config.request_timeout, self.config.longest_deadline
+            ),
+            status_overrides=(
+                parse_status_overrides(row.status_overrides)
+                if row.status_overrides
+                else _NO_OVERRIDES
+            ),
+            extra_headers=self._custom_headers(row.custom_headers, row.endpoint_uid),
+            proxy=self._proxy(row.proxy_url, row.endpoint_uid) if row.proxy_url else None,
+            client_certificate=(
+                _memo(
+                    self._client_certificates,
+                    row.client_certificate,
+                    lambda: decrypt_client_certificate(
+                        self._box, row.endpoint_uid, row.client_certificate
+                    ),
+                )
+                if row.client_certificate
+                else None
+            ),
+            oauth=(
+                _memo(
+                    self._oauth_clients,
+                    row.oauth_client,
+                    lambda: decrypt_oauth_client(self._box, row.endpoint_uid, row.oauth_client),
+                )
+                if row.oauth_client
+                else None
             ),
         )
 
@@ -326,3 +361,16 @@ class Claiming:
 
     def _proxy(self, stored: str, endpoint_uid: str) -> str:
         return _memo(self._proxies, stored, lambda: decrypt_proxy(self._box, endpoint_uid, stored))
+
+
+class _EndpointParts(NamedTuple):
+    """A claimed row's request parts that come from its endpoint alone."""
+
+    url: str
+    keys: list[SigningKey]
+    timeout: float
+    status_overrides: Mapping[int, Outcome]
+    extra_headers: Mapping[str, str]
+    proxy: str | None
+    client_certificate: ClientCertificate | None
+    oauth: OAuthClient | None

@@ -53,8 +53,8 @@ class Worker(Claiming, Recording):
         self._proxies: dict[str, str] = {}
         self._client_certificates: dict[str, ClientCertificate] = {}
         self._oauth_clients: dict[str, OAuthClient] = {}
-        # What _prepare derives the same way for every delivery of an endpoint or event
-        # type, built once (the drain profile had _prepare at a seventh of worker CPU).
+        # What _prepare_all derives the same way for every delivery of an endpoint or event
+        # type, built once (the drain profile had it at a seventh of worker CPU).
         self._policies: dict[tuple[tuple[float, ...] | None, str, int], RetryPolicy] = {}
         self._type_json: dict[str, str] = {}
         self._pending: list[tuple[ClaimedDelivery, AttemptResult]] = []
@@ -265,7 +265,7 @@ class Worker(Claiming, Recording):
         self._reserved = max(0, self._reserved - capacity.limit)
         if not rows:
             return
-        claimed = [self._prepare(row, now) for row in rows]
+        claimed = self._prepare_all(rows, now)
         self.handed_off += len(claimed)
         if not self._accepting:
             await self._release_at_shutdown(claimed)

@@ -69,40 +69,31 @@ class Recording:
         if not outcomes:
             return stats
         now = self._clock.now()
-        decisions = [
-            decide(
-                result.outcome,
-                attempts_made=claimed.attempts + 1,
-                policy=claimed.policy,
-                now=now,
-                rng=self._rng,
-                last_error=result.error or "",
-                retry_after=result.retry_after,
-                disables_endpoint=result.disables_endpoint,
-            )
-            for claimed, result in outcomes
-        ]
-        decisions = [
-            _held(claimed, result, now) if _holds(claimed, result) else decision
-            for decision, (claimed, result) in zip(decisions, outcomes, strict=True)
-        ]
+        decisions: list[Decision] = []
         # Successes of spotless endpoints change nothing: no health write on the happy path.
-        observations = [
-            health.Observation(
+        observations: list[health.Observation] = []
+        for claimed, result in outcomes:
+            outcome = result.outcome
+            if outcome is Outcome.SUCCEEDED:
+                decisions.append(_SUCCEEDED)  # what `decide` says of every success
+                if claimed.endpoint_spotless and result.status_code != health.THROTTLE_STATUS:
+                    continue  # good news for a spotless endpoint (health.is_good_news)
+            elif _holds(claimed, result):
+                # (decided all the same: the retry jitter draws stay as they were)
+                self._decide(claimed, result, now)
+                decisions.append(_held(claimed, result, now))
+            else:
+                decisions.append(self._decide(claimed, result, now))
+            item = health.Observation(
                 claimed.endpoint_id,
-                result.outcome,
+                outcome,
                 result.status_code,
                 result.retry_after,
                 result.error,
                 result.duration_ms,
             )
-            for claimed, result in outcomes
-        ]
-        observations = [
-            item
-            for item, (claimed, _) in zip(observations, outcomes, strict=True)
-            if not (claimed.endpoint_spotless and health.is_good_news(item))
-        ]
+            if not (claimed.endpoint_spotless and health.is_good_news(item)):
+                observations.append(item)
         await health.ensure_health_rows(
             self._engine, (item.endpoint_id for item in observations), self._health_rows
         )
@@ -152,6 +143,20 @@ class Recording:
             lost,
         )
         return stats
+
+    def _decide(
+        self, claimed: ClaimedDelivery, result: AttemptResult, now: dt.datetime
+    ) -> Decision:
+        return decide(
+            result.outcome,
+            attempts_made=claimed.attempts + 1,
+            policy=claimed.policy,
+            now=now,
+            rng=self._rng,
+            last_error=result.error or "",
+            retry_after=result.retry_after,
+            disables_endpoint=result.disables_endpoint,
+        )
 
     def _outcome_transaction(
         self,
@@ -292,7 +297,7 @@ class Recording:
                 "status_code": result.status_code,
                 "error": result.error,
                 "final_reason": decision.final_reason,
-                "started_at": _iso(result.started_at),
+                "started_at": result.started_at.isoformat(),
                 "duration_ms": result.duration_ms,
                 "outcome": str(result.outcome),
                 "response_excerpt": result.response_excerpt,
@@ -304,7 +309,7 @@ class Recording:
         params = {
             "now": now,
             "worker_id": self.config.worker_id,
-            "outcomes": json.dumps(rows),
+            "outcomes": _ROWS_JSON.encode(rows),
         }
         return {(row.id, row.claims) for row in await conn.execute(queries.RECORD_OUTCOMES, params)}
 
@@ -325,6 +330,13 @@ class Recording:
                 )
             ).all()
         return len(released)
+
+
+# What `decide` says of every success (Decision is frozen: one will do for all).
+_SUCCEEDED = Decision("succeeded", None, None)
+# The outcome rows' document: compact, and without the cycle check (plain rows built
+# just above, nothing in them refers back).
+_ROWS_JSON = json.JSONEncoder(check_circular=False, separators=(",", ":"))
 
 
 def _holds(claimed: ClaimedDelivery, result: AttemptResult) -> bool:

@@ -20,7 +20,7 @@ from delivery.receiver import Behaviour, ReceivedRequest, Receiver
 from delivery.worker import BARREN_FOR, Worker, WorkerConfig
 from outbox import publish
 from outbox.clock import ManualClock
-from outbox.crypto import SecretBox
+from outbox.crypto import SecretBox, signing_key
 from outbox.endpoint_auth import check_client_certificate, check_oauth_client, set_endpoint_auth
 from outbox.endpoint_rules import DeliveryRules, set_delivery_rules
 from outbox.endpoints import CreatedEndpoint, set_failure_policy, set_proxy
@@ -286,9 +286,12 @@ async def test_each_claimed_row_carries_its_own_endpoints_settings(
     (client certificate, OAuth client, proxy, headers, status overrides, hold, timeout,
     schedule), one with none. Each row gets its own endpoint's values, decrypted, never
     another's: the decrypted values are memoized per ciphertext, and a wrong memo key
-    would present endpoint a's certificate, token or proxy to endpoint b."""
+    would present endpoint a's certificate, token or proxy to endpoint b. Two events
+    in the same claim: the endpoint's parts are worked out once per endpoint and the
+    envelope once per event in a batch, and each row still gets its own event's body."""
     authority = Authority("claims client CA")
     settings = {}
+    secrets: dict[str, str] = {}
     for name, status, timeout in (("a", 404, 3.0), ("b", 500, 4.0)):
         created = add_endpoint(engine, box, f"https://127.0.0.1:1/{name}", "order.*")
         uid = created.endpoint.uid
@@ -315,13 +318,16 @@ async def test_each_claimed_row_carries_its_own_endpoints_settings(
             if name == "a":
                 set_failure_policy(conn, uid, actor="t", on_ambiguous="hold")
         settings[uid] = (certificate, oauth, proxy, status, timeout, name)
-    plain = add_endpoint(engine, box, "http://127.0.0.1:1/plain", "order.*").endpoint.uid
+        secrets[uid] = created.secret
+    created = add_endpoint(engine, box, "http://127.0.0.1:1/plain", "order.*")
+    plain = created.endpoint.uid
+    secrets[plain] = created.secret
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     with engine.begin() as conn:
-        message = publish(conn, "order.created", {"id": 1})
+        payloads = {publish(conn, "order.created", {"id": n}): n for n in (1, 2)}
         conn.execute(
-            text("UPDATE outbox_events SET traceparent = :t WHERE message_id = :m"),
-            {"t": traceparent, "m": message},
+            text("UPDATE outbox_events SET traceparent = :t WHERE message_id = ANY(:m)"),
+            {"t": traceparent, "m": list(payloads)},
         )
     await Relay(async_engine, clock).run_until_idle()
     config = WorkerConfig(
@@ -330,10 +336,16 @@ async def test_each_claimed_row_carries_its_own_endpoints_settings(
         retry_schedule_by_event_type={"order.*": (77.0,)},
     )
     batch = await Worker(async_engine, http, box, clock, config).claim(10)
-    assert sorted(c.endpoint_uid for c in batch) == sorted([*settings, plain])
+    assert sorted(c.endpoint_uid for c in batch) == sorted([*settings, plain] * 2)
     for claimed in batch:
         request = claimed.request
         assert request.delivery_id == claimed.id
+        envelope = json.loads(request.body)
+        assert (envelope["type"], envelope["data"]) == (
+            "order.created",
+            {"id": payloads[request.message_id]},
+        )
+        assert request.keys == [signing_key(secrets[claimed.endpoint_uid])]
         assert claimed.traceparent == traceparent
         assert request.retry_after_max == 123.0
         if claimed.endpoint_uid == plain:
@@ -341,6 +353,7 @@ async def test_each_claimed_row_carries_its_own_endpoints_settings(
             assert (request.proxy, request.client_certificate, request.oauth) == (None,) * 3
             assert (dict(request.extra_headers), dict(request.status_overrides)) == ({}, {})
             assert (request.timeout, claimed.policy.schedule) == (7.0, (77.0,))
+            assert request.url == "http://127.0.0.1:1/plain"
             continue
         certificate, oauth, proxy, status, timeout, name = settings[claimed.endpoint_uid]
         assert claimed.hold_ambiguous is (name == "a")
@@ -348,5 +361,6 @@ async def test_each_claimed_row_carries_its_own_endpoints_settings(
         assert request.oauth == oauth
         assert request.proxy == proxy
         assert request.extra_headers == {"x-partner": name}
+        assert request.url == f"https://127.0.0.1:1/{name}"
         assert request.status_overrides == {status: Outcome.RETRYABLE}
         assert (request.timeout, claimed.policy.schedule) == (timeout, (float(status),))

@@ -55,6 +55,47 @@ async def test_custom_headers_are_sent_but_never_stored_or_recorded_in_plaintext
     assert audit[0]["details"] == {"names": ["authorization", "x-tenant"]}
 
 
+async def test_each_attempt_row_records_its_own_endpoints_header_names(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+) -> None:
+    """Two endpoints with different custom headers, two events, one batch: each attempt
+    row names its own endpoint's headers (redacted) and its own delivery's webhook-id.
+    The worker works out an endpoint's parts once per batch and writes the batch's rows
+    in one document: neither may hand one row's headers to another."""
+    names: dict[str, str] = {}
+    for name in ("a", "b"):
+        uid = add_endpoint(engine, box, receiver.route(f"/{name}")).endpoint.uid
+        with engine.begin() as conn:
+            set_headers(conn, box, uid, {f"X-Only-{name}": f"secret-{name}"}, actor="t")
+        names[uid] = name
+    with engine.begin() as conn:
+        messages = [publish(conn, "order.created", {"id": n}) for n in (1, 2)]
+    async with build_http_client(max_connections=5, timeout=5, allowed_networks=LOOPBACK) as http:
+        await Relay(async_engine, clock).run_until_idle()
+        stats = await Worker(async_engine, http, box, clock).run_once()
+    assert stats.succeeded == 4
+    attempts = rows(
+        engine,
+        """SELECT e.uid, ev.message_id, a.request_headers FROM delivery_attempts a
+           JOIN deliveries d ON d.id = a.delivery_id JOIN endpoints e ON e.id = d.endpoint_id
+           JOIN outbox_events ev ON ev.id = d.event_id""",
+    )
+    assert sorted((names[a["uid"]], a["message_id"]) for a in attempts) == sorted(
+        (name, message) for name in "ab" for message in messages
+    )
+    for attempt in attempts:
+        name, other = names[attempt["uid"]], "b" if names[attempt["uid"]] == "a" else "a"
+        headers = attempt["request_headers"]
+        assert headers[f"x-only-{name}"] == "[redacted]"
+        assert f"x-only-{other}" not in headers
+        assert headers["webhook-id"] == attempt["message_id"]
+        assert "secret-" not in json.dumps(headers)
+
+
 @pytest.mark.parametrize(
     "name",
     [
