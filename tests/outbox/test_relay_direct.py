@@ -11,6 +11,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import Engine, event, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -20,7 +21,9 @@ from outbox import publish
 from outbox.catalogue import add_event_type
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
+from outbox.db import libpq_url
 from outbox.relay import Capacity, Relay, RelayConfig, RelayResult
+from outbox.sql.relay import DELIVERIES_CHANNEL
 from tests.helpers import add_endpoint, scalar, until
 
 SQL_PUBLISH = text("SELECT outbox_publish(NULL, :type, CAST(:payload AS jsonb), NULL, NULL, NULL)")
@@ -120,7 +123,12 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 async def test_a_direct_pass_writes_and_answers_what_the_sqlalchemy_pass_does(
-    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox, case: str
+    engine: Engine,
+    async_engine: AsyncEngine,
+    database_url: str,
+    clock: ManualClock,
+    box: SecretBox,
+    case: str,
 ) -> None:
     now = clock.now()
     ids = _world(engine, box, now)
@@ -137,13 +145,18 @@ async def test_a_direct_pass_writes_and_answers_what_the_sqlalchemy_pass_does(
         await transaction.rollback()
 
     through_sqlalchemy: list[str] = []
-    listener = lambda *args: through_sqlalchemy.append(args[2])  # noqa: E731
-    event.listen(async_engine.sync_engine, "before_cursor_execute", listener)
-    try:
-        result = await relay.run_once()
-    finally:
-        event.remove(async_engine.sync_engine, "before_cursor_execute", listener)
+    seen = lambda *args: through_sqlalchemy.append(args[2])  # noqa: E731
+    event.listen(async_engine.sync_engine, "before_cursor_execute", seen)
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as listener:
+        listener.execute(f'LISTEN "{DELIVERIES_CHANNEL}"')
+        try:
+            result = await relay.run_once()
+        finally:
+            event.remove(async_engine.sync_engine, "before_cursor_execute", seen)
+        # scheduled deliveries wake the workers (committed: the listener has it)
+        woken = sum(1 for _ in listener.notifies(timeout=10, stop_after=1))
     assert through_sqlalchemy == []  # the whole pass went to psycopg directly
+    assert woken == 1 and expected.deliveries > expected.handed_off
     async with async_engine.connect() as conn:
         rows = await _snapshot(conn)
 
