@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -107,6 +108,9 @@ class Relay:
         self._on_deliveries = on_deliveries
         self._handoff = handoff
         self._next_summaries: dt.datetime | None = None
+        # The last pass left SQL-published events to check: the next one starts on
+        # SQLAlchemy (see _pass) rather than finding them again on psycopg.
+        self._checks_pending = False
 
     async def run_once(self) -> RelayResult:
         """Relay one batch in one transaction; returns how much it did.
@@ -154,12 +158,15 @@ class Relay:
         runs several times a second, and SQLAlchemy's async bridge around its statements
         cost about a quarter of it. When SQL-published events wait for their schema check
         (validate_pending, SQLAlchemy ORM work), that transaction is rolled back and the
-        pass runs again on SQLAlchemy, checks included, in one transaction as before."""
+        pass runs again on SQLAlchemy, checks included, in one transaction as before; so
+        do the next passes while the last one left events to check."""
         flush = self._next_summaries is None or now >= self._next_summaries
-        try:
-            async with direct.transaction(self._engine) as statements:
-                done = await self._relay(statements, now, capacity, flush=flush)
-        except _ToValidate:
+        done = None
+        if not self._checks_pending:
+            with contextlib.suppress(_ToValidate):
+                async with direct.transaction(self._engine) as statements:
+                    done = await self._relay(statements, now, capacity, flush=flush)
+        if done is None:
             async with self._engine.begin() as conn:
                 done = await self._relay(conn, now, capacity, flush=flush)
         if flush:
@@ -183,6 +190,7 @@ class Relay:
             row = await self._batch(conn, now)
         events, deliveries = int(row.events), int(row.deliveries)
         fed, skipped = int(row.fed), int(row.skipped)
+        self._checks_pending = bool(row.to_validate)
         if row.to_validate:
             if not isinstance(conn, AsyncConnection):
                 raise _ToValidate
@@ -198,6 +206,7 @@ class Relay:
             row = await self._batch(conn, now)
             events, deliveries = events + int(row.events), deliveries + int(row.deliveries)
             fed, skipped = fed + int(row.fed), skipped + int(row.skipped)
+            self._checks_pending = bool(row.to_validate)
         result = RelayResult(
             events, deliveries, rejected, handed_off=len(handed), fed=fed, skipped=skipped
         )

@@ -17,7 +17,7 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
-from outbox import publish
+from outbox import direct, publish
 from outbox.catalogue import add_event_type
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
@@ -255,3 +255,34 @@ async def test_a_failed_pass_and_a_backend_killed_mid_pass_leave_the_pool_usable
     assert await relay.run_once() == RelayResult(events=3, deliveries=0, fed=3)
     assert scalar(engine, "SELECT count(*) FROM feed_entries") == 3
     assert await relay.run_once() == RelayResult(0, 0)
+
+
+async def test_while_events_wait_for_their_check_the_passes_start_on_sqlalchemy(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An application publishing from SQL keeps events waiting for their check: after a
+    pass that left some, the next starts on SQLAlchemy (no direct pass found and rolled
+    back each time); once none are left, passes are direct again."""
+    add_endpoint(engine, box, "http://127.0.0.1:1/orders", "order.*")
+    with engine.begin() as conn:
+        for index in range(3):
+            conn.execute(SQL_PUBLISH, {"type": "order.created", "payload": f'{{"i": {index}}}'})
+    direct_passes: list[bool] = []
+    borrowed = direct.transaction
+
+    def counted(engine: AsyncEngine) -> Any:
+        direct_passes.append(True)
+        return borrowed(engine)
+
+    monkeypatch.setattr(direct, "transaction", counted)
+    relay = Relay(async_engine, clock, RelayConfig(batch_size=2))
+    assert await relay.run_once() == RelayResult(events=2, deliveries=2)  # one left unchecked
+    assert len(direct_passes) == 1  # found them, rolled back, ran on SQLAlchemy
+    assert await relay.run_once() == RelayResult(events=1, deliveries=1)
+    assert len(direct_passes) == 1  # straight to SQLAlchemy
+    assert await relay.run_once() == RelayResult(0, 0)
+    assert len(direct_passes) == 2  # none left: direct again
