@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -11,8 +12,10 @@ from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from outbox import direct
 from outbox.catalogue import Mode, validate_pending
 from outbox.clock import Clock
+from outbox.direct import Statements
 from outbox.notify import wait_for_any
 from outbox.outage import OUTAGE
 from outbox.schema_rules import DEFAULT_VALIDATION_BUDGET
@@ -85,6 +88,10 @@ class Handoff(Protocol):
     async def take(self, capacity: Capacity, rows: Sequence[Any], now: dt.datetime) -> None: ...
 
 
+class _ToValidate(Exception):
+    """A direct pass found SQL-published events waiting for their schema check."""
+
+
 class Relay:
     def __init__(
         self,
@@ -101,6 +108,9 @@ class Relay:
         self._on_deliveries = on_deliveries
         self._handoff = handoff
         self._next_summaries: dt.datetime | None = None
+        # The last pass left SQL-published events to check: the next one starts on
+        # SQLAlchemy (see _pass) rather than finding them again on psycopg.
+        self._checks_pending = False
 
     async def run_once(self) -> RelayResult:
         """Relay one batch in one transaction; returns how much it did.
@@ -144,43 +154,69 @@ class Relay:
     async def _pass(
         self, now: dt.datetime, capacity: Capacity | None
     ) -> tuple[RelayResult, list[Any]]:
+        """One pass in one transaction, on psycopg directly (outbox/direct.py): the pass
+        runs several times a second, and SQLAlchemy's async bridge around its statements
+        cost about a quarter of it. When SQL-published events wait for their schema check
+        (validate_pending, SQLAlchemy ORM work), that transaction is rolled back and the
+        pass runs again on SQLAlchemy, checks included, in one transaction as before; so
+        do the next passes while the last one left events to check."""
+        flush = self._next_summaries is None or now >= self._next_summaries
+        done = None
+        if not self._checks_pending:
+            with contextlib.suppress(_ToValidate):
+                async with direct.transaction(self._engine) as statements:
+                    done = await self._relay(statements, now, capacity, flush=flush)
+        if done is None:
+            async with self._engine.begin() as conn:
+                done = await self._relay(conn, now, capacity, flush=flush)
+        if flush:
+            self._next_summaries = now + dt.timedelta(seconds=self.config.summary_interval)
+        return done
+
+    async def _relay(
+        self, conn: Statements, now: dt.datetime, capacity: Capacity | None, *, flush: bool
+    ) -> tuple[RelayResult, list[Any]]:
+        """A pass's statements on `conn`; on a DirectConnection, raises _ToValidate (before
+        anything is committed) when SQL-published events wait for their schema check."""
         rejected = 0
         handed: list[Any] = []
-        async with self._engine.begin() as conn:
-            if self._next_summaries is None or now >= self._next_summaries:
-                await conn.execute(queries.FLUSH_OPERATIONAL_SUMMARIES, {"now": now})
-                self._next_summaries = now + dt.timedelta(seconds=self.config.summary_interval)
-            if capacity is not None and capacity.limit > 0:
-                rows = await self._batch_handing_off(conn, now, capacity)
-                row = rows[0]
-                handed = [r for r in rows if r.id is not None]
-            else:
-                row = await self._batch(conn, now)
-            events, deliveries = int(row.events), int(row.deliveries)
-            fed, skipped = int(row.fed), int(row.skipped)
-            if row.to_validate:
-                rejected = await conn.run_sync(
-                    lambda c: validate_pending(
-                        c,
-                        now=now,
-                        mode=self.config.event_types_mode,
-                        limit=self.config.batch_size,
-                        budget=self.config.validation_budget,
-                    )
+        if flush:
+            await conn.execute(queries.FLUSH_OPERATIONAL_SUMMARIES, {"now": now})
+        if capacity is not None and capacity.limit > 0:
+            rows = await self._batch_handing_off(conn, now, capacity)
+            row = rows[0]
+            handed = [r for r in rows if r.id is not None]
+        else:
+            row = await self._batch(conn, now)
+        events, deliveries = int(row.events), int(row.deliveries)
+        fed, skipped = int(row.fed), int(row.skipped)
+        self._checks_pending = bool(row.to_validate)
+        if row.to_validate:
+            if not isinstance(conn, AsyncConnection):
+                raise _ToValidate
+            rejected = await conn.run_sync(
+                lambda c: validate_pending(
+                    c,
+                    now=now,
+                    mode=self.config.event_types_mode,
+                    limit=self.config.batch_size,
+                    budget=self.config.validation_budget,
                 )
-                row = await self._batch(conn, now)
-                events, deliveries = events + int(row.events), deliveries + int(row.deliveries)
-                fed, skipped = fed + int(row.fed), skipped + int(row.skipped)
-            result = RelayResult(
-                events, deliveries, rejected, handed_off=len(handed), fed=fed, skipped=skipped
             )
-            # Deliveries handed off need no wake-up: only scheduled ones are notified.
-            if result.deliveries > result.handed_off:
-                await conn.execute(queries.NOTIFY_DELIVERIES_DUE)
+            row = await self._batch(conn, now)
+            events, deliveries = events + int(row.events), deliveries + int(row.deliveries)
+            fed, skipped = fed + int(row.fed), skipped + int(row.skipped)
+            self._checks_pending = bool(row.to_validate)
+        result = RelayResult(
+            events, deliveries, rejected, handed_off=len(handed), fed=fed, skipped=skipped
+        )
+        # Deliveries handed off need no wake-up: only scheduled ones are notified.
+        if result.deliveries > result.handed_off:
+            await conn.execute(queries.NOTIFY_DELIVERIES_DUE)
         return result, handed
 
     async def _batch_handing_off(
-        self, conn: AsyncConnection, now: dt.datetime, capacity: Capacity
+        self, conn: Statements, now: dt.datetime, capacity: Capacity
     ) -> list[Any]:
         return list(
             await conn.execute(
@@ -201,7 +237,7 @@ class Relay:
             )
         )
 
-    async def _batch(self, conn: AsyncConnection, now: dt.datetime) -> Any:
+    async def _batch(self, conn: Statements, now: dt.datetime) -> Any:
         return (
             await conn.execute(
                 queries.RELAY_BATCH,

@@ -122,10 +122,12 @@ MODULES: dict[str, list[str]] = {
         # uvloop's handles warn when collected under mutmut's stats run (warnings are errors)
         "not in_every_process and not uvloop",
     ],
-    # The claim and the outcome record on psycopg directly: the differential test against
-    # SQLAlchemy's own execution, then the worker tests that run through it.
-    "delivery/direct.py": [
+    # The claim, the outcome record and the relay's pass on psycopg directly: the
+    # differential tests against SQLAlchemy's own execution, then the worker tests that
+    # run through it.
+    "outbox/direct.py": [
         "tests/delivery/test_direct.py",
+        "tests/outbox/test_relay_direct.py",
         "tests/delivery/test_claiming.py",
         "tests/delivery/test_worker_outcomes.py",
         "tests/delivery/test_fencing.py",

@@ -1,4 +1,4 @@
-"""The worker's hot statements on psycopg directly (delivery/direct.py): the same rows as
+"""The worker's hot statements on psycopg directly (outbox/direct.py): the same rows as
 through SQLAlchemy, nothing of the happy path through SQLAlchemy, and the pool's
 connections left as SQLAlchemy expects them after errors and lost connections.
 Real PostgreSQL, a manual clock."""
@@ -16,14 +16,14 @@ from sqlalchemy import DateTime, Engine, bindparam, event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
-from delivery import direct, health, queries
-from delivery.direct import Statements
+from delivery import health, queries
 from delivery.http import AttemptResult
 from delivery.policy import Outcome
 from delivery.worker import ClaimedDelivery, Worker, WorkerConfig
-from outbox import publish
+from outbox import direct, publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
+from outbox.direct import Statements
 from outbox.endpoint_rules import DeliveryRules, set_delivery_rules
 from outbox.endpoints import set_failure_policy, set_proxy
 from outbox.headers import set_headers

@@ -184,6 +184,6 @@ def test_without_mutmut_the_command_says_how_to_install_it(
         importlib.util, "find_spec", lambda name, *a: None if name == "mutmut" else real(name, *a)
     )
     with pytest.raises(SystemExit) as exited:
-        main(["delivery/direct.py", "--no-sql"])
+        main(["outbox/direct.py", "--no-sql"])
     assert exited.value.code == 2
     assert "mutmut is not installed: pip install -e '.[mutation]'" in capsys.readouterr().err
