@@ -94,6 +94,7 @@ MODULES: dict[str, list[str]] = {
     ],
     "delivery/signing.py": [
         "tests/delivery/test_verify.py",
+        "tests/delivery/test_ed25519.py",  # the v1a branch
         "tests/delivery/test_worker.py",
         "-k",
         "not aiohttp",
