@@ -50,6 +50,7 @@ _WIRE_TESTS = [
     "tests/delivery/test_wire_defects.py",
     "tests/delivery/test_wire_edges.py",
     "tests/delivery/test_wire_fuzz.py",
+    "tests/delivery/test_wire_shortcuts.py",  # read_capped against aiter_raw, the poller
     "tests/delivery/test_connect_race.py",
     "tests/delivery/test_proxy.py",
     "-k",
