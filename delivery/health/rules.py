@@ -212,7 +212,13 @@ def is_failure(observation: Observation) -> bool:
 
 def is_good_news(observation: Observation) -> bool:
     """An answer (not a failure, not a 429): for a spotless endpoint it changes nothing."""
-    return not is_failure(observation) and observation.status_code != THROTTLE_STATUS
+    return good_news(observation.outcome, observation.status_code)
+
+
+def good_news(outcome: Outcome, status_code: int | None) -> bool:
+    """`is_good_news` of an outcome before its Observation is built (the worker skips
+    building one for a spotless endpoint's good news)."""
+    return status_code != THROTTLE_STATUS and outcome not in (Outcome.RETRYABLE, Outcome.AMBIGUOUS)
 
 
 def summarize(observations: Iterable[Observation], config: HealthConfig) -> dict[int, Summary]:

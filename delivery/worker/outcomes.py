@@ -76,24 +76,24 @@ class Recording:
             outcome = result.outcome
             if outcome is Outcome.SUCCEEDED:
                 decisions.append(_SUCCEEDED)  # what `decide` says of every success
-                if claimed.endpoint_spotless and result.status_code != health.THROTTLE_STATUS:
-                    continue  # good news for a spotless endpoint (health.is_good_news)
             elif _holds(claimed, result):
                 # (decided all the same: the retry jitter draws stay as they were)
                 self._decide(claimed, result, now)
                 decisions.append(_held(claimed, result, now))
             else:
                 decisions.append(self._decide(claimed, result, now))
-            item = health.Observation(
-                claimed.endpoint_id,
-                outcome,
-                result.status_code,
-                result.retry_after,
-                result.error,
-                result.duration_ms,
+            if claimed.endpoint_spotless and health.good_news(outcome, result.status_code):
+                continue
+            observations.append(
+                health.Observation(
+                    claimed.endpoint_id,
+                    outcome,
+                    result.status_code,
+                    result.retry_after,
+                    result.error,
+                    result.duration_ms,
+                )
             )
-            if not (claimed.endpoint_spotless and health.is_good_news(item)):
-                observations.append(item)
         await health.ensure_health_rows(
             self._engine, (item.endpoint_id for item in observations), self._health_rows
         )
