@@ -217,48 +217,49 @@ class WireResponse:
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         while True:
-            if self._chunks:
-                chunk = self._chunks.popleft()
-                self._buffered -= len(chunk)
-                if self._buffered <= _READ_HIGH_WATER // 2:
-                    self._connection.resume_reading()
+            chunk = self._take()
+            if chunk is not None:
                 yield chunk
-                continue
-            if self._error is not None:
-                raise self._error
-            if self._complete:
+            elif not await self._more():
                 return
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
 
     async def read_capped(self, cap: int) -> bytearray:
         """The body as `aiter_raw` gives it, chunk by chunk until its end or until `cap`
         bytes or more are in; without an async generator (and asyncio's tracking of each),
         which cost more CPU per attempt than reading a small body itself."""
         body = bytearray()
-        chunks = self._chunks
         while True:
-            if chunks:
-                chunk = chunks.popleft()
-                self._buffered -= len(chunk)
-                if self._buffered <= _READ_HIGH_WATER // 2:
-                    self._connection.resume_reading()
+            chunk = self._take()
+            if chunk is not None:
                 body += chunk
                 if len(body) >= cap:
                     return body
-                continue
-            if self._error is not None:
-                raise self._error
-            if self._complete:
+            elif not await self._more():
                 return body
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+
+    def _take(self) -> bytes | None:
+        """The next buffered chunk, if any; reading resumes once half the buffer is gone."""
+        if not self._chunks:
+            return None
+        chunk = self._chunks.popleft()
+        self._buffered -= len(chunk)
+        if self._buffered <= _READ_HIGH_WATER // 2:
+            self._connection.resume_reading()
+        return chunk
+
+    async def _more(self) -> bool:
+        """With nothing buffered: the connection's error, False at the body's end, or
+        True once more has arrived."""
+        if self._error is not None:
+            raise self._error
+        if self._complete:
+            return False
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+        return True
 
     async def aclose(self) -> None:
         """Back to the pool when read to the end and kept alive; otherwise closed.
