@@ -93,19 +93,20 @@ class _Progress:
     async def __call__(self, event: str, info: Mapping[str, Any]) -> None:
         if event.endswith("send_request_headers.started"):
             self.send_started()
-        elif not self.started:
-            self.started = True
-            if self.on_start is not None:
-                self.on_start()
+        else:
+            self._start()
 
     def send_started(self) -> None:
         """The request's first byte is going out: the trace's send-started event, and
         the wire's `on_send` (a plain call, no coroutine per attempt)."""
+        self._start()
+        self.sending = True
+
+    def _start(self) -> None:
         if not self.started:
             self.started = True
             if self.on_start is not None:
                 self.on_start()
-        self.sending = True
 
 
 TRANSPORTS = ("wire", "httpx")
