@@ -111,6 +111,8 @@ class Relay:
         # The last pass left SQL-published events to check: the next one starts on
         # SQLAlchemy (see _pass) rather than finding them again on psycopg.
         self._checks_pending = False
+        # While `run` is busy, its passes' connection (see _pass); None outside `run`.
+        self._held: direct.HeldConnection | None = None
 
     async def run_once(self) -> RelayResult:
         """Relay one batch in one transaction; returns how much it did.
@@ -159,12 +161,18 @@ class Relay:
         cost about a quarter of it. When SQL-published events wait for their schema check
         (validate_pending, SQLAlchemy ORM work), that transaction is rolled back and the
         pass runs again on SQLAlchemy, checks included, in one transaction as before; so
-        do the next passes while the last one left events to check."""
+        do the next passes while the last one left events to check. A pass is two round
+        trips (BEGIN with the batch statement, COMMIT), on the connection `run` holds
+        while busy: no pool checkout and pre-ping per pass."""
         flush = self._next_summaries is None or now >= self._next_summaries
         done = None
         if not self._checks_pending:
             with contextlib.suppress(_ToValidate):
-                async with direct.transaction(self._engine) as statements:
+                # BEGIN goes out with the batch statement; within `run`, passes share one
+                # connection while events keep coming (direct.HeldConnection).
+                async with direct.transaction(
+                    self._engine, pipelined=True, held=self._held
+                ) as statements:
                     done = await self._relay(statements, now, capacity, flush=flush)
         if done is None:
             async with self._engine.begin() as conn:
@@ -266,7 +274,16 @@ class Relay:
 
     async def run(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None) -> None:
         """Relay until `stop` is set; a wake-up (NOTIFY) cuts the poll wait short."""
-        wake = wakeup or asyncio.Event()
+        held = self._held = direct.HeldConnection(self._engine)
+        try:
+            await self._run(stop, wakeup or asyncio.Event(), held)
+        finally:
+            self._held = None
+            await held.release()
+
+    async def _run(
+        self, stop: asyncio.Event, wake: asyncio.Event, held: direct.HeldConnection
+    ) -> None:
         busy = False
         while not stop.is_set():
             wake.clear()
@@ -282,6 +299,8 @@ class Relay:
                 if result.events < self.config.batch_size:
                     await wait_for_any(stop, timeout=self.config.gather)
                 continue
+            if not busy:
+                await held.release()  # idle: no connection kept from the pool meanwhile
             timeout = self.config.linger if busy else self.config.poll_interval
             busy = False
             await wait_for_any(stop, wake, timeout=timeout)

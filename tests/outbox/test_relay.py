@@ -7,7 +7,7 @@ import datetime as dt
 import logging
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import publish
@@ -158,6 +158,45 @@ async def test_relay_lingers_after_a_backlog_then_sleeps_until_woken(
     finally:
         stop.set()
         await task
+
+
+async def test_a_busy_relay_keeps_one_connection_for_its_passes_and_returns_it_when_idle(
+    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
+) -> None:
+    """Events arriving one by one, each woken: every pass of that busy spell runs on one
+    connection taken from the pool once (no checkout and pre-ping per pass); once the
+    relay goes idle, the connection is back in the pool."""
+    add_endpoint(engine, box, "http://127.0.0.1:1/all", "*")
+    passes: list[int] = []
+
+    class CountingRelay(Relay):
+        async def run_once(self) -> RelayResult:
+            result = await super().run_once()
+            passes.append(result.events)
+            return result
+
+    checkouts: list[object] = []
+    event.listen(async_engine.sync_engine.pool, "checkout", lambda *args: checkouts.append(1))
+    relay = CountingRelay(async_engine, clock, RelayConfig(poll_interval=30.0, linger=30.0))
+    stop, wake = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(relay.run(stop, wake))
+    try:
+        await until(lambda: passes, "the first, empty pass")
+        await until(lambda: async_engine.pool.checkedout() == 0, "idle: connection returned")  # type: ignore[attr-defined]
+        checkouts.clear()
+        for n in range(1, 5):
+            with engine.begin() as conn:
+                publish(conn, "order.created", {"n": n})
+            wake.set()
+            await until(lambda n=n: sum(passes) >= n, f"event {n} relayed")
+            await until(lambda: passes[-1] == 0, "the pass after it")  # lingering now
+        assert len(passes) >= 9  # the first, then a pass with an event and one without, x4
+        assert len(checkouts) == 1
+        assert async_engine.pool.checkedout() == 1  # type: ignore[attr-defined]
+    finally:
+        stop.set()
+        await task
+    assert async_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
 
 
 async def test_run_until_idle_adds_up_every_batch_and_each_pass_with_deliveries_wakes_workers(
