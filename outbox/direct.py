@@ -138,6 +138,7 @@ class HeldConnection:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self._pooled: PoolProxiedConnection | None = None
+        self.in_use = False  # a transaction runs on it: a concurrent one takes its own
         self.checkouts = 0  # connections taken from the pool (the tests count them)
 
     @property
@@ -151,7 +152,10 @@ class HeldConnection:
         return self._pooled
 
     async def release(self) -> None:
-        """Back to the pool (the loop goes idle, or stops)."""
+        """Back to the pool (the loop goes idle, or stops); not while a transaction runs
+        on it (that transaction's end decides)."""
+        if self.in_use:
+            return
         pooled, self._pooled = self._pooled, None
         if pooled is not None:
             await greenlet_spawn(pooled.close)
@@ -186,8 +190,12 @@ async def transaction(
         )
     if held is not None and held.engine is not engine:
         raise ValueError("a HeldConnection serves the engine it was made for")
+    if held is not None and held.in_use:
+        held = None  # another task's transaction is on it: this one takes its own
     pooled = await (held._take() if held is not None else engine.raw_connection())
     kept = held is not None
+    if held is not None:
+        held.in_use = True
     try:
         connection = pooled.driver_connection
         assert isinstance(connection, psycopg.AsyncConnection)  # the engine's driver is psycopg
@@ -216,8 +224,10 @@ async def transaction(
     finally:
         if held is None:
             await greenlet_spawn(pooled.close)
-        elif not kept:
-            await held.release()
+        else:
+            held.in_use = False
+            if not kept:
+                await held.release()
 
 
 async def _after_error(

@@ -294,6 +294,12 @@ async def test_a_held_connection_serves_transactions_until_one_fails_or_it_is_re
             pids.append((await conn.execute(backend)).one().pid)
     assert (len(set(pids)), held.checkouts, held.held) == (1, 1, True)
     assert pool.checkedout() == 1  # type: ignore[attr-defined]
+    async with direct.transaction(async_engine, held=held) as outer:
+        # another task's transaction while one runs on it: that one takes its own
+        async with direct.transaction(async_engine, single=True, held=held) as inner:
+            apart = (await inner.execute(backend)).one().pid
+        assert (await outer.execute(backend)).one().pid == pids[0] != apart
+    assert (held.checkouts, pool.checkedout()) == (1, 1)  # type: ignore[attr-defined]
 
     with pytest.raises(Exception, match="division by zero"):
         async with direct.transaction(async_engine, pipelined=True, held=held) as conn:
