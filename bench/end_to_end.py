@@ -171,6 +171,9 @@ class StepResult:
     sustained: bool
     latency_ms: dict[str, float]
     undelivered: int
+    # Ours only: the whole cost per delivery of this step alone (bench/cost.py window,
+    # from the end of the step before until every outcome of this one is written).
+    cost: dict[str, Any] | None = None
 
 
 async def open_loop(
@@ -354,14 +357,27 @@ async def end_to_end(
     app_backends = producer.backend_pids() if system == "ours" else None
     whole_from: cost.Snapshot | None = None
     delivered_from = 0
+
+    async def settled_snapshot() -> tuple[cost.Snapshot, int]:
+        """Every outcome so far written; the counters then, and deliveries so far."""
+        assert app_backends is not None
+        await _settled(url)
+        found = cost.snapshot(
+            url, cluster.postmaster_pid(), workers.cpu_seconds(), app_backends, receiver.pid
+        )
+        return found, await receiver.count()
+
+    def transactions(steps: list[StepResult]) -> int:
+        """The application's publishing transactions in these steps."""
+        return sum(
+            max(1, round(step.events_per_s * plan.step_seconds / publish_batch)) for step in steps
+        )
+
     try:
         await _warm_up(receiver, producer, fanout)
         if app_backends is not None:
-            await _settled(url)
-            whole_from = cost.snapshot(
-                url, cluster.postmaster_pid(), workers.cpu_seconds(), app_backends, receiver.pid
-            )
-            delivered_from = await receiver.count()
+            whole_from, delivered_from = await settled_snapshot()
+        step_from, step_delivered_from = whole_from, delivered_from
         producer_cpu = time.process_time()
         for rate in rates:
             step = await run_step(
@@ -372,6 +388,15 @@ async def end_to_end(
                 batch=publish_batch,
                 plan=plan,
             )
+            if step_from is not None:
+                step_to, step_delivered_to = await settled_snapshot()
+                step.cost = cost.window(
+                    step_from,
+                    step_to,
+                    step_delivered_to - step_delivered_from,
+                    commits_not_ours=transactions([step]),
+                )
+                step_from, step_delivered_from = step_to, step_delivered_to
             result.steps.append(step)
             if not step.sustained:
                 break
@@ -380,20 +405,12 @@ async def end_to_end(
         result.producer_cpu_ms_per_event = round(
             (time.process_time() - producer_cpu) * 1000 / max(published, 1), 3
         )
-        if whole_from is not None and app_backends is not None:
-            await _settled(url)
-            whole_to = cost.snapshot(
-                url, cluster.postmaster_pid(), workers.cpu_seconds(), app_backends, receiver.pid
-            )
-            transactions = sum(
-                max(1, round(step.events_per_s * plan.step_seconds / publish_batch))
-                for step in result.steps
-            )
+        if whole_from is not None and step_from is not None:
             result.cost = cost.window(
                 whole_from,
-                whole_to,
-                await receiver.count() - delivered_from,
-                commits_not_ours=transactions,
+                step_from,
+                step_delivered_from - delivered_from,
+                commits_not_ours=transactions(result.steps),
             )
     finally:
         result.worker_peak_rss_mb = workers.peak_rss_mb()

@@ -24,6 +24,7 @@ from sqlalchemy import TextClause
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.sqltypes import NullType
 from sqlalchemy.util import greenlet_spawn
 
@@ -120,35 +121,96 @@ def compiled_sql(statement: TextClause, dialect: Dialect) -> str:
 _GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
 
 
+class HeldConnection:
+    """One pooled connection a loop keeps across its transactions while it is busy.
+
+    Why: the relay runs a pass or two per event in the open loop (events arrive one per
+    transaction), and taking a connection from the pool for each cost a round trip of its
+    own (the pool's pre-ping, which PostgreSQL also counts as a commit) plus the pool's
+    checkout and return through the greenlet bridge, about a tenth of the service's CPU
+    at 25 events/s. Held (`transaction(..., held=)`), that is paid once per busy spell;
+    `release` gives the connection back when the loop goes idle. A transaction that fails
+    lets go of it too (invalidated when it cannot be trusted), so the next one checks out
+    afresh, pre-ping included: a connection lost while held costs one failed transaction,
+    as a connection lost mid-transaction does anyway.
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self._pooled: PoolProxiedConnection | None = None
+        self.in_use = False  # a transaction runs on it: a concurrent one takes its own
+        self.checkouts = 0  # connections taken from the pool (the tests count them)
+
+    @property
+    def held(self) -> bool:
+        return self._pooled is not None
+
+    async def _take(self) -> PoolProxiedConnection:
+        if self._pooled is None:
+            self._pooled = await self.engine.raw_connection()
+            self.checkouts += 1
+        return self._pooled
+
+    async def release(self) -> None:
+        """Back to the pool (the loop goes idle, or stops); not while a transaction runs
+        on it (that transaction's end decides)."""
+        if self.in_use:
+            return
+        pooled, self._pooled = self._pooled, None
+        if pooled is not None:
+            await greenlet_spawn(pooled.close)
+
+
 @contextlib.asynccontextmanager
 async def transaction(
-    engine: AsyncEngine, *, single: bool = False, generic_plans: bool = False
+    engine: AsyncEngine,
+    *,
+    single: bool = False,
+    generic_plans: bool = False,
+    pipelined: bool = False,
+    held: HeldConnection | None = None,
 ) -> AsyncIterator[DirectConnection]:
     """A connection from the engine's pool for one transaction, committed at the end.
 
     `single`: the body runs one statement, which commits by itself (autocommit): no
-    BEGIN and COMMIT round trips. `generic_plans`: the transaction's prepared statements
-    run on their generic plan (SET LOCAL plan_cache_mode), sent in a pipeline with the
-    BEGIN, so that costs no round trip (see _GENERIC_PLANS). On an error the transaction
-    is rolled back; a connection that is broken or left mid-statement (cancelled) is
-    invalidated, so the pool replaces it instead of handing it out again.
+    BEGIN and COMMIT round trips. `pipelined`: the BEGIN goes out with the first
+    statement, in one round trip (psycopg's pipeline mode; each statement still waits
+    for its own answer). `generic_plans`: pipelined, and the transaction's prepared
+    statements run on their generic plan (SET LOCAL plan_cache_mode, sent with the
+    BEGIN: no round trip of its own; see _GENERIC_PLANS). `held`: the connection
+    `held` keeps (see HeldConnection) instead of one from the pool for this transaction
+    alone. On an error the transaction is rolled back; a connection that is broken or
+    left mid-statement (cancelled) is invalidated, so the pool replaces it instead of
+    handing it out again.
     """
-    if single and generic_plans:
-        raise ValueError("generic_plans needs a transaction (SET LOCAL): not with single=True")
-    pooled = await engine.raw_connection()
+    if single and (generic_plans or pipelined):
+        raise ValueError(
+            "generic_plans needs a transaction (SET LOCAL), pipelined a BEGIN to send with "
+            "the first statement: neither goes with single=True"
+        )
+    if held is not None and held.engine is not engine:
+        raise ValueError("a HeldConnection serves the engine it was made for")
+    if held is not None and held.in_use:
+        held = None  # another task's transaction is on it: this one takes its own
+    pooled = await (held._take() if held is not None else engine.raw_connection())
+    kept = held is not None
+    if held is not None:
+        held.in_use = True
     try:
         connection = pooled.driver_connection
         assert isinstance(connection, psycopg.AsyncConnection)  # the engine's driver is psycopg
         if single:
             await connection.set_autocommit(True)
         try:
-            async with connection.pipeline() if generic_plans else contextlib.nullcontext() as pipe:
-                if pipe is not None:
+            pipeline = generic_plans or pipelined
+            async with connection.pipeline() if pipeline else contextlib.nullcontext() as pipe:
+                if generic_plans:
                     await connection.execute(_GENERIC_PLANS)
                 yield DirectConnection(connection, engine.dialect, single=single, pipeline=pipe)
                 if not single:
                     await connection.commit()
         except BaseException as exc:
+            kept = False
             await _after_error(connection, pooled.invalidate, exc)
             raise
         finally:
@@ -157,9 +219,15 @@ async def transaction(
                 if connection.info.transaction_status == TransactionStatus.IDLE:
                     await connection.set_autocommit(False)
                 else:
+                    kept = False
                     await greenlet_spawn(pooled.invalidate)
     finally:
-        await greenlet_spawn(pooled.close)
+        if held is None:
+            await greenlet_spawn(pooled.close)
+        else:
+            held.in_use = False
+            if not kept:
+                await held.release()
 
 
 async def _after_error(

@@ -39,6 +39,12 @@ class RelayConfig:
     # bigger: each pass is a transaction, and back-to-back passes of a few events each
     # would spend a core on per-transaction overhead. Bounds the added latency.
     gather: float = 0.01
+    # The same wait while a trickle keeps coming (events within `linger` of each other
+    # since the relay was last idle, each pass a partial batch): at 100 events/s, one
+    # per transaction, a 10 ms gather found one event per pass, and every pass is a
+    # transaction with its fixed cost. Longer here, never before the first event after
+    # an idle spell (that pass runs on its NOTIFY at once) nor during a backlog.
+    stream_gather: float = 0.02
     # OUTBOX_EVENT_TYPES: what the schema check of SQL-published events does with an
     # unknown type ('strict' rejects it).
     event_types_mode: Mode = "accept"
@@ -111,6 +117,8 @@ class Relay:
         # The last pass left SQL-published events to check: the next one starts on
         # SQLAlchemy (see _pass) rather than finding them again on psycopg.
         self._checks_pending = False
+        # While `run` is busy, its passes' connection (see _pass); None outside `run`.
+        self._held: direct.HeldConnection | None = None
 
     async def run_once(self) -> RelayResult:
         """Relay one batch in one transaction; returns how much it did.
@@ -159,12 +167,18 @@ class Relay:
         cost about a quarter of it. When SQL-published events wait for their schema check
         (validate_pending, SQLAlchemy ORM work), that transaction is rolled back and the
         pass runs again on SQLAlchemy, checks included, in one transaction as before; so
-        do the next passes while the last one left events to check."""
+        do the next passes while the last one left events to check. A pass is two round
+        trips (BEGIN with the batch statement, COMMIT), on the connection `run` holds
+        while busy: no pool checkout and pre-ping per pass."""
         flush = self._next_summaries is None or now >= self._next_summaries
         done = None
         if not self._checks_pending:
             with contextlib.suppress(_ToValidate):
-                async with direct.transaction(self._engine) as statements:
+                # BEGIN goes out with the batch statement; within `run`, passes share one
+                # connection while events keep coming (direct.HeldConnection).
+                async with direct.transaction(
+                    self._engine, pipelined=True, held=self._held
+                ) as statements:
                     done = await self._relay(statements, now, capacity, flush=flush)
         if done is None:
             async with self._engine.begin() as conn:
@@ -266,8 +280,18 @@ class Relay:
 
     async def run(self, stop: asyncio.Event, wakeup: asyncio.Event | None = None) -> None:
         """Relay until `stop` is set; a wake-up (NOTIFY) cuts the poll wait short."""
-        wake = wakeup or asyncio.Event()
+        held = self._held = direct.HeldConnection(self._engine)
+        try:
+            await self._run(stop, wakeup or asyncio.Event(), held)
+        finally:
+            self._held = None
+            await held.release()
+
+    async def _run(
+        self, stop: asyncio.Event, wake: asyncio.Event, held: direct.HeldConnection
+    ) -> None:
         busy = False
+        trickle = False  # partial passes since the relay was last idle (see stream_gather)
         while not stop.is_set():
             wake.clear()
             try:
@@ -280,8 +304,13 @@ class Relay:
                 # Keep going while there is a backlog: publishers do not notify then.
                 busy = True
                 if result.events < self.config.batch_size:
-                    await wait_for_any(stop, timeout=self.config.gather)
+                    gather = self.config.stream_gather if trickle else self.config.gather
+                    trickle = True
+                    await wait_for_any(stop, timeout=gather)
                 continue
+            if not busy:
+                trickle = False
+                await held.release()  # idle: no connection kept from the pool meanwhile
             timeout = self.config.linger if busy else self.config.poll_interval
             busy = False
             await wait_for_any(stop, wake, timeout=timeout)

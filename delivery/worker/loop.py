@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from delivery import direct
 from delivery.http import AttemptResult
 from delivery.policy import RetryPolicy
 from delivery.worker.claiming import Claiming
@@ -58,6 +59,9 @@ class Worker(Claiming, Recording):
         self._policies: dict[tuple[tuple[float, ...] | None, str, int], RetryPolicy] = {}
         self._type_json: dict[str, str] = {}
         self._pending: list[tuple[ClaimedDelivery, AttemptResult]] = []
+        # While `run` runs: the connection its outcome writer keeps between writes that
+        # follow each other closely (see _write_outcomes).
+        self._outcomes_held: direct.HeldConnection | None = None
         self._results_ready = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._started: set[int] = set()  # deliveries whose request left the pool
@@ -317,14 +321,28 @@ class Worker(Claiming, Recording):
         self._results_ready.set()
 
     async def _write_outcomes(self, closing: asyncio.Event) -> None:
-        """Write outcomes as they arrive (batching whatever piled up meanwhile) until closing."""
-        while True:
-            await self._results_ready.wait()
-            await asyncio.sleep(self.config.flush_gather)  # let a batch build up
-            self._results_ready.clear()
-            await self._flush_all()
-            if closing.is_set() and not self._pending:
-                return
+        """Write outcomes as they arrive (batching whatever piled up meanwhile) until closing.
+
+        Writes that follow each other within `outcome_linger` (a steady trickle: one
+        event's outcomes every few ms) share one pooled connection: no checkout and
+        pre-ping round trip per write. It goes back to the pool once none came that long.
+        """
+        held = self._outcomes_held = direct.HeldConnection(self._engine)
+        try:
+            while True:
+                if held.held and not self._results_ready.is_set():
+                    await wait_for_any(self._results_ready, timeout=self.config.outcome_linger)
+                    if not self._results_ready.is_set():
+                        await held.release()
+                await self._results_ready.wait()
+                await asyncio.sleep(self.config.flush_gather)  # let a batch build up
+                self._results_ready.clear()
+                await self._flush_all()
+                if closing.is_set() and not self._pending:
+                    return
+        finally:
+            self._outcomes_held = None
+            await held.release()
 
     async def _flush_all(self) -> None:
         """Write every buffered outcome; on a database error keep them and try again."""

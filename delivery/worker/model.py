@@ -58,6 +58,8 @@ class WorkerConfig:
 
     # Outcomes that finish within this window are written in one statement (issue 7).
     flush_gather: float = 0.005
+    # Outcome writes this close together share one pooled connection (Worker._write_outcomes).
+    outcome_linger: float = 0.05
     # A completion that frees a slot the last claim wanted triggers the next claim; it
     # waits this long for more completions (or for `refill` of them) so that one claim
     # refills several slots instead of one query per completion.

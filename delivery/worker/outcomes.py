@@ -34,6 +34,7 @@ class Recording:
     config: WorkerConfig
     _started: set[int]
     _health_rows: set[int]
+    _outcomes_held: direct.HeldConnection | None
 
     # -- attempting and recording ---------------------------------------------------
 
@@ -172,7 +173,8 @@ class Recording:
         only_rows = not any(
             d.exhausted or d.state in ("dead", "held") for d in decisions
         ) and not any(result.disables_endpoint for _, result in outcomes)
-        return direct.transaction(self._engine, single=only_rows)
+        # Within `run`, the connection its outcome writer holds while outcomes keep coming.
+        return direct.transaction(self._engine, single=only_rows, held=self._outcomes_held)
 
     def _log_outcomes(
         self,

@@ -277,3 +277,48 @@ async def test_generic_plans_hold_for_their_transaction_alone(
     with pytest.raises(ValueError, match="generic_plans needs a transaction"):
         async with direct.transaction(async_engine, single=True, generic_plans=True):
             pass
+
+
+async def test_a_held_connection_serves_transactions_until_one_fails_or_it_is_released(
+    engine: Engine, async_engine: AsyncEngine
+) -> None:
+    """The relay's passes while it is busy: one checkout for many transactions (no pool
+    pre-ping, checkout and return each time), pipelined or not; a failed transaction, or
+    a server process that died meanwhile, lets go of it and the next checks out afresh."""
+    pool = async_engine.pool
+    held = direct.HeldConnection(async_engine)
+    backend = text("SELECT pg_backend_pid() AS pid")
+    pids = []
+    for pipelined in (True, False, True):
+        async with direct.transaction(async_engine, pipelined=pipelined, held=held) as conn:
+            pids.append((await conn.execute(backend)).one().pid)
+    assert (len(set(pids)), held.checkouts, held.held) == (1, 1, True)
+    assert pool.checkedout() == 1  # type: ignore[attr-defined]
+    async with direct.transaction(async_engine, held=held) as outer:
+        # another task's transaction while one runs on it: that one takes its own
+        async with direct.transaction(async_engine, single=True, held=held) as inner:
+            apart = (await inner.execute(backend)).one().pid
+        assert (await outer.execute(backend)).one().pid == pids[0] != apart
+    assert (held.checkouts, pool.checkedout()) == (1, 1)  # type: ignore[attr-defined]
+
+    with pytest.raises(Exception, match="division by zero"):
+        async with direct.transaction(async_engine, pipelined=True, held=held) as conn:
+            await conn.execute(text("SELECT 1 / 0 AS x"))
+    assert (held.held, pool.checkedout()) == (False, 0)  # type: ignore[attr-defined]
+    assert await _pooled_autocommit(async_engine) is False
+
+    async with direct.transaction(async_engine, pipelined=True, held=held) as conn:
+        pid = (await conn.execute(backend)).one().pid
+    assert scalar(engine, "SELECT pg_terminate_backend(:pid)", pid=pid) is True
+    with pytest.raises(Exception, match=r"terminat|closed|lost"):
+        async with direct.transaction(async_engine, pipelined=True, held=held) as conn:
+            await conn.execute(backend)
+    assert held.held is False
+    async with direct.transaction(async_engine, pipelined=True, held=held) as conn:
+        assert (await conn.execute(backend)).one().pid != pid
+    assert held.checkouts == 3
+    await held.release()
+    assert (held.held, pool.checkedout()) == (False, 0)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="the engine it was made for"):
+        async with direct.transaction(engine, held=held):  # type: ignore[arg-type]
+            pass

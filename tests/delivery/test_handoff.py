@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.health import EndpointLimits, set_endpoint_limits
@@ -30,6 +30,7 @@ from delivery.worker import Worker, WorkerConfig
 from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
+from outbox.db import make_async_engine
 from outbox.endpoints import rotate_secret
 from outbox.relay import Capacity, Relay, RelayConfig
 from outbox.tenants import create_tenant, set_tenant_enabled, update_tenant
@@ -122,6 +123,54 @@ async def test_a_fresh_delivery_reaches_the_local_worker_without_a_claim_or_noti
     [row] = rows(engine, "SELECT state, claims, attempts, locked_by FROM deliveries")
     assert dict(row) == {"state": "succeeded", "claims": 1, "attempts": 1, "locked_by": None}
     assert scalar(engine, "SELECT attempt_number FROM delivery_attempts") == 1
+
+
+async def test_outcome_writes_in_close_succession_share_one_pooled_connection(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    database_url: str,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+) -> None:
+    """A trickle of events, each handed off and written on its own: the outcome writer
+    takes a connection from the pool once for all of them (no checkout and pre-ping per
+    write), and gives it back once no outcome came for `outcome_linger`."""
+    add_endpoint(engine, box, receiver.route("/hook"))
+    relay_engine = make_async_engine(database_url)  # the relay's checkouts are not counted
+    checkouts: list[int] = []
+    event.listen(async_engine.sync_engine.pool, "checkout", lambda *args: checkouts.append(1))
+    stop = asyncio.Event()
+    config = WorkerConfig(poll_interval=POLL, outcome_linger=POLL)
+    async with build_http_client(max_connections=10, timeout=5, allowed_networks=LOOPBACK) as http:
+        worker = Worker(async_engine, http, box, clock, config)
+        relay = Relay(relay_engine, clock, handoff=worker)
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            await until(lambda: worker.taking_from_relay)  # its first claim found nothing
+            publish_many(engine, 1)
+            assert (await relay.run_once()).handed_off == 1
+            await until(lambda: worker.stats.succeeded == 1)
+            checkouts.clear()  # the first write also made the endpoint's health row
+            for n in range(2, 6):
+                publish_many(engine, 1)
+                assert (await relay.run_once()).handed_off == 1
+                await until(lambda n=n: worker.stats.succeeded == n)
+            assert checkouts == []  # four writes, each on the connection the first took
+            assert async_engine.pool.checkedout() == 1  # type: ignore[attr-defined]
+            worker.config = dataclasses.replace(config, outcome_linger=0.01)
+            publish_many(engine, 1)
+            assert (await relay.run_once()).handed_off == 1
+            await until(lambda: worker.stats.succeeded == 6)
+            await until(
+                lambda: async_engine.pool.checkedout() == 0,  # type: ignore[attr-defined]
+                "the writer to give its connection back",
+            )
+        finally:
+            stop.set()
+            await running
+            await relay_engine.dispose()
+    assert scalar(engine, "SELECT count(*) FROM deliveries WHERE state = 'succeeded'") == 6
 
 
 async def test_only_ungated_unordered_endpoints_of_enabled_uncapped_tenants_are_handed_off(

@@ -7,7 +7,7 @@ import datetime as dt
 import logging
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import publish
@@ -160,6 +160,45 @@ async def test_relay_lingers_after_a_backlog_then_sleeps_until_woken(
         await task
 
 
+async def test_a_busy_relay_keeps_one_connection_for_its_passes_and_returns_it_when_idle(
+    engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
+) -> None:
+    """Events arriving one by one, each woken: every pass of that busy spell runs on one
+    connection taken from the pool once (no checkout and pre-ping per pass); once the
+    relay goes idle, the connection is back in the pool."""
+    add_endpoint(engine, box, "http://127.0.0.1:1/all", "*")
+    passes: list[int] = []
+
+    class CountingRelay(Relay):
+        async def run_once(self) -> RelayResult:
+            result = await super().run_once()
+            passes.append(result.events)
+            return result
+
+    checkouts: list[object] = []
+    event.listen(async_engine.sync_engine.pool, "checkout", lambda *args: checkouts.append(1))
+    relay = CountingRelay(async_engine, clock, RelayConfig(poll_interval=30.0, linger=30.0))
+    stop, wake = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(relay.run(stop, wake))
+    try:
+        await until(lambda: passes, "the first, empty pass")
+        await until(lambda: async_engine.pool.checkedout() == 0, "idle: connection returned")  # type: ignore[attr-defined]
+        checkouts.clear()
+        for n in range(1, 5):
+            with engine.begin() as conn:
+                publish(conn, "order.created", {"n": n})
+            wake.set()
+            await until(lambda n=n: sum(passes) >= n, f"event {n} relayed")
+            await until(lambda: passes[-1] == 0, "the pass after it")  # lingering now
+        assert len(passes) >= 9  # the first, then a pass with an event and one without, x4
+        assert len(checkouts) == 1
+        assert async_engine.pool.checkedout() == 1  # type: ignore[attr-defined]
+    finally:
+        stop.set()
+        await task
+    assert async_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+
+
 async def test_run_until_idle_adds_up_every_batch_and_each_pass_with_deliveries_wakes_workers(
     engine: Engine, async_engine: AsyncEngine, clock: ManualClock, box: SecretBox
 ) -> None:
@@ -188,7 +227,9 @@ class ScriptedRelay(Relay):
     """The real `run` loop around scripted passes: the loop's pacing is under test."""
 
     def __init__(self, script: list[int | Exception], stop: asyncio.Event, wake: asyncio.Event):
-        config = RelayConfig(batch_size=10, poll_interval=1.0, linger=0.05, gather=0.01)
+        config = RelayConfig(
+            batch_size=10, poll_interval=1.0, linger=0.05, gather=0.01, stream_gather=0.02
+        )
         super().__init__(None, ManualClock(), config)  # type: ignore[arg-type]
         self.script, self.stop, self.wake = script, stop, wake
         self.woken_at_start: list[bool] = []
@@ -234,6 +275,38 @@ async def test_the_loop_continues_through_a_backlog_gathers_after_a_partial_batc
     failures = [r for r in caplog.records if r.name == "outbox.database"]
     assert [(r.getMessage(), r.exc_info is not None) for r in failures] == [
         ("relay failed; retrying", True)  # with the traceback: a bug, not an outage
+    ]
+
+
+async def test_a_trickle_that_keeps_coming_is_gathered_longer_but_not_its_first_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Events one per transaction, a few per 10 ms: after the first partial pass of a
+    busy spell the relay gathers for `gather`, after the next ones (still within `linger`
+    of each other) for `stream_gather`, so several events share a pass. Once idle, the
+    next event's pass runs on its wake-up at once and is followed by the short gather."""
+    waits: list[tuple[str, float]] = []
+    stop, wake = asyncio.Event(), asyncio.Event()
+
+    async def record(*events: asyncio.Event, timeout: float) -> None:  # noqa: ASYNC109
+        names = {id(stop): "stop", id(wake): "wake"}
+        waits.append(("+".join(names[id(e)] for e in events), timeout))
+
+    monkeypatch.setattr("outbox.relay.wait_for_any", record)
+    relay = ScriptedRelay([0, 1, 1, 0, 1, 0, 0, 2, 10, 3, 0], stop, wake)
+    await relay.run(stop, wake)
+    assert waits == [
+        ("stop+wake", 1.0),  # idle
+        ("stop", 0.01),  # the first event after idle: the short gather
+        ("stop", 0.02),  # more keep coming: gather longer
+        ("stop+wake", 0.05),  # none meanwhile: linger, a wake-up cuts it short
+        ("stop", 0.02),  # woken while lingering: the same trickle
+        ("stop+wake", 0.05),
+        ("stop+wake", 1.0),  # idle: the trickle is over
+        ("stop", 0.01),  # a new one starts short again
+        # a full batch: straight on
+        ("stop", 0.02),
+        ("stop+wake", 0.05),
     ]
 
 

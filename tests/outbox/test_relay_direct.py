@@ -274,9 +274,9 @@ async def test_while_events_wait_for_their_check_the_passes_start_on_sqlalchemy(
     direct_passes: list[bool] = []
     borrowed = direct.transaction
 
-    def counted(engine: AsyncEngine) -> Any:
+    def counted(engine: AsyncEngine, **options: Any) -> Any:
         direct_passes.append(True)
-        return borrowed(engine)
+        return borrowed(engine, **options)
 
     monkeypatch.setattr(direct, "transaction", counted)
     relay = Relay(async_engine, clock, RelayConfig(batch_size=2))
