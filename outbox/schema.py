@@ -102,15 +102,6 @@ def _tenant_column() -> Column[int]:
     )
 
 
-# Room on each page of deliveries and outbox_events for the next versions of its rows
-# (migration 0047): none of their updates is HOT (each changes a column of an index
-# predicate), but a new version on its old one's page is logged as the changed bytes only
-# and needs no other page. A relay pass updates every event of a page in one transaction
-# (room for two versions of each); a claim does the same to deliveries, with a larger
-# version (the lease), and the outcome's fits where the pruned insert was.
-EVENTS_FILLFACTOR = 50
-DELIVERIES_FILLFACTOR = 40
-
 outbox_events = Table(
     "outbox_events",
     metadata,
@@ -178,7 +169,6 @@ outbox_events = Table(
         "id",
         postgresql_where=text("subject IS NOT NULL"),
     ),
-    postgresql_with={"fillfactor": EVENTS_FILLFACTOR},
 )
 
 endpoints = Table(
@@ -426,7 +416,6 @@ deliveries = Table(
     ),
     # Held deliveries, per tenant (migration 0033): lists and counts of what needs review.
     Index("ix_deliveries_held", "tenant_id", "id", postgresql_where=text("state = 'held'")),
-    postgresql_with={"fillfactor": DELIVERIES_FILLFACTOR},
 )
 
 delivery_attempts = Table(
