@@ -22,7 +22,10 @@ from outbox.sql.relay import HEALTH_GATED
 # the attempt rows. Returns the (id, claim) pairs that were still current; the rest were rescued
 # in the meantime and add history only. An attempt is numbered by its claim, so a late
 # outcome never repeats a newer attempt's number; writing the same outcome twice (a
-# retry after a commit whose acknowledgement was lost) adds nothing.
+# retry after a commit whose acknowledgement was lost) adds nothing. A delivery deleted
+# meanwhile (its endpoint or event deleted while the request was out) gets no attempt
+# row: its history went with it, and writing one would break the foreign key and fail the
+# whole batch, every retry alike. Those come back with claims NULL.
 RECORD_OUTCOMES = text(
     """
     WITH outcome AS (
@@ -54,10 +57,14 @@ RECORD_OUTCOMES = text(
         SELECT o.id, o.claim, o.started_at, o.duration_ms, o.status_code, o.outcome,
                o.error, o.response_excerpt, o.request_headers, :worker_id
         FROM outcome o
+        WHERE EXISTS (SELECT 1 FROM deliveries x WHERE x.id = o.id)
         ON CONFLICT (delivery_id, attempt_number) DO NOTHING
         RETURNING 1
     )
     SELECT id, claims FROM updated
+    UNION ALL
+    SELECT o.id, NULL FROM outcome o
+    WHERE NOT EXISTS (SELECT 1 FROM deliveries x WHERE x.id = o.id)
     """
 )
 
