@@ -22,7 +22,10 @@ from outbox.sql.relay import HEALTH_GATED
 # the attempt rows. Returns the (id, claim) pairs that were still current; the rest were rescued
 # in the meantime and add history only. An attempt is numbered by its claim, so a late
 # outcome never repeats a newer attempt's number; writing the same outcome twice (a
-# retry after a commit whose acknowledgement was lost) adds nothing.
+# retry after a commit whose acknowledgement was lost) adds nothing. A delivery deleted
+# meanwhile (its endpoint or event deleted while the request was out) gets no attempt
+# row: its history went with it, and writing one would break the foreign key and fail the
+# whole batch, every retry alike. Those come back with claims NULL.
 RECORD_OUTCOMES = text(
     """
     WITH outcome AS (
@@ -47,17 +50,26 @@ RECORD_OUTCOMES = text(
         WHERE d.id = o.id AND d.state = 'in_flight' AND d.claims = o.claim
           AND d.locked_by = :worker_id
         RETURNING d.id, d.claims
+    ), checked AS (
+        -- whether the delivery still exists: known for the rows just updated; looked up
+        -- (one probe) only for the rest, the late outcomes of lost claims
+        SELECT o.*, (u.id IS NOT NULL OR EXISTS (
+            SELECT 1 FROM deliveries x WHERE x.id = o.id)) AS present
+        FROM outcome o LEFT JOIN updated u ON u.id = o.id
     ), recorded AS (
         INSERT INTO delivery_attempts
             (delivery_id, attempt_number, started_at, duration_ms, status_code, outcome,
              error, response_excerpt, request_headers, worker_id)
         SELECT o.id, o.claim, o.started_at, o.duration_ms, o.status_code, o.outcome,
                o.error, o.response_excerpt, o.request_headers, :worker_id
-        FROM outcome o
+        FROM checked o
+        WHERE o.present
         ON CONFLICT (delivery_id, attempt_number) DO NOTHING
         RETURNING 1
     )
     SELECT id, claims FROM updated
+    UNION ALL
+    SELECT id, NULL FROM checked WHERE NOT present
     """
 )
 

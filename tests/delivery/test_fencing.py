@@ -26,6 +26,7 @@ from outbox import publish
 from outbox.clock import ManualClock
 from outbox.crypto import SecretBox
 from outbox.db import make_engine
+from outbox.endpoints import delete_endpoint
 from outbox.migrate import upgrade
 from outbox.relay import Relay
 from tests.helpers import LOOPBACK, add_endpoint, rows, scalar
@@ -296,3 +297,35 @@ def test_upgrade_renumbers_repeated_attempt_numbers_and_starts_claims_after_them
         assert scalar(engine, "SELECT count(*) FROM deliveries WHERE state = 'scheduled'") == 2
     finally:
         engine.dispose()
+
+
+async def test_an_endpoint_deleted_while_its_request_is_out_spoils_no_other_outcome(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    clock: ManualClock,
+    box: SecretBox,
+    receiver: Receiver,
+    http: httpx.AsyncClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`outbox endpoints delete --force` while a request is out: the deleted delivery's
+    outcome has nowhere to go (its history went with it), and the batch it shares with
+    other endpoints' outcomes is written all the same, the first time."""
+    gone = add_endpoint(engine, box, receiver.route("/gone"), "gone.*")
+    add_endpoint(engine, box, receiver.route("/kept"), "kept.*")
+    with engine.begin() as conn:
+        publish(conn, "gone.created", {"id": 1})
+        publish(conn, "kept.created", {"id": 2})
+    await Relay(async_engine, clock).run_until_idle()
+    w = worker(async_engine, http, box, clock, "W")
+    claimed = await w.claim(10)
+    results = [await w.attempt(item) for item in claimed]
+    with engine.begin() as conn:
+        delete_endpoint(conn, gone.endpoint.uid, actor="ops", reason="retired", force=True)
+
+    stats = await w.record(list(zip(claimed, results, strict=True)))
+
+    assert (stats.succeeded, stats.lost_lease) == (1, 1)
+    assert [d["state"] for d in rows(engine, "SELECT state FROM deliveries")] == ["succeeded"]
+    assert history(engine) == [(1, 200, "W")]
+    assert "1 outcomes were for deliveries deleted while their request was out" in caplog.text
