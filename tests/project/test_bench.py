@@ -9,6 +9,7 @@ every figure is there and adds up. It says nothing about speed.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -252,10 +253,11 @@ def test_the_longest_delivery_gap_counts_a_gap_across_the_window_edges() -> None
     assert _longest_gap(arrivals, 0.5, 1.25) == pytest.approx(1.0)  # 0.0 -> 1.0
 
 
-def test_the_capacity_model_takes_the_lesser_of_processes_and_cores() -> None:
-    """bench/cost.py `capacity`: 2 processes drain at most twice what one does, and at most
-    the box's cores over the whole CPU a delivery costs (service, PostgreSQL, partner)."""
-    from bench.cost import capacity
+def test_the_capacity_model_queues_two_processes_for_the_shared_cores() -> None:
+    """bench/cost.py `capacity`: 2 processes drain less than twice what one does, by the
+    wait for the cores the other process keeps busy, and never more than the box's cores
+    over the whole CPU a delivery costs (service, PostgreSQL, partner)."""
+    from bench.cost import capacity, closed_loop_rate
 
     def drains(one_rate: int, whole_ms: float, two_rate: int) -> dict[str, object]:
         spent = {"whole_cpu_ms": whole_ms, "receiver_cpu_ms": 0.05}
@@ -264,15 +266,23 @@ def test_the_capacity_model_takes_the_lesser_of_processes_and_cores() -> None:
             "instant_2": {"deliveries_per_s": two_rate, "cost": {"drain": {}}},
         }
 
-    # the box bounds it: 2 cores / 0.5 ms = 4,000/s, under 2 x 2,500
-    box = capacity(drains(2500, 0.45, 3200), cpus=2)
-    assert box is not None
-    assert (box["box_bound_per_s"], box["predicted_2_per_s"], box["error"]) == (4000, 4000, 0.25)
-    # the processes bound it: 2 x 1,000 under 4,000
-    slow = capacity(drains(1000, 0.45, 2500), cpus=2)
-    assert slow is not None and (slow["predicted_2_per_s"], slow["error"]) == (2000, -0.2)
-    # more cores raise only the box's bound
+    # 2,500/s at 0.5 ms keeps 62.5 % of 2 cores busy: 2 x 2,500 / (1 + 0.625^2) = 3,596/s,
+    # under both bounds (5,000 and 2 cores / 0.5 ms = 4,000)
+    near = capacity(drains(2500, 0.45, 3200), cpus=2)
+    assert near is not None
+    assert near["one_process_box_share"] == 0.625
+    assert (near["box_bound_per_s"], near["bounds_2_per_s"]) == (4000, 4000)
+    assert (near["predicted_2_per_s"], near["error"], near["bounds_error"]) == (3596, 0.124, 0.25)
+    # a process that keeps little of the box busy: close to twice one process
+    idle = capacity(drains(200, 0.45, 390), cpus=2)
+    assert idle is not None and idle["predicted_2_per_s"] == 399
+    # more cores: less of them busy, less waiting
     wide = capacity(drains(2500, 0.45, 3200), cpus=4)
     assert wide is not None and wide["box_bound_per_s"] == 8000
-    assert wide["predicted_2_per_s"] == 5000
+    assert wide["predicted_2_per_s"] == 4555
+    # one process is itself; many approach the box's bound from below and never pass it
+    assert closed_loop_rate(2500, 0.625, 1) == pytest.approx(2500)
+    many = [closed_loop_rate(2500, 0.625, n) for n in range(1, 10)]
+    assert all(a < b < 4000 for a, b in itertools.pairwise(many))
+    assert closed_loop_rate(2500, 0.625, 40) == pytest.approx(4000, rel=0.001)
     assert capacity({"instant_1": {"deliveries_per_s": 1}}, cpus=2) is None
