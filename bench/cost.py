@@ -341,7 +341,10 @@ def capacity(drains: dict[str, Any], cpus: int) -> dict[str, Any] | None:
     per_delivery = spent["whole_cpu_ms"] + spent["receiver_cpu_ms"]
     box_bound = cpus * 1000 / per_delivery
     one_rate = one["deliveries_per_s"]
-    box_share = min(one_rate * per_delivery / 1000 / cpus, 1.0)
+    # The cores left to the service: what else ran on the box during the 1-process drain
+    # (none on a quiet box) takes its share of them from the second process too.
+    others = min(max(float(spent.get("others_busy_cores", 0.0)), 0.0), cpus * 0.9)
+    box_share = min(one_rate * per_delivery / 1000 / (cpus - others), 1.0)
     bounds = min(2 * one_rate, box_bound)
     predicted = closed_loop_rate(one_rate, box_share, 2)
     measured = two["deliveries_per_s"]
@@ -349,6 +352,7 @@ def capacity(drains: dict[str, Any], cpus: int) -> dict[str, Any] | None:
         "cpus": cpus,
         "cpu_ms_per_delivery": round(per_delivery, 4),
         "one_process_per_s": one_rate,
+        "others_busy_cores": round(others, 2),
         "one_process_box_share": round(box_share, 3),
         "box_bound_per_s": round(box_bound),
         "bounds_2_per_s": round(bounds),

@@ -259,8 +259,10 @@ def test_the_capacity_model_queues_two_processes_for_the_shared_cores() -> None:
     over the whole CPU a delivery costs (service, PostgreSQL, partner)."""
     from bench.cost import capacity, closed_loop_rate
 
-    def drains(one_rate: int, whole_ms: float, two_rate: int) -> dict[str, object]:
-        spent = {"whole_cpu_ms": whole_ms, "receiver_cpu_ms": 0.05}
+    def drains(
+        one_rate: int, whole_ms: float, two_rate: int, others: float = 0.0
+    ) -> dict[str, object]:
+        spent = {"whole_cpu_ms": whole_ms, "receiver_cpu_ms": 0.05, "others_busy_cores": others}
         return {
             "instant_1": {"deliveries_per_s": one_rate, "cost": {"drain": spent}},
             "instant_2": {"deliveries_per_s": two_rate, "cost": {"drain": {}}},
@@ -280,6 +282,14 @@ def test_the_capacity_model_queues_two_processes_for_the_shared_cores() -> None:
     wide = capacity(drains(2500, 0.45, 3200), cpus=4)
     assert wide is not None and wide["box_bound_per_s"] == 8000
     assert wide["predicted_2_per_s"] == 4555
+    # a core busy with something else during the 1-process drain is not the service's:
+    # 1,000/s at 0.5 ms keeps half of the one core left busy, 2,000 / 1.25 = 1,600/s
+    # (a quarter of two free cores: 2,000 / 1.0625 = 1,882/s)
+    shared = capacity(drains(1000, 0.45, 1600, others=1.0), cpus=2)
+    assert shared is not None and shared["one_process_box_share"] == 0.5
+    assert (shared["predicted_2_per_s"], shared["error"]) == (1600, 0.0)
+    free = capacity(drains(1000, 0.45, 1600), cpus=2)
+    assert free is not None and free["predicted_2_per_s"] == 1882
     # one process is itself; many approach the box's bound from below and never pass it
     assert closed_loop_rate(2500, 0.625, 1) == pytest.approx(2500)
     many = [closed_loop_rate(2500, 0.625, n) for n in range(1, 10)]
