@@ -359,7 +359,8 @@ def cost_report(results: dict[str, Any]) -> list[str]:
             f"(bounds: 2 x that, {model['cpus']} cores / "
             f"{model['cpu_ms_per_delivery']:.3f} ms whole + partner = "
             f"{model['box_bound_per_s']}/s); measured {model['measured_2_per_s']}/s "
-            f"({model['error']:+.0%}; the bounds alone {model['bounds_error']:+.0%})",
+            f"({model['error']:+.0%}; the bounds alone {model['bounds_error']:+.0%}; busy "
+            f"elsewhere meanwhile {model['others_busy_cores_2']})",
         ]
     tables = [(name, table) for name, _, table in runs if table]
     if tables:

@@ -353,6 +353,9 @@ def capacity(drains: dict[str, Any], cpus: int) -> dict[str, Any] | None:
         "cpu_ms_per_delivery": round(per_delivery, 4),
         "one_process_per_s": one_rate,
         "others_busy_cores": round(others, 2),
+        # The same during the 2-process drain: the check compares like with like only if
+        # the box's other load stayed about the same (it does on a quiet box).
+        "others_busy_cores_2": two["cost"]["drain"].get("others_busy_cores"),
         "one_process_box_share": round(box_share, 3),
         "box_bound_per_s": round(box_bound),
         "bounds_2_per_s": round(bounds),
