@@ -15,8 +15,9 @@ hits both sides of it alike:
 
 A drain is timed from the backlog's first arrival at the receiver to its last
 answer (the last arrival plus the partner's latency), so process start-up is not
-counted. The backlog is built (published and relayed)
-before the workers start.
+counted; with several processes, from the first arrival after every one of them holds
+a claim (the later ones' start-up is not the drain's either). The backlog is built
+(published and relayed) before the workers start.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ async def drain(
             if cpu_from is None and arrived:
                 # The window opens once every process delivers: a later process's start-up
                 # (imports, connections, its first plans) is not the drain's rate or cost.
-                # (A backlog gone before that, as in the quick run, keeps the first arrival.)
+                # (A backlog gone before that, as in the quick run, keeps the first arrival
+                # for the rate; its cost window opens late then.)
                 first_at = time.monotonic()
                 if await _all_claiming(url, processes, deadline):
                     live_after = time.monotonic() - first_at
@@ -192,9 +194,9 @@ async def _all_claiming(url: str, processes: int, deadline: float) -> bool:
         while time.time() < deadline:
             row = await (
                 await conn.execute(
-                    "SELECT count(DISTINCT locked_by) FILTER (WHERE state = 'in_flight'),"
-                    " count(*) FILTER (WHERE state = 'scheduled')"
-                    " FROM deliveries WHERE state IN ('in_flight', 'scheduled')"
+                    "SELECT (SELECT count(DISTINCT locked_by) FROM deliveries"
+                    " WHERE state = 'in_flight'),"
+                    " EXISTS (SELECT 1 FROM deliveries WHERE state = 'scheduled')"
                 )
             ).fetchone()
             assert row is not None

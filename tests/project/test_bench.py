@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 
 import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bench.__main__ import report
 from bench.components import publish_cost, publish_report
 from bench.harness import Plan, ratios, run
 from bench.stats import percentiles
+from outbox import publish
+from outbox.clock import ManualClock
+from outbox.crypto import SecretBox
+from outbox.relay import Relay
+from tests.helpers import add_endpoint
 
 
 def test_percentiles_use_nearest_rank() -> None:
@@ -296,3 +304,55 @@ def test_the_capacity_model_queues_two_processes_for_the_shared_cores() -> None:
     assert all(a < b < 4000 for a, b in itertools.pairwise(many))
     assert closed_loop_rate(2500, 0.625, 40) == pytest.approx(4000, rel=0.001)
     assert capacity({"instant_1": {"deliveries_per_s": 1}}, cpus=2) is None
+
+
+async def test_a_drain_window_opens_once_every_process_holds_a_claim(
+    engine: Engine, async_engine: AsyncEngine, box: SecretBox, clock: ManualClock, database_url: str
+) -> None:
+    """bench/drain.py: a 2-process drain is timed and costed from when both processes hold
+    claims (the later one's start-up is not the drain's); a backlog gone before that says
+    so at once instead of waiting for the deadline."""
+    from bench.drain import _all_claiming
+
+    add_endpoint(engine, box, "https://partner.example/hook")
+    with engine.begin() as conn:
+        for _ in range(3):
+            publish(conn, "bench.x", {})
+    await Relay(async_engine, clock).run_until_idle()
+
+    def claim(worker: str, state: str = "in_flight") -> None:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE deliveries SET state = :state, locked_by = :worker,"
+                    " lease_expires_at = now() + interval '1 hour'"
+                    " WHERE id = (SELECT min(id) FROM deliveries WHERE state = 'scheduled')"
+                ),
+                {"worker": worker, "state": state},
+            )
+
+    later = time.time() + 60
+    assert await _all_claiming(database_url, 1, later)  # one process: at its first arrival
+    claim("a")
+    began = time.monotonic()
+    assert not await _all_claiming(database_url, 2, time.time())  # the deadline passed
+    claim("a")
+    claim("b")  # the last scheduled row: the second process holds a claim
+    assert await _all_claiming(database_url, 2, later)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE deliveries SET state = 'scheduled', locked_by = NULL,"
+                " lease_expires_at = NULL WHERE locked_by = 'b'"
+            )
+        )
+        conn.execute(
+            text(
+                "UPDATE deliveries SET locked_by = NULL, lease_expires_at = NULL,"
+                " state = 'succeeded', completed_at = now() WHERE locked_by = 'a'"
+                " AND id = (SELECT min(id) FROM deliveries)"
+            )
+        )
+    claim("a")  # one process took the whole backlog before the other claimed anything
+    assert not await _all_claiming(database_url, 2, later)
+    assert time.monotonic() - began < 30  # it did not wait for the deadline
