@@ -353,11 +353,14 @@ def cost_report(results: dict[str, Any]) -> list[str]:
         lines += [
             "",
             f"capacity model (docs/scaling.md): 2 processes predicted "
-            f"{model['predicted_2_per_s']}/s = min(2 x 1 process's "
-            f"{model['one_process_per_s']}/s, {model['cpus']} cores / "
+            f"{model['predicted_2_per_s']}/s from 1 process's "
+            f"{model['one_process_per_s']}/s keeping {model['one_process_box_share']:.0%} of "
+            f"{model['cpus']} cores less {model['others_busy_cores']} busy elsewhere "
+            f"(bounds: 2 x that, {model['cpus']} cores / "
             f"{model['cpu_ms_per_delivery']:.3f} ms whole + partner = "
             f"{model['box_bound_per_s']}/s); measured {model['measured_2_per_s']}/s "
-            f"({model['error']:+.0%})",
+            f"({model['error']:+.0%}; the bounds alone {model['bounds_error']:+.0%}; busy "
+            f"elsewhere meanwhile {model['others_busy_cores_2']})",
         ]
     tables = [(name, table) for name, _, table in runs if table]
     if tables:

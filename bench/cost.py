@@ -308,25 +308,59 @@ def ratio(whole: dict[str, Any], floor_: dict[str, Any]) -> float:
     return round(float(whole["whole_cpu_ms"]) / max(float(floor_["cpu_ms"]), 1e-9), 2)
 
 
+def closed_loop_rate(one_process_per_s: float, box_share: float, processes: int) -> float:
+    """Deliveries/s of `processes` loops sharing one box, from one loop alone (exact mean
+    value analysis of a closed network: one queue, the box's cores pooled, and a delay).
+
+    One process alone delivers `one_process_per_s` and keeps `box_share` of the box's
+    cores busy (its rate x the whole CPU of a delivery / cores). Per delivery it spends
+    box_share / rate on the box and the rest of 1 / rate waiting on nothing shared (round
+    trips, commits' flushes, the partner). A process that joins others finds, on
+    average, the box busy with their work, and waits for it: each added process raises
+    the rate by less, and the rate nears cores / CPU per delivery but never passes it."""
+    demand = box_share / one_process_per_s  # seconds of the whole box per delivery
+    delay = 1 / one_process_per_s - demand
+    queued, rate = 0.0, 0.0
+    for n in range(1, processes + 1):
+        residence = demand * (1 + queued)
+        rate = n / (residence + delay)
+        queued = rate * residence
+    return rate
+
+
 def capacity(drains: dict[str, Any], cpus: int) -> dict[str, Any] | None:
-    """docs/scaling.md's model, checked on this run's instant drains: the rate of N
-    processes is the lesser of N times what one process drains (one event loop, bound by
-    its round trips as much as its core) and the box's cores over the whole CPU a
-    delivery costs (service, PostgreSQL and the partner, from the 1-process drain)."""
+    """docs/scaling.md's model, checked on this run's instant drains: the rate of 2
+    processes predicted from the 1-process drain alone. The two bounds (twice what one
+    process drains; the box's cores over the whole CPU a delivery costs: service,
+    PostgreSQL and the partner) and, under both, what queueing for the shared cores leaves
+    (`closed_loop_rate`): the prediction."""
     one, two = drains.get("instant_1", {}), drains.get("instant_2", {})
     if "cost" not in one or "cost" not in two or not one["deliveries_per_s"]:
         return None
     spent = one["cost"]["drain"]
     per_delivery = spent["whole_cpu_ms"] + spent["receiver_cpu_ms"]
     box_bound = cpus * 1000 / per_delivery
-    predicted = min(2 * one["deliveries_per_s"], box_bound)
+    one_rate = one["deliveries_per_s"]
+    # The cores left to the service: what else ran on the box during the 1-process drain
+    # (none on a quiet box) takes its share of them from the second process too.
+    others = min(max(float(spent.get("others_busy_cores", 0.0)), 0.0), cpus * 0.9)
+    box_share = min(one_rate * per_delivery / 1000 / (cpus - others), 1.0)
+    bounds = min(2 * one_rate, box_bound)
+    predicted = closed_loop_rate(one_rate, box_share, 2)
     measured = two["deliveries_per_s"]
     return {
         "cpus": cpus,
         "cpu_ms_per_delivery": round(per_delivery, 4),
-        "one_process_per_s": one["deliveries_per_s"],
+        "one_process_per_s": one_rate,
+        "others_busy_cores": round(others, 2),
+        # The same during the 2-process drain: the check compares like with like only if
+        # the box's other load stayed about the same (it does on a quiet box).
+        "others_busy_cores_2": two["cost"]["drain"].get("others_busy_cores"),
+        "one_process_box_share": round(box_share, 3),
         "box_bound_per_s": round(box_bound),
+        "bounds_2_per_s": round(bounds),
         "predicted_2_per_s": round(predicted),
         "measured_2_per_s": measured,
         "error": round(predicted / measured - 1, 3) if measured else None,
+        "bounds_error": round(bounds / measured - 1, 3) if measured else None,
     }

@@ -143,6 +143,9 @@ class Gates:
     spread: int = 0  # tenants with due work, at least (whether the quick path may apply)
     path: str = "all"  # "quick": QUICK_CLAIM_GATES found the batch; "all": every candidate
     batch: list[int] | None = None  # the quick path's batch, in claim order (no `heads`)
+    # A gate row (endpoint health or tenant) of due work was held by another worker, so
+    # this claim took nothing of it: that worker lets go within a statement or two.
+    held_elsewhere: bool = False
 
     def params(
         self,
@@ -214,6 +217,7 @@ async def open_gates(
     tenant_budgets: dict[int, int] = {}
     tenants_locked: dict[int, TenantCap] = {}
     tenant_of: dict[int, int] = {}
+    held_elsewhere = False
     for row in await conn.execute(queries.LOCK_CLAIM_GATES, {"now": now}):
         heads.append(
             Head(row.endpoint_id, row.tenant_id, row.head_priority, row.head_due_at, row.head_id)
@@ -224,6 +228,7 @@ async def open_gates(
                 locked_ids.append(row.endpoint_id)
             else:
                 budgets[row.endpoint_id] = 0
+                held_elsewhere = True
         if row.tenant_capped:
             if row.tenant_locked:
                 tenants_locked[row.tenant_id] = TenantCap(
@@ -235,6 +240,7 @@ async def open_gates(
                 )
             else:
                 tenant_budgets[row.tenant_id] = 0
+                held_elsewhere = True
     if locked_ids:
         result = await conn.execute(queries.SELECT_LOCKED_HEALTH, {"ids": locked_ids})
         locked = {row.endpoint_id: Health.from_row(row) for row in result}
@@ -256,6 +262,7 @@ async def open_gates(
         tenants_locked=tenants_locked,
         tenant_of=tenant_of,
         spread=len(set(tenant_of.values())),
+        held_elsewhere=held_elsewhere,
     )
 
 
@@ -284,6 +291,7 @@ async def _quick_gates(
     excluded = {eid for eid, cap in (local_caps or {}).items() if cap <= 0}
     budgets: dict[int, int] = {}
     locked: dict[int, Health] = {}
+    held: set[int] = set()
     for _ in range(QUICK_TRIES):
         row = (
             await conn.execute(
@@ -302,7 +310,9 @@ async def _quick_gates(
             return None
         if row.plain:
             break
-        refused = await _lock_gated(conn, row.gated_ids, budgets, locked, now=now, config=config)
+        refused = await _lock_gated(
+            conn, row.gated_ids, budgets, locked, held, now=now, config=config
+        )
         if not refused:
             break
         excluded |= refused
@@ -317,6 +327,7 @@ async def _quick_gates(
         spread=row.spread,
         path="quick",
         batch=batch,
+        held_elsewhere=bool(held),
     )
 
 
@@ -325,17 +336,20 @@ async def _lock_gated(
     ids: Sequence[int],
     budgets: dict[int, int],
     locked: dict[int, Health],
+    held: set[int],
     *,
     now: dt.datetime,
     config: HealthConfig,
 ) -> set[int]:
     """Lock the quick batch's gated health rows (SKIP LOCKED, like LOCK_CLAIM_GATES) and
     put their budgets in `budgets`; returns the endpoints without budget: their row is
-    held by another worker (budget 0, as on the full path) or their limit is reached."""
+    held by another worker (budget 0, as on the full path; also added to `held`) or
+    their limit is reached."""
     result = await conn.execute(queries.LOCK_GATED_HEALTH, {"ids": list(ids)})
     fresh = {row.endpoint_id: Health.from_row(row) for row in result}
     locked.update(fresh)
     refused = {eid for eid in ids if eid not in fresh}
+    held |= refused
     for endpoint_id in refused:
         budgets[endpoint_id] = 0
     found = await _budgets(conn, fresh, now=now, config=config)

@@ -33,6 +33,12 @@ from outbox.endpoint_auth import (
 from outbox.endpoints import decrypt_proxy, secret_context
 from outbox.headers import decrypt_headers
 
+# A claim that found a gate row of due work held by another worker looks again this
+# soon (the run loop waits at least its claim_gather): the holder's claim or outcome
+# write lets go within milliseconds, and waiting for the poll (a second) left a second
+# worker on one busy adaptive endpoint idle for most of a drain.
+HELD_ELSEWHERE_RETRY = dt.timedelta(milliseconds=10)
+
 
 class Claiming:
     """Claims and what each claimed row needs to be sent (`Worker` holds the state)."""
@@ -130,6 +136,10 @@ class Claiming:
                 and not gates.tenants_locked
                 and len(gates.heads) <= limit
             )
+            if gates.held_elsewhere:
+                # Another worker held a gate row of due work (its claim or outcome write
+                # on a busy gated endpoint): look again once it has let go, not at the poll.
+                self._note_gate_opening(now + HELD_ELSEWHERE_RETRY)
             if not params["endpoint_ids"]:
                 # Nothing due (or all held: disabled tenants, no budget left).
                 self._note_gates(gates, local, {})

@@ -9,13 +9,22 @@ every figure is there and adds up. It says nothing about speed.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import time
 
 import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bench.__main__ import report
 from bench.components import publish_cost, publish_report
 from bench.harness import Plan, ratios, run
 from bench.stats import percentiles
+from outbox import publish
+from outbox.clock import ManualClock
+from outbox.crypto import SecretBox
+from outbox.relay import Relay
+from tests.helpers import add_endpoint
 
 
 def test_percentiles_use_nearest_rank() -> None:
@@ -252,27 +261,99 @@ def test_the_longest_delivery_gap_counts_a_gap_across_the_window_edges() -> None
     assert _longest_gap(arrivals, 0.5, 1.25) == pytest.approx(1.0)  # 0.0 -> 1.0
 
 
-def test_the_capacity_model_takes_the_lesser_of_processes_and_cores() -> None:
-    """bench/cost.py `capacity`: 2 processes drain at most twice what one does, and at most
-    the box's cores over the whole CPU a delivery costs (service, PostgreSQL, partner)."""
-    from bench.cost import capacity
+def test_the_capacity_model_queues_two_processes_for_the_shared_cores() -> None:
+    """bench/cost.py `capacity`: 2 processes drain less than twice what one does, by the
+    wait for the cores the other process keeps busy, and never more than the box's cores
+    over the whole CPU a delivery costs (service, PostgreSQL, partner)."""
+    from bench.cost import capacity, closed_loop_rate
 
-    def drains(one_rate: int, whole_ms: float, two_rate: int) -> dict[str, object]:
-        spent = {"whole_cpu_ms": whole_ms, "receiver_cpu_ms": 0.05}
+    def drains(
+        one_rate: int, whole_ms: float, two_rate: int, others: float = 0.0
+    ) -> dict[str, object]:
+        spent = {"whole_cpu_ms": whole_ms, "receiver_cpu_ms": 0.05, "others_busy_cores": others}
         return {
             "instant_1": {"deliveries_per_s": one_rate, "cost": {"drain": spent}},
             "instant_2": {"deliveries_per_s": two_rate, "cost": {"drain": {}}},
         }
 
-    # the box bounds it: 2 cores / 0.5 ms = 4,000/s, under 2 x 2,500
-    box = capacity(drains(2500, 0.45, 3200), cpus=2)
-    assert box is not None
-    assert (box["box_bound_per_s"], box["predicted_2_per_s"], box["error"]) == (4000, 4000, 0.25)
-    # the processes bound it: 2 x 1,000 under 4,000
-    slow = capacity(drains(1000, 0.45, 2500), cpus=2)
-    assert slow is not None and (slow["predicted_2_per_s"], slow["error"]) == (2000, -0.2)
-    # more cores raise only the box's bound
+    # 2,500/s at 0.5 ms keeps 62.5 % of 2 cores busy: 2 x 2,500 / (1 + 0.625^2) = 3,596/s,
+    # under both bounds (5,000 and 2 cores / 0.5 ms = 4,000)
+    near = capacity(drains(2500, 0.45, 3200), cpus=2)
+    assert near is not None
+    assert near["one_process_box_share"] == 0.625
+    assert (near["box_bound_per_s"], near["bounds_2_per_s"]) == (4000, 4000)
+    assert (near["predicted_2_per_s"], near["error"], near["bounds_error"]) == (3596, 0.124, 0.25)
+    # a process that keeps little of the box busy: close to twice one process
+    idle = capacity(drains(200, 0.45, 390), cpus=2)
+    assert idle is not None and idle["predicted_2_per_s"] == 399
+    # more cores: less of them busy, less waiting
     wide = capacity(drains(2500, 0.45, 3200), cpus=4)
     assert wide is not None and wide["box_bound_per_s"] == 8000
-    assert wide["predicted_2_per_s"] == 5000
+    assert wide["predicted_2_per_s"] == 4555
+    # a core busy with something else during the 1-process drain is not the service's:
+    # 1,000/s at 0.5 ms keeps half of the one core left busy, 2,000 / 1.25 = 1,600/s
+    # (a quarter of two free cores: 2,000 / 1.0625 = 1,882/s)
+    shared = capacity(drains(1000, 0.45, 1600, others=1.0), cpus=2)
+    assert shared is not None and shared["one_process_box_share"] == 0.5
+    assert (shared["predicted_2_per_s"], shared["error"]) == (1600, 0.0)
+    free = capacity(drains(1000, 0.45, 1600), cpus=2)
+    assert free is not None and free["predicted_2_per_s"] == 1882
+    # one process is itself; many approach the box's bound from below and never pass it
+    assert closed_loop_rate(2500, 0.625, 1) == pytest.approx(2500)
+    many = [closed_loop_rate(2500, 0.625, n) for n in range(1, 10)]
+    assert all(a < b < 4000 for a, b in itertools.pairwise(many))
+    assert closed_loop_rate(2500, 0.625, 40) == pytest.approx(4000, rel=0.001)
     assert capacity({"instant_1": {"deliveries_per_s": 1}}, cpus=2) is None
+
+
+async def test_a_drain_window_opens_once_every_process_holds_a_claim(
+    engine: Engine, async_engine: AsyncEngine, box: SecretBox, clock: ManualClock, database_url: str
+) -> None:
+    """bench/drain.py: a 2-process drain is timed and costed from when both processes hold
+    claims (the later one's start-up is not the drain's); a backlog gone before that says
+    so at once instead of waiting for the deadline."""
+    from bench.drain import _all_claiming
+
+    add_endpoint(engine, box, "https://partner.example/hook")
+    with engine.begin() as conn:
+        for _ in range(3):
+            publish(conn, "bench.x", {})
+    await Relay(async_engine, clock).run_until_idle()
+
+    def claim(worker: str, state: str = "in_flight") -> None:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE deliveries SET state = :state, locked_by = :worker,"
+                    " lease_expires_at = now() + interval '1 hour'"
+                    " WHERE id = (SELECT min(id) FROM deliveries WHERE state = 'scheduled')"
+                ),
+                {"worker": worker, "state": state},
+            )
+
+    later = time.time() + 60
+    assert await _all_claiming(database_url, 1, later) == "all"  # one process: at once
+    claim("a")
+    began = time.monotonic()
+    # the patience is over: the window opens without the process that claims nothing
+    assert await _all_claiming(database_url, 2, time.time()) == "waited"
+    claim("a")
+    claim("b")  # the last scheduled row: the second process holds a claim
+    assert await _all_claiming(database_url, 2, later) == "all"
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE deliveries SET state = 'scheduled', locked_by = NULL,"
+                " lease_expires_at = NULL WHERE locked_by = 'b'"
+            )
+        )
+        conn.execute(
+            text(
+                "UPDATE deliveries SET locked_by = NULL, lease_expires_at = NULL,"
+                " state = 'succeeded', completed_at = now() WHERE locked_by = 'a'"
+                " AND id = (SELECT min(id) FROM deliveries)"
+            )
+        )
+    claim("a")  # one process took the whole backlog before the other claimed anything
+    assert await _all_claiming(database_url, 2, later) == "gone"
+    assert time.monotonic() - began < 30  # it did not wait for the deadline
