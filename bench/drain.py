@@ -119,22 +119,30 @@ async def drain(
             if cpu_from is None and arrived:
                 # The window opens once every process delivers: a later process's start-up
                 # (imports, connections, its first plans) is not the drain's rate or cost.
-                # (A backlog gone before that, as in the quick run, keeps the first arrival
-                # for the rate; its cost window opens late then.)
                 # At most PATIENCE: a process that claims nothing by then (another holds
-                # the endpoint's whole limit) is part of what the drain measures.
+                # the endpoint's whole limit) is part of what the drain measures. A backlog
+                # gone before that, or a window that would open with less than half of it
+                # left (the quick run's small backlog), opens at the first arrival instead.
                 first_at = time.monotonic()
-                waited = await _all_claiming(url, processes, min(deadline, time.time() + PATIENCE))
-                if waited != "gone":
-                    live_after = time.monotonic() - first_at
-                    all_claimed = waited == "all"
-                    arrived = await receiver.count() - before
                 worker_cpu = workers.cpu_seconds()
                 cpu_from = (
                     arrived,
                     worker_cpu,
                     cost.snapshot(url, postmaster, worker_cpu, receiver=receiver.pid),
                 )
+                waited = await _all_claiming(url, processes, min(deadline, time.time() + PATIENCE))
+                if processes > 1 and waited != "gone":
+                    live_after = time.monotonic() - first_at
+                    all_claimed = waited == "all"
+                    claimed_at = await receiver.count() - before
+                    if claimed_at > arrived and backlog - claimed_at >= backlog // 2:
+                        arrived = claimed_at
+                        worker_cpu = workers.cpu_seconds()
+                        cpu_from = (
+                            arrived,
+                            worker_cpu,
+                            cost.snapshot(url, postmaster, worker_cpu, receiver=receiver.pid),
+                        )
             if arrived < backlog and time.time() > deadline:
                 raise RuntimeError(f"drain of {backlog} did not finish; see {logs}")
         cpu_to = workers.cpu_seconds()
