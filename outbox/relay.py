@@ -39,12 +39,6 @@ class RelayConfig:
     # bigger: each pass is a transaction, and back-to-back passes of a few events each
     # would spend a core on per-transaction overhead. Bounds the added latency.
     gather: float = 0.01
-    # The same wait while a trickle keeps coming (events within `linger` of each other
-    # since the relay was last idle, each pass a partial batch): at 100 events/s, one
-    # per transaction, a 10 ms gather found one event per pass, and every pass is a
-    # transaction with its fixed cost. Longer here, never before the first event after
-    # an idle spell (that pass runs on its NOTIFY at once) nor during a backlog.
-    stream_gather: float = 0.02
     # OUTBOX_EVENT_TYPES: what the schema check of SQL-published events does with an
     # unknown type ('strict' rejects it).
     event_types_mode: Mode = "accept"
@@ -291,7 +285,6 @@ class Relay:
         self, stop: asyncio.Event, wake: asyncio.Event, held: direct.HeldConnection
     ) -> None:
         busy = False
-        trickle = False  # partial passes since the relay was last idle (see stream_gather)
         while not stop.is_set():
             wake.clear()
             try:
@@ -304,12 +297,9 @@ class Relay:
                 # Keep going while there is a backlog: publishers do not notify then.
                 busy = True
                 if result.events < self.config.batch_size:
-                    gather = self.config.stream_gather if trickle else self.config.gather
-                    trickle = True
-                    await wait_for_any(stop, timeout=gather)
+                    await wait_for_any(stop, timeout=self.config.gather)
                 continue
             if not busy:
-                trickle = False
                 await held.release()  # idle: no connection kept from the pool meanwhile
             timeout = self.config.linger if busy else self.config.poll_interval
             busy = False

@@ -227,9 +227,7 @@ class ScriptedRelay(Relay):
     """The real `run` loop around scripted passes: the loop's pacing is under test."""
 
     def __init__(self, script: list[int | Exception], stop: asyncio.Event, wake: asyncio.Event):
-        config = RelayConfig(
-            batch_size=10, poll_interval=1.0, linger=0.05, gather=0.01, stream_gather=0.02
-        )
+        config = RelayConfig(batch_size=10, poll_interval=1.0, linger=0.05, gather=0.01)
         super().__init__(None, ManualClock(), config)  # type: ignore[arg-type]
         self.script, self.stop, self.wake = script, stop, wake
         self.woken_at_start: list[bool] = []
@@ -275,38 +273,6 @@ async def test_the_loop_continues_through_a_backlog_gathers_after_a_partial_batc
     failures = [r for r in caplog.records if r.name == "outbox.database"]
     assert [(r.getMessage(), r.exc_info is not None) for r in failures] == [
         ("relay failed; retrying", True)  # with the traceback: a bug, not an outage
-    ]
-
-
-async def test_a_trickle_that_keeps_coming_is_gathered_longer_but_not_its_first_event(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Events one per transaction, a few per 10 ms: after the first partial pass of a
-    busy spell the relay gathers for `gather`, after the next ones (still within `linger`
-    of each other) for `stream_gather`, so several events share a pass. Once idle, the
-    next event's pass runs on its wake-up at once and is followed by the short gather."""
-    waits: list[tuple[str, float]] = []
-    stop, wake = asyncio.Event(), asyncio.Event()
-
-    async def record(*events: asyncio.Event, timeout: float) -> None:  # noqa: ASYNC109
-        names = {id(stop): "stop", id(wake): "wake"}
-        waits.append(("+".join(names[id(e)] for e in events), timeout))
-
-    monkeypatch.setattr("outbox.relay.wait_for_any", record)
-    relay = ScriptedRelay([0, 1, 1, 0, 1, 0, 0, 2, 10, 3, 0], stop, wake)
-    await relay.run(stop, wake)
-    assert waits == [
-        ("stop+wake", 1.0),  # idle
-        ("stop", 0.01),  # the first event after idle: the short gather
-        ("stop", 0.02),  # more keep coming: gather longer
-        ("stop+wake", 0.05),  # none meanwhile: linger, a wake-up cuts it short
-        ("stop", 0.02),  # woken while lingering: the same trickle
-        ("stop+wake", 0.05),
-        ("stop+wake", 1.0),  # idle: the trickle is over
-        ("stop", 0.01),  # a new one starts short again
-        # a full batch: straight on
-        ("stop", 0.02),
-        ("stop+wake", 0.05),
     ]
 
 
