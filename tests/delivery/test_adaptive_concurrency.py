@@ -257,6 +257,8 @@ def test_the_cli_opts_in_with_or_without_a_ceiling_and_shows_the_limit(
     unbounded = cli.invoke(main, ["endpoints", "limits", uid, "--concurrency", "adaptive"])
     assert unbounded.exit_code == 0, unbounded.output
     assert "adaptive limit - of 100" in cli.invoke(main, ["endpoints", "health"]).output
+    shown_limits = cli.invoke(main, ["endpoints", "limits", uid]).output
+    assert "100 (default)" in shown_limits and "adaptive" in shown_limits, shown_limits
     for hostile in ("adaptiv", "ADAPTIVE", ""):
         wrong = cli.invoke(main, ["endpoints", "limits", uid, "--concurrency", hostile])
         assert wrong.exit_code != 0

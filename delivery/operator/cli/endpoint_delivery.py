@@ -69,7 +69,7 @@ def endpoints_limits(
     """Show or change an endpoint's limits and ordering; options not given stay as they are."""
     from delivery.health import EndpointLimits, get_endpoint_limits, set_endpoint_limits
 
-    with database() as (_, db), db.engine.begin() as conn:
+    with database() as (settings, db), db.engine.begin() as conn:
         current = get_endpoint_limits(conn, endpoint_id)
         given = (max_in_flight, max_per_second, ordered, dead_head, concurrency)
         if any(value is not None for value in given):
@@ -92,11 +92,13 @@ def endpoints_limits(
     if as_json:
         echo_json({"id": endpoint_id, **current.as_json()})
     else:
+        # an adaptive endpoint without a maximum of its own is still bounded: say by what
+        ceiling = f"{settings.adaptive_default_max} (default)" if current.adaptive else "-"
         print_table(
             [
                 [
                     endpoint_id,
-                    current.max_in_flight or "-",
+                    current.max_in_flight or ceiling,
                     f"{current.max_per_second:g}" if current.max_per_second else "-",
                     "yes" if current.ordered else "no",
                     current.dead_head,
