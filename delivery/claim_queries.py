@@ -261,7 +261,7 @@ LOCK_CLAIM_GATES = text(
 # one of them (their order only matters when some are left out), `more` is false and
 # no gate row needs a lock or a write, so the claim is this one statement: no gate
 # statement before it, no gate write after it, and its transaction's BEGIN goes out
-# with it (delivery.direct, generic_plans: two round trips, not four). Otherwise it
+# with it (outbox.direct, generic_plans: two round trips, not four). Otherwise it
 # claims nothing and says so (`gates_plain` false), and the worker claims through the
 # gates (health.open_gates).
 # One row per claimed delivery (the claim's columns), each with `gates_plain`,

@@ -42,7 +42,7 @@ import datetime as dt
 from collections.abc import Sequence
 
 from delivery import queries
-from delivery.direct import Statements
+from outbox.direct import Statements
 
 DEAD_EVENTS_PER_MINUTE = 3
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from delivery import queries
-from delivery.direct import Statements
 from delivery.health.rules import (
     Health,
     HealthConfig,
@@ -22,6 +21,7 @@ from delivery.health.rules import (
     next_opening,
 )
 from delivery.health.store import save
+from outbox.direct import Statements
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,6 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from delivery import queries
-from delivery.direct import Statements
 from delivery.health.rules import (
     CLOSED,
     HALF_OPEN,
@@ -26,6 +25,7 @@ from delivery.health.rules import (
     summarize,
 )
 from outbox.audit import record_audit
+from outbox.direct import Statements
 
 # Endpoint health's one logger, named as before it became a package.
 log = logging.getLogger("delivery.health")

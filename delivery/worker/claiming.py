@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from delivery import direct, health, queries
+from delivery import health, queries
 from delivery.http import OutgoingRequest
 from delivery.policy import Outcome, RetryPolicy, matching_rule, parse_status_overrides
 from delivery.worker.model import (
@@ -22,6 +22,7 @@ from delivery.worker.model import (
     _envelope,
     _memo,
 )
+from outbox import direct
 from outbox.clock import Clock
 from outbox.crypto import SecretBox, SigningKey, signing_key
 from outbox.endpoint_auth import (
@@ -111,7 +112,7 @@ class Claiming:
             folded = await self._claim_folded(limit, now, local)
             if folded is not None:
                 return folded, False
-        # On psycopg directly (delivery/direct.py): the claim is the worker's hot path.
+        # On psycopg directly (outbox/direct.py): the claim is the worker's hot path.
         async with direct.transaction(self._engine) as conn:
             gates = await health.open_gates(
                 conn,

@@ -15,12 +15,12 @@ from typing import Any
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from delivery import direct
 from delivery.http import AttemptResult
 from delivery.policy import RetryPolicy
 from delivery.worker.claiming import Claiming
 from delivery.worker.model import BatchStats, ClaimedDelivery, WorkerConfig
 from delivery.worker.outcomes import Recording
+from outbox import direct
 from outbox.clock import Clock
 from outbox.crypto import SecretBox, SigningKey
 from outbox.endpoint_auth import ClientCertificate, OAuthClient

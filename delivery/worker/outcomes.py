@@ -12,13 +12,13 @@ from collections.abc import Sequence
 import httpx
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from delivery import direct, health, operational, queries
-from delivery.direct import Statements
+from delivery import health, operational, queries
 from delivery.http import AttemptResult, send_attempt
 from delivery.policy import Decision, Outcome, decide, exhausted_reason
 from delivery.worker.model import BatchStats, ClaimedDelivery, WorkerConfig, _iso
-from outbox import tracing
+from outbox import direct, tracing
 from outbox.clock import Clock
+from outbox.direct import Statements
 
 # The worker's one logger, named as before it became a package.
 log = logging.getLogger("delivery.worker")
@@ -174,7 +174,7 @@ class Recording:
         decisions: Sequence[Decision],
         observations: Sequence[health.Observation],
     ) -> contextlib.AbstractAsyncContextManager[Statements]:
-        """The record's transaction: on psycopg directly (delivery/direct.py) unless a
+        """The record's transaction: on psycopg directly (outbox/direct.py) unless a
         breaker learns from it (its writes may audit an endpoint disabled, which takes
         SQLAlchemy). Only the outcome rows to write: one statement, committing by itself."""
         if observations:
