@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine, text
 
+from delivery.health import EndpointLimits, set_endpoint_limits
 from delivery.operator.cli import main
 from delivery.operator.console.config import ConsoleConfig
 from delivery.receiver import Behaviour
@@ -366,6 +367,38 @@ def test_the_console_endpoint_page_shows_limits_charts_and_acts(site: Site, page
         ("token:olga", "endpoint.disable"),
         ("token:olga", "endpoint.rotate_secret"),
     ]
+    assert page.problems == []
+
+
+def test_the_console_endpoint_page_says_which_in_flight_limit_holds(site: Site, page: Any) -> None:
+    # a new endpoint's default: adaptive, held to OUTBOX_ADAPTIVE_DEFAULT_MAX, not unlimited
+    adaptive = add_endpoint(
+        site.engine, site.box, "https://d.example/hook", concurrency="adaptive"
+    ).endpoint.uid
+    adaptive_capped = add_endpoint(site.engine, site.box, "https://a.example/hook").endpoint.uid
+    fixed = add_endpoint(site.engine, site.box, "https://f.example/hook").endpoint.uid
+    unlimited = add_endpoint(site.engine, site.box, "https://u.example/hook").endpoint.uid
+    with site.engine.begin() as conn:
+        set_endpoint_limits(
+            conn, adaptive_capped, EndpointLimits(max_in_flight=16, adaptive=True), actor="t"
+        )
+        set_endpoint_limits(conn, fixed, EndpointLimits(max_in_flight=7), actor="t")
+        set_endpoint_limits(conn, unlimited, EndpointLimits(), actor="t")
+    page.goto(f"{site.base_url}/console/login")
+    page.fill("input[name=token]", site.token("operator", "olga"))
+    with page.expect_navigation():
+        page.click("button[type=submit]")
+    shown = {}
+    for uid in (adaptive, adaptive_capped, fixed, unlimited):
+        page.goto(f"{site.base_url}/console/endpoints/{uid}")
+        text_of = page.inner_text("#limits")
+        shown[uid] = re.search(r"Max in flight\s*(.*)", text_of).group(1).strip()  # type: ignore[union-attr]
+    assert shown == {
+        adaptive: "adaptive, up to 100 (default)",
+        adaptive_capped: "adaptive, up to 16",
+        fixed: "7",
+        unlimited: "unlimited",
+    }
     assert page.problems == []
 
 

@@ -144,7 +144,8 @@ SELECT_ENDPOINT_SETTINGS = text(
     """
     SELECT e.timeout_seconds, e.max_attempts, e.retry_schedule, e.status_overrides,
            e.all_tenants, t.uid AS tenant_uid, e.previous_secret_expires_at,
-           h.max_in_flight, h.max_per_second, h.ordered, h.dead_head
+           h.max_in_flight, h.max_per_second, h.ordered, h.dead_head,
+           COALESCE(h.adaptive, false) AS adaptive
     FROM endpoints e
     JOIN tenants t ON t.id = e.tenant_id
     LEFT JOIN endpoint_health h ON h.endpoint_id = e.id

@@ -259,6 +259,7 @@ class Console(DeliveryPages):
             session=session,
             endpoint=page["endpoint"],
             settings=page["settings"],
+            adaptive_default_max=self.context.config.adaptive_default_max,
             auth=page["auth"],
             health=health,
             recent=recent,
