@@ -54,7 +54,8 @@ def _as_json(value: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _environment(plan: Plan) -> Iterator[tuple[Cluster, ReceiverProcess, Path]]:
+def environment(plan: Plan) -> Iterator[tuple[Cluster, ReceiverProcess, Path]]:
+    """A started cluster and bench receiver in a temporary directory, stopped on exit."""
     with tempfile.TemporaryDirectory(prefix="outbox-bench-") as root:
         cluster = Cluster(Path(root))
         receiver = ReceiverProcess(plan.slow_delay)
@@ -73,7 +74,7 @@ def run(plan: Plan, progress: Callable[[str], None]) -> dict[str, Any]:
     """Run every measurement of the plan; returns the results as plain JSON data."""
     began = time.perf_counter()
     load_before = os.getloadavg()  # how busy the box was: rates depend on it
-    with _environment(plan) as (cluster, receiver, logs):
+    with environment(plan) as (cluster, receiver, logs):
         results: dict[str, Any] = asyncio.run(_run(plan, cluster, receiver, logs, progress))
         results["postgres"] = cluster.settings()
     results["machine"] = machine()

@@ -26,7 +26,7 @@ from psycopg.conninfo import make_conninfo
 
 from bench.cluster import Cluster, Plan, ReceiverProcess
 from bench.end_to_end import end_to_end
-from bench.harness import _as_json, _environment
+from bench.harness import _as_json, environment
 from outbox.db import libpq_url
 
 FANOUT = 10
@@ -65,7 +65,7 @@ def _statements(cluster: Cluster, seconds: float) -> list[dict[str, Any]]:
 
 
 def _measure(plan: Plan, statements: bool) -> dict[str, Any]:
-    with _environment(plan) as (cluster, receiver, logs):  # it starts its own event loops
+    with environment(plan) as (cluster, receiver, logs):  # it starts its own event loops
         if statements:
             _load_pg_stat_statements(cluster)
         return asyncio.run(_run(plan, cluster, receiver, logs, statements))

@@ -15,7 +15,6 @@ import asyncio
 import json
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import psycopg
 
 from bench.cluster import Cluster, Plan, ReceiverProcess
 from bench.drain import drain
+from bench.harness import environment
 from outbox.db import libpq_url
 
 _STATEMENTS = """
@@ -161,25 +161,15 @@ def _runs(
     runs: int, backlog: int, variants: list[str], explain_to: Path | None = None
 ) -> list[dict[str, Any]]:
     plan = Plan()
-    with tempfile.TemporaryDirectory(prefix="outbox-statements-") as root:
-        cluster = Cluster(Path(root))
-        receiver = ReceiverProcess(plan.slow_delay)
-        logs = Path(root) / "logs"
-        logs.mkdir()
+    with environment(plan) as (cluster, receiver, logs):
+        log = _enable_pg_stat_statements(cluster, explain=explain_to is not None)
         try:
-            cluster.start()
-            log = _enable_pg_stat_statements(cluster, explain=explain_to is not None)
-            receiver.start()
-            try:
-                return asyncio.run(_drains(cluster, receiver, plan, logs, runs, backlog, variants))
-            finally:
-                if explain_to is not None:
-                    shutil.copyfile(log, explain_to)
-                    plans = explained(Path(log).read_text(errors="replace"), runs * backlog)
-                    click.echo(json.dumps(plans, indent=1))
+            return asyncio.run(_drains(cluster, receiver, plan, logs, runs, backlog, variants))
         finally:
-            receiver.stop()
-            cluster.stop()
+            if explain_to is not None:
+                shutil.copyfile(log, explain_to)
+                plans = explained(Path(log).read_text(errors="replace"), runs * backlog)
+                click.echo(json.dumps(plans, indent=1))
 
 
 class _Prepared:
